@@ -1,0 +1,57 @@
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace gradfuzz::harness {
+
+/// Verdict kinds of fuzzer.md "Paths and oracle".
+enum class VerdictKind { kPass, kMismatch, kMissingGradient, kUnexpectedError, kCrash, kTimeout };
+/// "pass", "mismatch", "missing_gradient", "unexpected_error", "crash", "timeout".
+const char* verdict_name(VerdictKind kind);
+/// Inverse of verdict_name; throws std::invalid_argument listing the known names.
+VerdictKind verdict_from_name(const std::string& name);
+
+/// One failed comparison, with everything needed to read it without rerunning.
+struct TensorMismatch {
+  VerdictKind kind = VerdictKind::kMismatch;
+  /// "fused~reference", "unfused~reference", "fused~unfused", "reference~finite_difference".
+  std::string path_pair;
+  /// Tensor role and name: "output", "extra_output[1]", "grad_input", "grad_param[2].weight",
+  /// "grad_extra_input[0]", "grad_channel[probs]".
+  std::string tensor;
+  /// Role without indices or names, for signatures: "grad_param", "grad_channel"...
+  std::string role;
+  std::vector<int64_t> index;  // worst element
+  double expected = 0;
+  double got = 0;
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  double atol = 0;
+  double rtol = 0;
+};
+
+/// The outcome of one case: a value, never a bare bool.
+struct CaseResult {
+  VerdictKind verdict = VerdictKind::kPass;
+  std::vector<TensorMismatch> details;
+  /// For unexpected_error: which path raised what ("fused raised locked: ..., reference passed").
+  std::string error_detail;
+  uint64_t seed = 0;
+  /// Catalog op types of the case, in order (Boundary excluded).
+  std::vector<std::string> op_types;
+  /// Fusion registrations that fired in the fused path's plans.
+  std::vector<std::string> fusions_fired;
+  /// Coverage features the case exercised (fuzzer.md coverage.features names).
+  std::vector<std::string> features;
+
+  bool passed() const { return verdict == VerdictKind::kPass; }
+  /// Deduplication key: kind, sorted unique op types, tensor role of the first detail.
+  std::string signature() const;
+};
+
+std::ostream& operator<<(std::ostream& os, const CaseResult& result);
+
+}  // namespace gradfuzz::harness

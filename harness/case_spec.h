@@ -1,0 +1,109 @@
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ops/op_registry.h"
+
+namespace gradfuzz::harness {
+
+/// Name of the plain module that splits a Sequential into several fusers.
+inline constexpr const char* kBoundaryOp = "Boundary";
+
+/// Binding of one extra output slot in a case.
+struct OutputBindingSpec {
+  std::optional<std::string> channel;
+  bool output_to_caller = true;
+  bool operator==(const OutputBindingSpec& o) const {
+    return channel == o.channel && output_to_caller == o.output_to_caller;
+  }
+};
+
+/// One module of the case's Sequential: a catalog op or the Boundary plain module.
+/// Feature sizes of an op's input are not stored: they follow from the shapes before it,
+/// so removing an op while shrinking leaves a case that still describes a whole chain.
+struct OpSpec {
+  std::string name;
+  /// Construction options (ops::OpAttrs keys); absent keys take the catalog default.
+  ops::OpAttrs attrs;
+  /// Per extra input slot: the bound channel, or nullopt for a public slot. Shorter than
+  /// the op's slot count means the remaining slots are public.
+  std::vector<std::optional<std::string>> input_channels;
+  /// Per extra output slot; shorter means unbound (public) for the rest.
+  std::vector<OutputBindingSpec> output_bindings;
+  ops::OutputStyle output_style = ops::OutputStyle::kVector;
+  /// Per parameter: requires_grad. Shorter means true for the rest.
+  std::vector<bool> param_requires_grad;
+  /// Per extra input slot (meaningful for public floating slots): requires_grad. Shorter
+  /// means true for the rest.
+  std::vector<bool> extra_input_requires_grad;
+
+  bool operator==(const OpSpec& o) const;
+};
+
+/// An op called standalone before it is bound and placed in the Sequential.
+struct CallThenBindStep {
+  int64_t op = 0;
+  bool grad_mode = true;
+  bool operator==(const CallThenBindStep& o) const { return op == o.op && grad_mode == o.grad_mode; }
+};
+
+/// Invalid-configuration step: set a binding after the Sequential was built (must raise
+/// the locked error).
+struct LateBindStep {
+  int64_t op = 0;
+  int64_t slot = 0;
+  std::string channel;
+  bool operator==(const LateBindStep& o) const { return op == o.op && slot == o.slot && channel == o.channel; }
+};
+
+/// Everything that describes one test case, independent of any generator (fuzzer.md "Case").
+struct CaseSpec {
+  std::vector<OpSpec> ops;
+  /// Enabled fusion registrations (names of ops::FusionRegistry::catalog()).
+  std::vector<std::string> fusions;
+  std::vector<CallThenBindStep> call_then_bind;
+  bool input_requires_grad = true;
+  /// Main input shape [rows, features].
+  std::vector<int64_t> input_shape{4, 8};
+  std::string dtype = "float64";  // float64 | float32 | bfloat16 | float16
+  std::string device = "cpu";     // cpu | cuda
+  /// Seed of every tensor value (inputs, parameters, cotangents).
+  uint64_t seed = 0;
+
+  // Invalid-configuration knobs (the invalid generator sets them; valid cases leave them).
+  /// Added to the number of public extra inputs passed (surplus > 0, shortfall < 0).
+  int64_t extra_input_count_delta = 0;
+  /// Public split-size inputs are drawn so that they do not sum to the rows.
+  bool corrupt_split_sizes = false;
+  std::vector<LateBindStep> late_binds;
+
+  bool operator==(const CaseSpec& o) const;
+  bool operator!=(const CaseSpec& o) const { return !(*this == o); }
+  /// Number of catalog ops (Boundary modules not counted).
+  int64_t num_ops() const;
+};
+
+std::ostream& operator<<(std::ostream& os, const CaseSpec& spec);
+
+void to_json(nlohmann::json& j, const CaseSpec& spec);
+/// Throws SpecError naming the JSON path of the first problem ("/ops/2/name").
+void from_json(const nlohmann::json& j, CaseSpec& spec);
+
+/// A case or case file that cannot be used: bad JSON shape, unknown op, inconsistent bindings.
+class SpecError : public std::runtime_error {
+ public:
+  SpecError(std::string json_path, const std::string& message)
+      : std::runtime_error(json_path + ": " + message), json_path_(std::move(json_path)) {}
+  const std::string& json_path() const { return json_path_; }
+
+ private:
+  std::string json_path_;
+};
+
+}  // namespace gradfuzz::harness

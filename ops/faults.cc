@@ -1,0 +1,56 @@
+#include "ops/faults.h"
+
+#include <array>
+#include <atomic>
+
+#include "ops/errors.h"
+
+namespace gradfuzz::ops {
+namespace {
+
+constexpr size_t kNumFaults = 6;
+std::array<std::atomic<bool>, kNumFaults> g_switchboard{};
+
+size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
+
+}  // namespace
+
+const std::vector<Fault>& all_faults() {
+  static const std::vector<Fault> faults = {
+      Fault::kInternalRequiresGrad, Fault::kGeneratorOutputs, Fault::kTransientLock,
+      Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad};
+  return faults;
+}
+
+std::string fault_name(Fault fault) {
+  switch (fault) {
+    case Fault::kInternalRequiresGrad: return "internal-requires-grad";
+    case Fault::kGeneratorOutputs: return "generator-outputs";
+    case Fault::kTransientLock: return "transient-lock";
+    case Fault::kSameFusionGradDrop: return "same-fusion-grad-drop";
+    case Fault::kSlotOrder: return "slot-order";
+    case Fault::kScaleBiasGrad: return "scale-bias-grad";
+  }
+  GRADFUZZ_INTERNAL_ASSERT(false, "unhandled fault");
+}
+
+Fault fault_from_name(const std::string& name) {
+  std::string known;
+  for (Fault fault : all_faults()) {
+    if (fault_name(fault) == name) return fault;
+    known += (known.empty() ? "" : ", ") + fault_name(fault);
+  }
+  throw UnknownNameError("unknown fault '" + name + "'; known faults: " + known);
+}
+
+bool fault_enabled(Fault fault) { return g_switchboard[index_of(fault)].load(); }
+
+void set_fault_enabled(Fault fault, bool enabled) { g_switchboard[index_of(fault)].store(enabled); }
+
+FaultScope::FaultScope(Fault fault, bool enabled) : fault_(fault), previous_(fault_enabled(fault)) {
+  set_fault_enabled(fault, enabled);
+}
+
+FaultScope::~FaultScope() { set_fault_enabled(fault_, previous_); }
+
+}  // namespace gradfuzz::ops

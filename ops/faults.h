@@ -1,0 +1,44 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gradfuzz::ops {
+
+/// The known defects of the review, each switchable back on inside the runtime.
+enum class Fault {
+  kInternalRequiresGrad,  // finding 1: grad-wanted flag read from the produced tensor
+  kGeneratorOutputs,      // finding 2: extra-output containers sized and indexed directly
+  kTransientLock,         // finding 3: standalone calls lock the op
+  kSameFusionGradDrop,    // finding 4: fused op drops its internal channel gradient
+  kSlotOrder,             // finding 4: public extras matched bound-slots-first
+  kScaleBiasGrad,         // finding 4: GroupedLinear(scale_bias) grad in the wrong slot
+};
+
+/// All faults, in the order `gradfuzz list faults` prints them.
+const std::vector<Fault>& all_faults();
+/// Kebab-case name used on the command line and in reports ("slot-order").
+std::string fault_name(Fault fault);
+/// Inverse of fault_name; throws UnknownNameError listing the known names.
+Fault fault_from_name(const std::string& name);
+
+/// Whether `fault` is on. Off by default. The switchboard is process-wide because the
+/// faults model a defect of the runtime build, not a property of one object.
+bool fault_enabled(Fault fault);
+void set_fault_enabled(Fault fault, bool enabled);
+
+/// Switches one fault on (or every fault off, for std::nullopt-like use with kNone)
+/// for the lifetime of the scope and restores the previous state.
+class FaultScope {
+ public:
+  explicit FaultScope(Fault fault, bool enabled = true);
+  ~FaultScope();
+  FaultScope(const FaultScope&) = delete;
+  FaultScope& operator=(const FaultScope&) = delete;
+
+ private:
+  Fault fault_;
+  bool previous_;
+};
+
+}  // namespace gradfuzz::ops
