@@ -39,6 +39,9 @@ struct CaseResult {
   std::vector<TensorMismatch> details;
   /// For unexpected_error: which path raised what ("fused raised locked: ..., reference passed").
   std::string error_detail;
+  /// For unexpected_error: the error kinds per path, "fused=locked unfused=locked
+  /// reference=none" (used by signature() when no tensor detail exists).
+  std::string error_kinds;
   uint64_t seed = 0;
   /// Catalog op types of the case, in order (Boundary excluded).
   std::vector<std::string> op_types;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -105,5 +106,25 @@ class SpecError : public std::runtime_error {
  private:
   std::string json_path_;
 };
+
+/// Whether `dtype` is one of float64, float32, bfloat16, float16.
+bool is_known_dtype(const std::string& dtype);
+/// Whether `device` is cpu or cuda.
+bool is_known_device(const std::string& device);
+
+/// A wiring problem visible from the spec alone, without building any op.
+struct SpecProblem {
+  /// JSON path inside the spec ("/ops/3/input_channels/0").
+  std::string json_path;
+  /// The gradfuzz error kind the runtime is expected to raise ("missing-producer").
+  std::string kind;
+  std::string message;
+};
+
+/// First static wiring problem of `spec` in fuser order: a channel produced twice in one
+/// fuser (duplicate-producer), a bound input whose channel no op of the same fuser produces
+/// (missing-producer) or whose producer is not earlier (producer-not-earlier). Slot counts
+/// and shapes are not checked (they need the ops). Intentionally invalid cases have one.
+std::optional<SpecProblem> check_static_wiring(const CaseSpec& spec);
 
 }  // namespace gradfuzz::harness

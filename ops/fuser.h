@@ -72,9 +72,9 @@ class OperationFuser {
   std::vector<at::Tensor> forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs);
 
   const std::vector<BasicOpPtr>& ops() const { return ops_; }
-  const RoutingTables& routing() const { return routing_; }
-  int64_t num_public_extra_inputs() const { return static_cast<int64_t>(routing_.public_inputs.size()); }
-  int64_t num_public_extra_outputs() const { return static_cast<int64_t>(routing_.public_outputs.size()); }
+  const RoutingTables& routing() const { return *routing_; }
+  int64_t num_public_extra_inputs() const { return static_cast<int64_t>(routing_->public_inputs.size()); }
+  int64_t num_public_extra_outputs() const { return static_cast<int64_t>(routing_->public_outputs.size()); }
   /// Section 4, for the given call arguments and the current grad mode.
   int64_t first_op_requiring_backward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) const;
   /// Plans for a given first_op_requiring_backward (cached; rebuilt when it changes).
@@ -88,10 +88,12 @@ class OperationFuser {
 
   std::vector<BasicOpPtr> ops_;
   FusionRegistry fusions_;
-  RoutingTables routing_;
+  std::shared_ptr<const RoutingTables> routing_;  // shared with in-flight backward calls
   int64_t plans_built_for_ = -1;
   std::vector<FusedOpPtr> forward_plan_;
   std::vector<FusedOpPtr> backward_plan_;
+  std::vector<PlanEntry> forward_entries_;
+  std::vector<PlanEntry> backward_entries_;
   std::shared_ptr<FuserTrace> last_trace_;
 };
 

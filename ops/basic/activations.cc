@@ -1,1 +1,330 @@
-// placeholder: being written
+#include "ops/basic/activations.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+
+#include "ops/basic/linear.h"
+#include "ops/errors.h"
+
+namespace gradfuzz::ops {
+
+const char* activation_name(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kReLU:
+      return "ReLU";
+    case ActivationKind::kGELU:
+      return "GELU";
+    case ActivationKind::kSReLU:
+      return "SReLU";
+  }
+  return "?";
+}
+
+namespace activation_math {
+
+namespace {
+constexpr double kGeluCoeff = 0.044715;
+const double kSqrt2OverPi = std::sqrt(2.0 / M_PI);
+
+at::Tensor to_opmath(const at::Tensor& t) { return t.to(detail::opmath_type(t)); }
+
+std::vector<int64_t> lead_sizes(const at::Tensor& x) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.pop_back();
+  return sizes;
+}
+}  // namespace
+
+at::Tensor forward(ActivationKind kind, const at::Tensor& x) {
+  const at::Tensor xf = to_opmath(x);
+  at::Tensor y;
+  switch (kind) {
+    case ActivationKind::kReLU:
+      y = at::clamp_min(xf, 0);
+      break;
+    case ActivationKind::kGELU: {
+      const at::Tensor t = at::tanh(kSqrt2OverPi * (xf + kGeluCoeff * xf * xf * xf));
+      y = 0.5 * xf * (1.0 + t);
+      break;
+    }
+    case ActivationKind::kSReLU: {
+      const at::Tensor r = at::clamp_min(xf, 0);
+      y = r * r;
+      break;
+    }
+  }
+  return y.to(x.scalar_type());
+}
+
+at::Tensor backward(ActivationKind kind, const at::Tensor& x, const at::Tensor& grad_output) {
+  const at::Tensor xf = to_opmath(x);
+  const at::Tensor gf = grad_output.to(xf.scalar_type());
+  at::Tensor grad;
+  switch (kind) {
+    case ActivationKind::kReLU:
+      grad = gf * (xf > 0).to(xf.scalar_type());
+      break;
+    case ActivationKind::kGELU: {
+      // d/dx 0.5·x·(1+t) = 0.5·(1+t) + 0.5·x·(1-t²)·√(2/π)·(1 + 3·0.044715·x²)
+      const at::Tensor x2 = xf * xf;
+      const at::Tensor t = at::tanh(kSqrt2OverPi * (xf + kGeluCoeff * x2 * xf));
+      const at::Tensor dt = kSqrt2OverPi * (1.0 + 3.0 * kGeluCoeff * x2);
+      grad = gf * (0.5 * (1.0 + t) + 0.5 * xf * (1.0 - t * t) * dt);
+      break;
+    }
+    case ActivationKind::kSReLU:
+      grad = gf * 2.0 * at::clamp_min(xf, 0);
+      break;
+  }
+  return grad.to(grad_output.scalar_type());
+}
+
+void check_glu_features(const std::string& op, int64_t features, int64_t interleave) {
+  if (features % 2 != 0 || features < 2) {
+    throw InvalidArgumentError(op + ": input features must be even and >= 2 (halves a, b), got " +
+                               std::to_string(features));
+  }
+  if (interleave > 0 && features % (2 * interleave) != 0) {
+    throw InvalidArgumentError(op + ": interleave=" + std::to_string(interleave) +
+                               " needs input features divisible by " + std::to_string(2 * interleave) +
+                               ", got " + std::to_string(features));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> glu_split(const at::Tensor& x, int64_t interleave) {
+  const int64_t features = x.size(-1);
+  const int64_t n = features / 2;
+  if (interleave <= 0) {
+    return {x.narrow(-1, 0, n), x.narrow(-1, n, n)};
+  }
+  std::vector<int64_t> blocked = lead_sizes(x);
+  blocked.insert(blocked.end(), {features / (2 * interleave), 2, interleave});
+  std::vector<int64_t> flat = lead_sizes(x);
+  flat.push_back(n);
+  const at::Tensor xv = x.reshape(blocked);
+  return {xv.select(-2, 0).reshape(flat), xv.select(-2, 1).reshape(flat)};
+}
+
+at::Tensor glu_merge(const at::Tensor& grad_a, const at::Tensor& grad_b, int64_t interleave) {
+  if (interleave <= 0) {
+    return at::cat({grad_a, grad_b}, -1);
+  }
+  const int64_t n = grad_a.size(-1);
+  std::vector<int64_t> blocked = lead_sizes(grad_a);
+  blocked.insert(blocked.end(), {n / interleave, interleave});
+  std::vector<int64_t> flat = lead_sizes(grad_a);
+  flat.push_back(2 * n);
+  // [.., blocks, k] x2 -> [.., blocks, 2, k] -> [.., 2n]
+  return at::stack({grad_a.reshape(blocked), grad_b.reshape(blocked)}, -2).reshape(flat);
+}
+
+namespace {
+at::Tensor swiglu_opmath(const at::Tensor& x, int64_t interleave) {
+  auto [a, b] = glu_split(to_opmath(x), interleave);
+  return a * at::sigmoid(a) * b;
+}
+}  // namespace
+
+at::Tensor swiglu_forward(const at::Tensor& x, int64_t interleave) {
+  return swiglu_opmath(x, interleave).to(x.scalar_type());
+}
+
+at::Tensor swiglu_backward(const at::Tensor& x, const at::Tensor& grad_output, int64_t interleave) {
+  auto [a, b] = glu_split(to_opmath(x), interleave);
+  const at::Tensor gf = grad_output.to(a.scalar_type());
+  const at::Tensor s = at::sigmoid(a);
+  const at::Tensor silu = a * s;
+  // silu'(a) = σ(a)·(1 + a·(1 - σ(a)))
+  const at::Tensor grad_a = gf * b * (s * (1.0 + a * (1.0 - s)));
+  const at::Tensor grad_b = gf * silu;
+  return glu_merge(grad_a, grad_b, interleave).to(grad_output.scalar_type());
+}
+
+}  // namespace activation_math
+
+namespace {
+
+/// Reference split of the GLU halves, written independently of glu_split: explicit index
+/// lists for interleaved blocks.
+std::pair<at::Tensor, at::Tensor> reference_glu_halves(const at::Tensor& x, int64_t interleave) {
+  const int64_t features = x.size(-1);
+  const int64_t n = features / 2;
+  if (interleave <= 0) {
+    auto halves = at::chunk(x, 2, -1);
+    return {halves[0], halves[1]};
+  }
+  const at::Tensor j = at::arange(n, at::TensorOptions().dtype(at::kLong).device(x.device()));
+  // element j of a lives at block (j / k), offset (j % k): column (j / k)·2k + j % k
+  const at::Tensor a_index = at::floor_divide(j, interleave) * (2 * interleave) + at::remainder(j, interleave);
+  return {at::index_select(x, -1, a_index), at::index_select(x, -1, a_index + interleave)};
+}
+
+void check_2d(const std::string& op, const at::Tensor& x) {
+  if (!x.defined() || x.dim() != 2) {
+    throw InvalidArgumentError(op + ": input must be 2-D [rows, features], got " +
+                               (x.defined() ? std::to_string(x.dim()) + "-D" : std::string("<undefined>")));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Activation (ReLU, GELU, SReLU)
+
+Activation::Activation(ActivationKind kind) : BasicOp(activation_name(kind)), kind_(kind) {}
+
+void Activation::save_context(OpContext& ctx, const at::Tensor& input) {
+  ctx.saved = {input};
+  ctx.saved_sizes.clear();
+}
+
+ForwardResult Activation::forward_impl(OpContext& ctx, const at::Tensor& input,
+                                       const std::vector<at::Tensor>& /*extra_inputs*/) const {
+  save_context(ctx, input);
+  return {activation_math::forward(kind_, input), pack({})};
+}
+
+BackwardResult Activation::backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                                         const std::vector<at::Tensor>& /*grad_extra_outputs*/) const {
+  // grad_output [rows, n] ⊙ act'(input [rows, n]) -> grad_input [rows, n]
+  return {activation_math::backward(kind_, ctx.saved.at(0), grad_output), {}, pack({})};
+}
+
+ReferenceResult Activation::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
+                                           const std::vector<at::Tensor>& /*params*/) const {
+  switch (kind_) {
+    case ActivationKind::kReLU:
+      return {at::relu(input), {}};
+    case ActivationKind::kGELU:
+      return {at::gelu(input, "tanh"), {}};
+    case ActivationKind::kSReLU:
+      return {at::pow(at::relu(input), 2), {}};
+  }
+  GRADFUZZ_INTERNAL_ASSERT(false, "unknown activation kind");
+}
+
+// ---------------------------------------------------------------------------------------
+// SwiGLU
+
+ForwardResult SwiGLU::forward_impl(OpContext& ctx, const at::Tensor& input,
+                                   const std::vector<at::Tensor>& /*extra_inputs*/) const {
+  activation_math::check_glu_features(type(), input.size(-1), 0);
+  ctx.saved = {input};
+  ctx.saved_sizes.clear();
+  return {activation_math::swiglu_forward(input, 0), pack({})};
+}
+
+BackwardResult SwiGLU::backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                                     const std::vector<at::Tensor>& /*grad_extra_outputs*/) const {
+  // grad_output [rows, n] -> grad_input [rows, 2n] = [g·b·silu'(a), g·silu(a)]
+  return {activation_math::swiglu_backward(ctx.saved.at(0), grad_output, 0), {}, pack({})};
+}
+
+ReferenceResult SwiGLU::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
+                                       const std::vector<at::Tensor>& /*params*/) const {
+  activation_math::check_glu_features(type(), input.size(-1), 0);
+  auto [a, b] = reference_glu_halves(input, 0);
+  return {at::silu(a) * b, {}};
+}
+
+// ---------------------------------------------------------------------------------------
+// ScaledSwiGLU
+
+ScaledSwiGLU::ScaledSwiGLU(int64_t interleave) : BasicOp("ScaledSwiGLU"), interleave_(interleave) {
+  if (interleave_ < 0) {
+    throw InvalidArgumentError("ScaledSwiGLU: interleave must be >= 0, got " + std::to_string(interleave_));
+  }
+}
+
+void ScaledSwiGLU::save_context(OpContext& ctx, const at::Tensor& input, const at::Tensor& scales) {
+  ctx.saved = {input, scales};
+  ctx.saved_sizes.clear();
+}
+
+ForwardResult ScaledSwiGLU::forward_impl(OpContext& ctx, const at::Tensor& input,
+                                         const std::vector<at::Tensor>& extra_inputs) const {
+  check_2d(type(), input);
+  activation_math::check_glu_features(type(), input.size(1), interleave_);
+  const at::Tensor& scales = extra_inputs.at(0);
+  detail::check_row_vector(type(), 0, "scales", scales, input.size(0));
+  save_context(ctx, input, scales);
+  auto [a, b] = activation_math::glu_split(input.to(detail::opmath_type(input)), interleave_);
+  const at::Tensor s = scales.to(a.scalar_type()).unsqueeze(1);
+  return {(a * at::sigmoid(a) * b * s).to(input.scalar_type()), pack({})};
+}
+
+BackwardResult ScaledSwiGLU::backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                                           const std::vector<at::Tensor>& /*grad_extra_outputs*/) const {
+  const at::Tensor& input = ctx.saved.at(0);
+  const at::Tensor& scales = ctx.saved.at(1);
+  const at::ScalarType math = detail::opmath_type(input);
+  const at::Tensor gf = grad_output.to(math);
+  const at::Tensor s = scales.to(math).unsqueeze(1);
+  // grad_output [rows, n] · s [rows, 1] -> grad_input [rows, 2n] through silu(a)·b
+  at::Tensor grad_input = activation_math::swiglu_backward(input, gf * s, interleave_).to(grad_output.scalar_type());
+  at::Tensor grad_scales;
+  if (ctx.wants_grad(0)) {
+    // Σ_j grad_output [rows, n] ⊙ silu(a)·b [rows, n] -> grad_scales [rows]
+    auto [a, b] = activation_math::glu_split(input.to(math), interleave_);
+    grad_scales = (gf * (a * at::sigmoid(a) * b)).sum(1).to(scales.scalar_type());
+  }
+  return {grad_input, {}, pack({grad_scales})};
+}
+
+ReferenceResult ScaledSwiGLU::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                                             const std::vector<at::Tensor>& /*params*/) const {
+  check_2d(type(), input);
+  activation_math::check_glu_features(type(), input.size(1), interleave_);
+  const at::Tensor& scales = extra_inputs.at(0);
+  detail::check_row_vector(type(), 0, "scales", scales, input.size(0));
+  auto [a, b] = reference_glu_halves(input, interleave_);
+  return {at::silu(a) * b * scales.unsqueeze(-1), {}};
+}
+
+// ---------------------------------------------------------------------------------------
+// ScaledSReLU
+
+void ScaledSReLU::save_context(OpContext& ctx, const at::Tensor& input, const at::Tensor& scales) {
+  ctx.saved = {input, scales};
+  ctx.saved_sizes.clear();
+}
+
+ForwardResult ScaledSReLU::forward_impl(OpContext& ctx, const at::Tensor& input,
+                                        const std::vector<at::Tensor>& extra_inputs) const {
+  check_2d(type(), input);
+  const at::Tensor& scales = extra_inputs.at(0);
+  detail::check_row_vector(type(), 0, "scales", scales, input.size(0));
+  save_context(ctx, input, scales);
+  const at::Tensor xf = input.to(detail::opmath_type(input));
+  const at::Tensor r = at::clamp_min(xf, 0);
+  return {(r * r * scales.to(xf.scalar_type()).unsqueeze(1)).to(input.scalar_type()), pack({})};
+}
+
+BackwardResult ScaledSReLU::backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                                          const std::vector<at::Tensor>& /*grad_extra_outputs*/) const {
+  const at::Tensor& input = ctx.saved.at(0);
+  const at::Tensor& scales = ctx.saved.at(1);
+  const at::ScalarType math = detail::opmath_type(input);
+  const at::Tensor gf = grad_output.to(math);
+  const at::Tensor r = at::clamp_min(input.to(math), 0);
+  // grad_output [rows, n] ⊙ 2·relu(x)·s[r] -> grad_input [rows, n]
+  at::Tensor grad_input = (gf * 2.0 * r * scales.to(math).unsqueeze(1)).to(grad_output.scalar_type());
+  at::Tensor grad_scales;
+  if (ctx.wants_grad(0)) {
+    // Σ_j grad_output ⊙ relu(x)² -> grad_scales [rows]
+    grad_scales = (gf * r * r).sum(1).to(scales.scalar_type());
+  }
+  return {grad_input, {}, pack({grad_scales})};
+}
+
+ReferenceResult ScaledSReLU::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                                            const std::vector<at::Tensor>& /*params*/) const {
+  check_2d(type(), input);
+  const at::Tensor& scales = extra_inputs.at(0);
+  detail::check_row_vector(type(), 0, "scales", scales, input.size(0));
+  return {at::pow(at::relu(input), 2) * scales.unsqueeze(-1), {}};
+}
+
+}  // namespace gradfuzz::ops

@@ -1,0 +1,56 @@
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/case_spec.h"
+
+namespace gradfuzz::generators {
+
+/// What the default case generator may draw from.
+struct GenOptions {
+  /// Upper bound on catalog ops per case (Boundary modules not counted); >= 1.
+  int max_ops = 8;
+  /// Dtypes drawn uniformly; must not be empty.
+  std::vector<std::string> dtypes{"float64", "float32"};
+  /// Device of every case ("cpu" or "cuda").
+  std::string device = "cpu";
+  /// Fusions a case may enable; nullopt means every catalog fusion.
+  std::optional<std::vector<std::string>> fusions;
+
+  GenOptions& set_max_ops(int v) {
+    max_ops = v;
+    return *this;
+  }
+  GenOptions& set_dtypes(std::vector<std::string> v) {
+    dtypes = std::move(v);
+    return *this;
+  }
+  GenOptions& set_device(std::string v) {
+    device = std::move(v);
+    return *this;
+  }
+  GenOptions& set_fusions(std::vector<std::string> v) {
+    fusions = std::move(v);
+    return *this;
+  }
+};
+
+/// The default case generator (fuzzer.md "Generation and shrinking"). Every case it yields
+/// passes validate_case(): shapes propagate through the registry's signatures, every bound
+/// input has an earlier producer in its fuser with an equal SlotSpec (and, for split sizes,
+/// the same row count), no Boundary sits inside a channel's span. The number of catalog ops
+/// is uniform in [1, budget] with budget = ceil(max_ops * min(size, 100) / 100); every other
+/// choice ignores the size (distribution documented in case_gen.cc). Throws
+/// std::invalid_argument for empty dtypes or max_ops < 1.
+rc::Gen<harness::CaseSpec> gen_case(const GenOptions& options = {});
+
+/// Deterministic driver: the case that gen_case(options) yields for rc::Random(seed) and
+/// `size`. No global RNG: the same (seed, size, options) always gives the same case.
+harness::CaseSpec generate_case(uint64_t seed, int size, const GenOptions& options = {});
+
+}  // namespace gradfuzz::generators

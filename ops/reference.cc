@@ -1,0 +1,157 @@
+#include "ops/reference.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "ops/errors.h"
+
+namespace gradfuzz::ops {
+namespace {
+
+/// A float64 CPU leaf copy with the same requires_grad; integer tensors stay integer.
+at::Tensor reference_leaf(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor copy = t.detach().to(at::kCPU);
+  if (at::isFloatingType(copy.scalar_type())) {
+    copy = copy.to(at::kDouble).requires_grad_(t.requires_grad());
+  } else {
+    copy = copy.clone();
+  }
+  return copy;
+}
+
+}  // namespace
+
+ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential) : sequential_(sequential) {
+  for (const Module& module : sequential_.modules()) {
+    const auto* op = std::get_if<BasicOpPtr>(&module);
+    if (!op) continue;
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& p : (*op)->parameters()) copies.push_back(reference_leaf(p));
+    params_.push_back(std::move(copies));
+  }
+}
+
+std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) {
+  input_ = reference_leaf(input);
+  extra_inputs_.clear();
+  for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e));
+  if (static_cast<int64_t>(extra_inputs_.size()) != sequential_.num_public_extra_inputs()) {
+    throw ExtraInputCountError("reference: expected " + std::to_string(sequential_.num_public_extra_inputs()) +
+                               " public extra inputs, got " + std::to_string(extra_inputs_.size()));
+  }
+  at::GradMode::set_enabled(true);
+  channel_values_.clear();
+  std::vector<at::Tensor> public_outputs;
+  at::Tensor x = input_;
+  size_t next_extra = 0;
+  size_t op_index = 0;
+  // Channels are scoped to one run of consecutive basic ops (one fuser); plain modules end it.
+  std::map<std::string, at::Tensor>* channels = nullptr;
+  bool in_run = false;
+  for (const Module& module : sequential_.modules()) {
+    if (const auto* plain = std::get_if<std::shared_ptr<FunctionModule>>(&module)) {
+      x = (**plain)(x);
+      in_run = false;
+      continue;
+    }
+    if (!in_run) {
+      channel_values_.emplace_back();
+      channels = &channel_values_.back();
+      in_run = true;
+    }
+    const BasicOp& op = *std::get<BasicOpPtr>(module);
+    // Wire by name: bound slots read the channel, public slots take the caller's tensors in
+    // (op, slot) order.
+    std::vector<at::Tensor> extras(op.num_extra_inputs());
+    for (int64_t s = 0; s < op.num_extra_inputs(); ++s) {
+      if (auto channel = op.extra_input_channel(s)) {
+        auto it = channels->find(*channel);
+        if (it == channels->end()) {
+          throw MissingProducerError("reference: " + op.describe_slot("input", s) + " reads channel '" + *channel +
+                                     "' before any op of its fuser produced it");
+        }
+        extras[s] = it->second;
+      } else {
+        extras[s] = extra_inputs_.at(next_extra++);
+      }
+    }
+    ReferenceResult result = op.reference(x, extras, params_.at(op_index++));
+    for (int64_t s = 0; s < op.num_extra_outputs(); ++s) {
+      const OutputBinding binding = op.extra_output_binding(s);
+      at::Tensor value = result.extra_outputs[s];
+      if (binding.channel) {
+        if (value.requires_grad()) value.retain_grad();
+        if (!channels->emplace(*binding.channel, value).second) {
+          throw DuplicateProducerError("reference: channel '" + *binding.channel + "' is produced twice");
+        }
+      }
+      if (binding.output_to_caller) public_outputs.push_back(value);
+    }
+    x = result.output;
+  }
+  outputs_ = {x};
+  outputs_.insert(outputs_.end(), public_outputs.begin(), public_outputs.end());
+  return outputs_;
+}
+
+ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& cotangents) {
+  GRADFUZZ_INTERNAL_ASSERT(cotangents.size() == outputs_.size(), "one cotangent per reference output");
+  // Collect every tensor whose gradient is asked for; autograd::grad returns them in order.
+  std::vector<at::Tensor> wrt;
+  auto want = [&](const at::Tensor& t) -> int64_t {
+    if (!t.defined() || !t.requires_grad()) return -1;
+    wrt.push_back(t);
+    return static_cast<int64_t>(wrt.size()) - 1;
+  };
+  const int64_t input_pos = want(input_);
+  std::vector<std::vector<int64_t>> param_pos;
+  for (const auto& op_params : params_) {
+    param_pos.emplace_back();
+    for (const at::Tensor& p : op_params) param_pos.back().push_back(want(p));
+  }
+  std::vector<int64_t> extra_pos;
+  for (const at::Tensor& e : extra_inputs_) extra_pos.push_back(want(e));
+  std::vector<std::map<std::string, int64_t>> channel_pos;
+  for (const auto& channels : channel_values_) {
+    channel_pos.emplace_back();
+    for (const auto& [name, value] : channels) {
+      if (at::isFloatingType(value.scalar_type())) channel_pos.back()[name] = want(value);
+    }
+  }
+
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> grad_outputs;
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    if (!outputs_[k].requires_grad()) continue;  // integer outputs, or nothing upstream needs grad
+    outputs.push_back(outputs_[k]);
+    grad_outputs.push_back(cotangents[k].detach().to(at::kCPU, at::kDouble));
+  }
+  std::vector<at::Tensor> grads(wrt.size());
+  if (!outputs.empty() && !wrt.empty()) {
+    grads = torch::autograd::grad(outputs, wrt, grad_outputs, /*retain_graph=*/true, /*create_graph=*/false,
+                                  /*allow_unused=*/true);
+  }
+  auto pick = [&](int64_t pos) -> at::Tensor {
+    if (pos < 0) return at::Tensor();
+    const at::Tensor& g = grads[pos];
+    // Unused but differentiable: the true gradient is zero, not "none".
+    return g.defined() ? g : at::zeros_like(wrt[pos]);
+  };
+  ReferenceGradients out;
+  out.grad_input = pick(input_pos);
+  for (const auto& positions : param_pos) {
+    out.grad_params.emplace_back();
+    for (int64_t pos : positions) out.grad_params.back().push_back(pick(pos));
+  }
+  for (int64_t pos : extra_pos) out.grad_extra_inputs.push_back(pick(pos));
+  for (const auto& channels : channel_pos) {
+    out.channel_grads.emplace_back();
+    for (const auto& [name, pos] : channels) {
+      if (pos >= 0) out.channel_grads.back()[name] = pick(pos);
+    }
+  }
+  return out;
+}
+
+}  // namespace gradfuzz::ops
