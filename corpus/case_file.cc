@@ -1,0 +1,293 @@
+#include "corpus/case_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "ops/errors.h"
+#include "ops/faults.h"
+
+namespace gradfuzz::corpus {
+
+namespace fs = std::filesystem;
+
+CorpusError::CorpusError(std::string file, std::string json_path, const std::string& message)
+    : std::runtime_error(file + ": " + (json_path.empty() ? std::string() : json_path + ": ") + message),
+      file_(std::move(file)),
+      json_path_(std::move(json_path)) {}
+
+namespace {
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buffer;
+}
+
+nlohmann::json optional_string(const std::optional<std::string>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+void check_keys(const nlohmann::json& j, const std::vector<std::string>& allowed, const std::string& path,
+                const std::string& file) {
+  if (!j.is_object()) {
+    throw CorpusError(file, path.empty() ? "/" : path, std::string("expected an object, got ") + j.type_name());
+  }
+  for (const auto& item : j.items()) {
+    if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end()) {
+      std::string known;
+      for (const auto& key : allowed) known += (known.empty() ? "" : ", ") + key;
+      throw CorpusError(file, path + "/" + item.key(), "unknown key '" + item.key() + "'; known keys: " + known);
+    }
+  }
+}
+
+const nlohmann::json& required(const nlohmann::json& j, const std::string& key, const std::string& path,
+                               const std::string& file) {
+  if (!j.contains(key)) throw CorpusError(file, path.empty() ? "/" : path, "missing required key '" + key + "'");
+  return j.at(key);
+}
+
+std::string string_at(const nlohmann::json& j, const std::string& path, const std::string& file) {
+  if (!j.is_string()) throw CorpusError(file, path, std::string("expected a string, got ") + j.type_name());
+  return j.get<std::string>();
+}
+
+/// A fault name or null; names are checked against the runtime's fault list.
+std::optional<std::string> fault_at(const nlohmann::json& j, const std::string& path, const std::string& file) {
+  if (j.is_null()) return std::nullopt;
+  std::string name = string_at(j, path, file);
+  try {
+    ops::fault_from_name(name);
+  } catch (const Error& e) {
+    throw CorpusError(file, path, e.what());
+  }
+  return name;
+}
+
+}  // namespace
+
+CaseFile make_case_file(harness::CaseSpec spec, ExpectedVerdict verdict, uint64_t campaign_seed,
+                        std::string tool_version, std::optional<std::string> fault) {
+  CaseFile file;
+  if (auto problem = harness::check_static_wiring(spec)) file.wiring_error = problem->kind;
+  file.spec = std::move(spec);
+  file.verdict = std::move(verdict);
+  file.provenance.campaign_seed = campaign_seed;
+  file.provenance.tool_version = std::move(tool_version);
+  file.provenance.date = utc_now();
+  file.provenance.fault = std::move(fault);
+  return file;
+}
+
+std::string spec_hash(const harness::CaseSpec& spec) {
+  nlohmann::json j;
+  to_json(j, spec);
+  // nlohmann::json objects keep keys sorted, so dump() is canonical for a given spec.
+  const std::string text = j.dump();
+  uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a 64-bit offset basis
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;  // FNV-1a 64-bit prime
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i) {
+    out[static_cast<size_t>(i)] = digits[hash & 0xf];
+    hash >>= 4;
+  }
+  return out;
+}
+
+std::string case_file_name(const harness::CaseSpec& spec) { return spec_hash(spec) + ".json"; }
+
+nlohmann::json case_file_to_json(const CaseFile& file) {
+  nlohmann::json spec;
+  to_json(spec, file.spec);
+  nlohmann::json j = {
+      {"schema_version", kSchemaVersion},
+      {"spec", std::move(spec)},
+      {"verdict", {{"kind", harness::verdict_name(file.verdict.kind)}, {"fault", optional_string(file.verdict.fault)}}},
+      {"provenance",
+       {{"campaign_seed", file.provenance.campaign_seed},
+        {"tool_version", file.provenance.tool_version},
+        {"date", file.provenance.date},
+        {"fault", optional_string(file.provenance.fault)}}},
+  };
+  if (file.wiring_error) j["wiring_error"] = *file.wiring_error;
+  return j;
+}
+
+CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
+  check_keys(j, {"schema_version", "spec", "verdict", "provenance", "wiring_error"}, "", file);
+  const auto& version = required(j, "schema_version", "", file);
+  if (!version.is_number_integer() || version.get<int64_t>() != kSchemaVersion) {
+    throw CorpusError(file, "/schema_version",
+                      "unsupported schema_version " + version.dump() + "; expected " + std::to_string(kSchemaVersion));
+  }
+  CaseFile out;
+  try {
+    harness::from_json(required(j, "spec", "", file), out.spec);
+  } catch (const harness::SpecError& e) {
+    const std::string inner = e.json_path() == "/" ? "" : e.json_path();
+    // SpecError's what() starts with its path; keep only the message part.
+    std::string message = e.what();
+    const std::string prefix = e.json_path() + ": ";
+    if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+    throw CorpusError(file, "/spec" + inner, message);
+  }
+
+  const auto& verdict = required(j, "verdict", "", file);
+  check_keys(verdict, {"kind", "fault"}, "/verdict", file);
+  {
+    std::string kind = string_at(required(verdict, "kind", "/verdict", file), "/verdict/kind", file);
+    try {
+      out.verdict.kind = harness::verdict_from_name(kind);
+    } catch (const std::invalid_argument& e) {
+      throw CorpusError(file, "/verdict/kind", e.what());
+    }
+    if (verdict.contains("fault")) out.verdict.fault = fault_at(verdict.at("fault"), "/verdict/fault", file);
+  }
+
+  const auto& provenance = required(j, "provenance", "", file);
+  check_keys(provenance, {"campaign_seed", "tool_version", "date", "fault"}, "/provenance", file);
+  if (provenance.contains("campaign_seed")) {
+    const auto& seed = provenance.at("campaign_seed");
+    if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0)) {
+      throw CorpusError(file, "/provenance/campaign_seed", "expected a non-negative integer, got " + seed.dump());
+    }
+    out.provenance.campaign_seed = seed.get<uint64_t>();
+  }
+  if (provenance.contains("tool_version")) {
+    out.provenance.tool_version = string_at(provenance.at("tool_version"), "/provenance/tool_version", file);
+  }
+  if (provenance.contains("date")) out.provenance.date = string_at(provenance.at("date"), "/provenance/date", file);
+  if (provenance.contains("fault")) out.provenance.fault = fault_at(provenance.at("fault"), "/provenance/fault", file);
+
+  if (j.contains("wiring_error")) out.wiring_error = string_at(j.at("wiring_error"), "/wiring_error", file);
+  // Static wiring: a bound input that no earlier op of its fuser produces is a malformed
+  // file unless the file says the case is an intentionally invalid configuration.
+  auto problem = harness::check_static_wiring(out.spec);
+  if (problem && out.wiring_error != problem->kind) {
+    throw CorpusError(file, "/spec" + problem->json_path,
+                      problem->kind + ": " + problem->message +
+                          (out.wiring_error ? " (the file declares wiring_error '" + *out.wiring_error + "')"
+                                            : " (an intentionally invalid case must declare \"wiring_error\": \"" +
+                                                  problem->kind + "\")"));
+  }
+  if (!problem && out.wiring_error) {
+    throw CorpusError(file, "/wiring_error",
+                      "declares '" + *out.wiring_error + "' but the spec has no static wiring problem");
+  }
+  return out;
+}
+
+fs::path write_case_file(const fs::path& dir, const CaseFile& file) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CorpusError(dir.string(), "", "cannot create directory: " + ec.message());
+  const fs::path target = dir / case_file_name(file.spec);
+  static std::atomic<uint64_t> counter{0};
+  const fs::path temp =
+      dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+  const std::string text = case_file_to_json(file).dump(2) + "\n";
+
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CorpusError(temp.string(), "", std::string("cannot create: ") + std::strerror(errno));
+  size_t written = 0;
+  while (written < text.size()) {
+    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw CorpusError(temp.string(), "", std::string("cannot write: ") + std::strerror(error));
+    }
+    written += static_cast<size_t>(n);
+  }
+  // fsync before rename: after a crash the final name holds either nothing or the whole file.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw CorpusError(temp.string(), "", std::string("cannot sync: ") + std::strerror(error));
+  }
+  if (::rename(temp.c_str(), target.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw CorpusError(target.string(), "", std::string("cannot rename into place: ") + std::strerror(error));
+  }
+  // Make the rename itself durable.
+  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  return target;
+}
+
+CaseFile load_case_file(const fs::path& path) {
+  const std::string file = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CorpusError(file, "", "cannot open: " + std::string(std::strerror(errno)));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw CorpusError(file, "/", "empty file, no JSON");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw CorpusError(file, "/", "invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+  }
+  try {
+    return case_file_from_json(j, file);
+  } catch (const CorpusError&) {
+    throw;
+  } catch (const nlohmann::json::exception& e) {
+    // Defensive: a type error the checks above did not anticipate still names the file.
+    throw CorpusError(file, "/", std::string("malformed case file: ") + e.what());
+  }
+}
+
+std::vector<fs::path> list_case_files(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return {path};
+  if (!fs::is_directory(path, ec)) throw CorpusError(path.string(), "", "no such file or directory");
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const auto& entry = *it;
+    const std::string name = entry.path().filename().string();
+    // Skip temporaries of an interrupted write (".<name>.json.tmp.<pid>.<n>").
+    if (entry.is_regular_file() && entry.path().extension() == ".json" && name.front() != '.') {
+      files.push_back(entry.path());
+    }
+  }
+  if (ec) throw CorpusError(path.string(), "", "cannot list directory: " + ec.message());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<fs::path> list_case_files(const std::vector<fs::path>& paths) {
+  std::vector<fs::path> out;
+  for (const auto& path : paths) {
+    auto files = list_case_files(path);
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  return out;
+}
+
+}  // namespace gradfuzz::corpus

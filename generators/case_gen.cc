@@ -1,0 +1,441 @@
+#include "generators/case_gen.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <stdexcept>
+
+#include "generators/validate.h"
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+
+// Distribution of gen_case (every choice is uniform over the listed options; "chance p"
+// draws yes with probability p and shrinks towards no):
+// - rows uniform in 1..8; features (also Linear/GroupedLinear `out`): with chance 3/4 an
+//   even value of {2,4,6,8}, else an odd one of {3,5,7};
+// - catalog-op count n uniform in [1, budget] (see case_gen.h); blocks are appended until n
+//   ops exist: each block is, with chance 1/2, one catalog op drawn uniformly from the
+//   registry (ops whose attrs cannot fit the current shape are skipped), else one motif
+//   drawn uniformly from those that fit the remaining budget and shape:
+//     linear_bias_act   Linear, Bias[, ReLU|GELU]                      (1/3 each tail)
+//     linear_bias_add   Linear[, Bias], AddExtraInput
+//     linear_scale_add  Linear, ConstantScale, AddExtraInput
+//     linear_scale      Linear, ConstantScale
+//     extra_linear      MakeExtraOutput, Linear
+//     bias_act          Bias, ReLU|GELU
+//     extra_rmsnorm     MakeExtraOutput, RMSNorm
+//     moe               Dispatch, GroupedLinear, ScaledSwiGLU|ScaledSReLU, GroupedLinear,
+//                       Combine (split sizes, probs and routing map suggested as channels)
+//     residual          MakeExtraOutput, <one shape-preserving op>, AddExtraInput (same C)
+//     fresh_scale       RowStat|Dispatch, ScaledSReLU|ScaledSwiGLU|GroupedLinear(scale_bias)
+//                       (the fresh tensor suggested for the scales slot)
+//   Before every block after the first, a Boundary module with chance 1/5.
+// - attrs: ConstantScale `scale` and DualExtraOutput `s0`,`s1` from {-2,-0.5,0.5,1.5,3};
+//   `in_place` 0/1; groups 1..4; `bias` 0/1 (1 when `scale_bias`); `scale_bias` 0/1;
+//   ScaledSwiGLU `interleave` 0 or any k with features % 2k == 0; eps {1e-5,1e-3}; Reshape
+//   `features` a divisor (<= 8) of rows*features.
+// - bindings: each extra input slot with a motif suggestion is bound to it with chance 3/4;
+//   any other slot with at least one compatible earlier producer in its fuser is bound with
+//   chance 1/2 to one drawn uniformly (fan-out arises when several pick the same producer);
+//   otherwise public. A consumed output is public-and-bound or hidden (1/2 each); an
+//   unconsumed one is unbound (1/2), bound hidden (1/4) or bound public (1/4).
+// - per op: generator output style with chance 1/2; a call-then-bind step with chance 1/6
+//   (grad mode on/off 1/2 each); with chance 1/4 random per-parameter requires-grad flags
+//   (each off with chance 1/2), and likewise for public floating extra inputs.
+// - main input requires grad with chance 3/4; fusions: all allowed ones with chance 1/2,
+//   else each independently with chance 1/2; dtype uniform over options; seed uniform u64.
+
+namespace gradfuzz::generators {
+namespace {
+
+using harness::CaseSpec;
+using harness::OpSpec;
+using ops::OpAttrs;
+
+/// Draws uniform in [lo, hi] whatever the generation size; shrinks towards lo.
+int64_t pick(int64_t lo, int64_t hi) {
+  if (hi <= lo) return lo;
+  return *rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi + 1));
+}
+
+/// Yes with probability num/den; shrinks towards no.
+bool chance(int64_t num, int64_t den) { return pick(0, den - 1) >= den - num; }
+
+template <class T>
+T pick_of(const std::vector<T>& v) {
+  return v[static_cast<size_t>(pick(0, static_cast<int64_t>(v.size()) - 1))];
+}
+
+const std::vector<double> kScales{-2.0, -0.5, 0.5, 1.5, 3.0};
+
+int64_t draw_features() { return chance(3, 4) ? pick_of<int64_t>({2, 4, 6, 8}) : pick_of<int64_t>({3, 5, 7}); }
+
+/// A case under construction, with what the generator knows about each module.
+struct Draft {
+  std::vector<OpSpec> ops;
+  std::vector<std::vector<int64_t>> in_shape;
+  std::vector<ops::OpSignature> sig;
+  std::vector<int64_t> fuser;  // -1 for Boundary
+  int64_t current_fuser = 0;
+  bool fuser_open = false;
+  std::vector<int64_t> shape;
+  /// consumer slot -> suggested producer slot (motif wiring).
+  std::map<SlotAt, SlotAt> suggested;
+  int64_t num_catalog_ops = 0;
+
+  int64_t features() const { return shape[1]; }
+  int64_t rows() const { return shape[0]; }
+};
+
+/// Appends a catalog op; returns its module index, or -1 when the attrs do not fit.
+int64_t append(Draft& d, const std::string& name, OpAttrs attrs) {
+  ops::OpSignature sig;
+  try {
+    sig = ops::OpRegistry::catalog().signature(name, attrs, d.shape);
+  } catch (const std::exception&) {
+    return -1;
+  }
+  if (!d.fuser_open) {
+    d.fuser_open = true;
+    if (d.num_catalog_ops > 0) ++d.current_fuser;
+  }
+  OpSpec op;
+  op.name = name;
+  op.attrs = std::move(attrs);
+  d.ops.push_back(std::move(op));
+  d.in_shape.push_back(d.shape);
+  d.fuser.push_back(d.current_fuser);
+  d.shape = sig.output_shape;
+  d.sig.push_back(std::move(sig));
+  ++d.num_catalog_ops;
+  return static_cast<int64_t>(d.ops.size()) - 1;
+}
+
+void append_boundary(Draft& d) {
+  OpSpec op;
+  op.name = harness::kBoundaryOp;
+  d.ops.push_back(std::move(op));
+  d.in_shape.push_back(d.shape);
+  d.fuser.push_back(-1);
+  d.sig.emplace_back();
+  d.fuser_open = false;
+}
+
+void suggest(Draft& d, int64_t producer, int64_t out_slot, int64_t consumer, int64_t in_slot) {
+  if (producer < 0 || consumer < 0) return;
+  d.suggested[{consumer, in_slot}] = {producer, out_slot};
+}
+
+/// Attrs for op `name` on the current shape, drawn per the table at the top of this file.
+OpAttrs choose_attrs(const std::string& name, const Draft& d) {
+  const int64_t f = d.features();
+  if (name == "Linear") return {{"out", static_cast<double>(draw_features())}};
+  if (name == "ConstantScale") return {{"scale", pick_of(kScales)}};
+  if (name == "MakeExtraOutput" || name == "AddExtraInput") return {{"in_place", chance(1, 2) ? 1.0 : 0.0}};
+  if (name == "DualExtraOutput") return {{"s0", pick_of(kScales)}, {"s1", pick_of(kScales)}};
+  if (name == "RMSNorm" || name == "LayerNorm") return {{"eps", pick_of<double>({1e-5, 1e-3})}};
+  if (name == "Dispatch") return {{"groups", static_cast<double>(pick(1, 4))}};
+  if (name == "GroupedLinear") {
+    const bool scale_bias = chance(1, 2);
+    const bool bias = scale_bias || chance(1, 2);
+    return {{"groups", static_cast<double>(pick(1, 4))},
+            {"out", static_cast<double>(draw_features())},
+            {"bias", bias ? 1.0 : 0.0},
+            {"scale_bias", scale_bias ? 1.0 : 0.0}};
+  }
+  if (name == "ScaledSwiGLU") {
+    std::vector<int64_t> choices{0};
+    for (int64_t k = 1; 2 * k <= f; ++k) {
+      if (f % (2 * k) == 0) choices.push_back(k);
+    }
+    return {{"interleave", static_cast<double>(pick_of(choices))}};
+  }
+  if (name == "Reshape") {
+    std::vector<int64_t> divisors;
+    for (int64_t k = 1; k <= 8; ++k) {
+      if ((d.rows() * f) % k == 0) divisors.push_back(k);
+    }
+    return {{"features", static_cast<double>(pick_of(divisors))}};
+  }
+  return {};
+}
+
+bool needs_even_features(const std::string& name) { return name == "SwiGLU" || name == "ScaledSwiGLU"; }
+
+void single_op_block(Draft& d) {
+  const auto names = ops::OpRegistry::catalog().names();
+  std::vector<std::string> eligible;
+  for (const auto& n : names) {
+    if (needs_even_features(n) && d.features() % 2 != 0) continue;
+    eligible.push_back(n);
+  }
+  const auto name = pick_of(eligible);
+  append(d, name, choose_attrs(name, d));
+}
+
+int64_t append_linear(Draft& d) { return append(d, "Linear", choose_attrs("Linear", d)); }
+
+std::string pick_act() { return pick_of<std::string>({"ReLU", "GELU"}); }
+
+/// Names of the motifs and their largest op count.
+struct Motif {
+  const char* name;
+  int64_t max_ops;
+};
+const std::vector<Motif> kMotifs{{"linear_bias_act", 3}, {"linear_bias_add", 3}, {"linear_scale_add", 3},
+                                 {"linear_scale", 2},    {"extra_linear", 2},    {"bias_act", 2},
+                                 {"extra_rmsnorm", 2},   {"moe", 5},             {"residual", 3},
+                                 {"fresh_scale", 2}};
+
+void moe_block(Draft& d) {
+  const int64_t groups = pick(1, 4);
+  const bool swiglu = chance(1, 2);
+  const int64_t dispatch = append(d, "Dispatch", {{"groups", static_cast<double>(groups)}});
+  auto grouped = [&](int64_t out) {
+    const bool scale_bias = chance(1, 2);
+    const bool bias = scale_bias || chance(1, 2);
+    const int64_t idx = append(d, "GroupedLinear",
+                               {{"groups", static_cast<double>(groups)},
+                                {"out", static_cast<double>(out)},
+                                {"bias", bias ? 1.0 : 0.0},
+                                {"scale_bias", scale_bias ? 1.0 : 0.0}});
+    suggest(d, dispatch, 0, idx, 0);               // split sizes
+    if (scale_bias) suggest(d, dispatch, 1, idx, 1);  // probs as bias scales
+    return idx;
+  };
+  grouped(swiglu ? 2 * pick(1, 4) : draw_features());
+  const std::string act = swiglu ? "ScaledSwiGLU" : "ScaledSReLU";
+  const int64_t act_idx = append(d, act, choose_attrs(act, d));
+  suggest(d, dispatch, 1, act_idx, 0);  // probs as activation scales
+  grouped(draw_features());
+  const int64_t combine = append(d, "Combine", {});
+  suggest(d, dispatch, 2, combine, 0);  // routing map
+}
+
+void residual_block(Draft& d) {
+  const int64_t f = d.features();
+  const int64_t producer = append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
+  const std::string middle =
+      pick_of<std::string>({"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "ScaledSReLU", "RMSNorm",
+                            "LayerNorm", "Identity", "MakeExtraOutput", "AddExtraInput", "RowStat",
+                            "DualExtraOutput", "Dispatch", "Combine", "GroupedLinear"});
+  OpAttrs attrs = choose_attrs(middle, d);
+  if (middle == "Linear" || middle == "GroupedLinear") attrs["out"] = static_cast<double>(f);
+  append(d, middle, attrs);
+  const int64_t consumer = append(d, "AddExtraInput", choose_attrs("AddExtraInput", d));
+  suggest(d, producer, 0, consumer, 0);
+}
+
+void fresh_scale_block(Draft& d) {
+  const bool dispatch = chance(1, 2);
+  const int64_t producer =
+      dispatch ? append(d, "Dispatch", choose_attrs("Dispatch", d)) : append(d, "RowStat", {});
+  const int64_t fresh_slot = dispatch ? 1 : 0;
+  std::vector<std::string> consumers{"ScaledSReLU", "GroupedLinear"};
+  if (d.features() % 2 == 0) consumers.push_back("ScaledSwiGLU");
+  const auto name = pick_of(consumers);
+  OpAttrs attrs = choose_attrs(name, d);
+  if (name == "GroupedLinear") {
+    attrs["scale_bias"] = 1;
+    attrs["bias"] = 1;
+    if (dispatch && producer >= 0) attrs["groups"] = d.ops[producer].attrs.at("groups");
+  }
+  const int64_t consumer = append(d, name, attrs);
+  if (name == "GroupedLinear") {
+    suggest(d, producer, fresh_slot, consumer, 1);
+    if (dispatch) suggest(d, producer, 0, consumer, 0);
+  } else {
+    suggest(d, producer, fresh_slot, consumer, 0);
+  }
+}
+
+void motif_block(Draft& d, int64_t remaining) {
+  std::vector<std::string> eligible;
+  for (const auto& m : kMotifs) {
+    if (m.max_ops <= remaining) eligible.emplace_back(m.name);
+  }
+  if (eligible.empty()) {
+    single_op_block(d);
+    return;
+  }
+  const auto motif = pick_of(eligible);
+  if (motif == "linear_bias_act") {
+    append_linear(d);
+    append(d, "Bias", {});
+    const int64_t tail = pick(0, 2);
+    if (tail > 0) append(d, tail == 1 ? "ReLU" : "GELU", {});
+  } else if (motif == "linear_bias_add") {
+    append_linear(d);
+    if (chance(1, 2)) append(d, "Bias", {});
+    append(d, "AddExtraInput", choose_attrs("AddExtraInput", d));
+  } else if (motif == "linear_scale_add") {
+    append_linear(d);
+    append(d, "ConstantScale", choose_attrs("ConstantScale", d));
+    append(d, "AddExtraInput", choose_attrs("AddExtraInput", d));
+  } else if (motif == "linear_scale") {
+    append_linear(d);
+    append(d, "ConstantScale", choose_attrs("ConstantScale", d));
+  } else if (motif == "extra_linear") {
+    append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
+    append_linear(d);
+  } else if (motif == "bias_act") {
+    append(d, "Bias", {});
+    append(d, pick_act(), {});
+  } else if (motif == "extra_rmsnorm") {
+    append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
+    append(d, "RMSNorm", choose_attrs("RMSNorm", d));
+  } else if (motif == "moe") {
+    moe_block(d);
+  } else if (motif == "residual") {
+    residual_block(d);
+  } else {
+    fresh_scale_block(d);
+  }
+}
+
+bool compatible(const Draft& d, SlotAt producer, SlotAt consumer) {
+  if (producer.op >= consumer.op || d.fuser[producer.op] < 0 || d.fuser[producer.op] != d.fuser[consumer.op]) {
+    return false;
+  }
+  const auto& out = d.sig[producer.op].extra_outputs;
+  const auto& in = d.sig[consumer.op].extra_inputs;
+  if (producer.slot >= static_cast<int64_t>(out.size()) || consumer.slot >= static_cast<int64_t>(in.size())) {
+    return false;
+  }
+  const auto& o = out[producer.slot];
+  if (!(o == in[consumer.slot])) return false;
+  // Split sizes sum to the producer's rows: the consumer must see the same row count.
+  return o.kind != ops::TensorKind::kSplitSizes || d.in_shape[producer.op][0] == d.in_shape[consumer.op][0];
+}
+
+/// Draws every binding (see the distribution notes) and writes them into d.ops.
+void bind_channels(Draft& d) {
+  std::map<SlotAt, SlotAt> source;  // consumer -> producer
+  std::map<SlotAt, int64_t> consumer_count;
+  for (int64_t j = 0; j < static_cast<int64_t>(d.ops.size()); ++j) {
+    for (int64_t s = 0; s < static_cast<int64_t>(d.sig[j].extra_inputs.size()); ++s) {
+      const SlotAt here{j, s};
+      auto sug = d.suggested.find(here);
+      if (sug != d.suggested.end() && compatible(d, sug->second, here)) {
+        if (chance(3, 4)) source[here] = sug->second;
+        continue;
+      }
+      std::vector<SlotAt> candidates;
+      for (int64_t i = 0; i < j; ++i) {
+        for (int64_t t = 0; t < static_cast<int64_t>(d.sig[i].extra_outputs.size()); ++t) {
+          if (compatible(d, {i, t}, here)) candidates.push_back({i, t});
+        }
+      }
+      if (!candidates.empty() && chance(1, 2)) source[here] = pick_of(candidates);
+    }
+  }
+  for (const auto& [consumer, producer] : source) ++consumer_count[producer];
+
+  int64_t next_channel = 0;
+  std::map<SlotAt, std::string> names;
+  for (int64_t i = 0; i < static_cast<int64_t>(d.ops.size()); ++i) {
+    auto& op = d.ops[i];
+    const int64_t n_out = static_cast<int64_t>(d.sig[i].extra_outputs.size());
+    op.output_bindings.assign(static_cast<size_t>(n_out), harness::OutputBindingSpec{});
+    for (int64_t t = 0; t < n_out; ++t) {
+      auto& b = op.output_bindings[t];
+      if (consumer_count.count({i, t})) {
+        b.channel = "c" + std::to_string(next_channel++);
+        b.output_to_caller = !chance(1, 2);
+      } else {
+        const int64_t r = pick(0, 3);
+        if (r >= 2) {
+          b.channel = "c" + std::to_string(next_channel++);
+          b.output_to_caller = r == 3;
+        }
+      }
+      if (b.channel) names[{i, t}] = *b.channel;
+    }
+  }
+  for (const auto& [consumer, producer] : source) {
+    auto& chans = d.ops[consumer.op].input_channels;
+    if (chans.size() <= static_cast<size_t>(consumer.slot)) chans.resize(static_cast<size_t>(consumer.slot) + 1);
+    chans[consumer.slot] = names.at(producer);
+  }
+}
+
+CaseSpec draw_case(const GenOptions& options) {
+  const int size = *rc::gen::withSize([](int s) { return rc::gen::just(s); });
+  const int64_t scaled = (static_cast<int64_t>(options.max_ops) * std::min(size, rc::kNominalSize) +
+                          rc::kNominalSize - 1) /
+                         rc::kNominalSize;
+  const int64_t budget = std::max<int64_t>(1, scaled);
+
+  Draft d;
+  d.shape = {pick(1, 8), draw_features()};
+  CaseSpec spec;
+  spec.input_shape = d.shape;
+
+  const int64_t target = pick(1, budget);
+  for (int attempts = 0; d.num_catalog_ops < target && attempts < 4 * target + 8; ++attempts) {
+    if (d.num_catalog_ops > 0 && chance(1, 5)) append_boundary(d);
+    if (chance(1, 2)) {
+      single_op_block(d);
+    } else {
+      motif_block(d, target - d.num_catalog_ops);
+    }
+  }
+  bind_channels(d);
+
+  for (int64_t i = 0; i < static_cast<int64_t>(d.ops.size()); ++i) {
+    auto& op = d.ops[i];
+    if (op.name == harness::kBoundaryOp) continue;
+    if (chance(1, 2)) op.output_style = ops::OutputStyle::kGenerator;
+    if (chance(1, 6)) spec.call_then_bind.push_back({i, !chance(1, 2)});
+    const int64_t n_params = param_count(op);
+    if (n_params > 0 && chance(1, 4)) {
+      for (int64_t p = 0; p < n_params; ++p) op.param_requires_grad.push_back(!chance(1, 2));
+    }
+    const auto& ins = d.sig[i].extra_inputs;
+    bool has_public_float = false;
+    for (size_t s = 0; s < ins.size(); ++s) {
+      const bool bound = s < op.input_channels.size() && op.input_channels[s];
+      has_public_float = has_public_float || (!bound && ins[s].kind == ops::TensorKind::kFloat);
+    }
+    if (has_public_float && chance(1, 4)) {
+      for (size_t s = 0; s < ins.size(); ++s) {
+        const bool bound = s < op.input_channels.size() && op.input_channels[s];
+        op.extra_input_requires_grad.push_back(bound || ins[s].kind != ops::TensorKind::kFloat || !chance(1, 2));
+      }
+    }
+  }
+  spec.ops = std::move(d.ops);
+  spec.input_requires_grad = !chance(1, 4);
+
+  const std::vector<std::string> allowed =
+      options.fusions ? *options.fusions : ops::FusionRegistry::catalog().names();
+  if (!chance(1, 2)) {
+    spec.fusions = allowed;
+  } else {
+    for (const auto& f : allowed) {
+      if (!chance(1, 2)) spec.fusions.push_back(f);
+    }
+  }
+  spec.dtype = pick_of(options.dtypes);
+  spec.device = options.device;
+  spec.seed = *rc::gen::noShrink(rc::gen::resize(
+      rc::kNominalSize, rc::gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max())));
+  canonicalize(spec);
+  return spec;
+}
+
+}  // namespace
+
+rc::Gen<CaseSpec> gen_case(const GenOptions& options) {
+  if (options.dtypes.empty()) throw std::invalid_argument("gen_case: expected at least one dtype, got none");
+  if (options.max_ops < 1) {
+    throw std::invalid_argument("gen_case: expected max_ops >= 1, got " + std::to_string(options.max_ops));
+  }
+  return rc::gen::exec([options] { return draw_case(options); });
+}
+
+CaseSpec generate_case(uint64_t seed, int size, const GenOptions& options) {
+  return gen_case(options)(rc::Random(seed), size).value();
+}
+
+}  // namespace gradfuzz::generators

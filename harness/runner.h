@@ -1,0 +1,40 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/builder.h"
+#include "harness/case_result.h"
+#include "harness/case_spec.h"
+
+namespace gradfuzz::harness {
+
+/// Knobs of run_case; the defaults are what the fuzzer uses.
+struct RunOptions {
+  /// Run the unfused path (runtime without fusions) and compare it too.
+  bool run_unfused = true;
+  /// Compare fused against unfused directly when both ran without error.
+  bool compare_fused_unfused = true;
+  /// Check the reference gradient against central finite differences for small float64
+  /// cases ("reference~finite_difference").
+  bool finite_differences = true;
+  /// Largest total element count (main input + parameters + public floating extra inputs)
+  /// for which finite differences run.
+  int64_t finite_difference_max_elements = 512;
+  /// Random directions per finite-difference check (two reference forwards each).
+  int64_t finite_difference_directions = 2;
+};
+
+/// Runs `spec` through the fused, unfused and reference paths (fuzzer.md "Paths and
+/// oracle") and compares outputs, public extra outputs and every gradient. Runtime errors
+/// (gradfuzz::Error, c10::Error, std::exception) become verdicts; only internal assertion
+/// failures (std::logic_error, std::invalid_argument for a CUDA case without CUDA)
+/// propagate. Invalid configurations that raise the same error kind in every path pass.
+CaseResult run_case(const CaseSpec& spec, const RunOptions& options = {});
+
+/// Coverage features that `spec` exercises statically (fuzzer.md coverage.features names,
+/// all but same_fusion_channel, which needs the fused plans).
+std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& plan);
+
+}  // namespace gradfuzz::harness

@@ -1,0 +1,45 @@
+#include "reports/console_reporter.h"
+
+namespace gradfuzz::reports {
+
+void ConsoleReporter::report_context(const ReportContext& context) { command_ = context.campaign.command; }
+
+void ConsoleReporter::report_case(const CaseRecord& record) {
+  ++cases_run_;
+  if (!record.result.passed()) ++failed_;
+  if (!record.finding) return;
+  ++findings_;
+  const harness::CaseResult& r = record.finding->result;
+  out_ << "finding: " << harness::verdict_name(r.verdict) << " [" << r.signature() << "]";
+  if (!r.details.empty()) {
+    const auto& d = r.details.front();
+    out_ << " " << d.path_pair << " " << d.tensor << " max_abs_err " << d.max_abs_err << " (atol " << d.atol
+         << ", rtol " << d.rtol << ")";
+  } else if (!r.error_detail.empty()) {
+    out_ << " " << r.error_detail;
+  }
+  out_ << "\n  " << record.finding->reproduce << '\n';
+  out_.flush();
+}
+
+void ConsoleReporter::finalize(const RunSummary& summary) {
+  out_ << command_ << ": " << cases_run_ << " cases, " << failed_ << " failed, " << findings_ << " findings";
+  if (summary.wall_s > 0) out_ << ", " << summary.wall_s << " s, " << cases_run_ / summary.wall_s << " cases/s";
+  out_ << '\n';
+  if (summary.selftest) {
+    for (const auto& e : *summary.selftest) {
+      out_ << "  " << e.name << ": " << (e.ok() ? "ok" : "FAILED");
+      if (e.detected) {
+        out_ << " (detected after " << *e.cases_to_detect << " cases, " << *e.seconds_to_detect << " s, shrunk to "
+             << e.shrunk_ops.value_or(-1) << " ops; replay with fault exit " << e.replay_with_fault_exit.value_or(-1)
+             << ", without " << e.replay_without_fault_exit.value_or(-1) << "; " << e.case_file.value_or("") << ")";
+      } else {
+        out_ << " (not detected)";
+      }
+      out_ << '\n';
+    }
+  }
+  out_.flush();
+}
+
+}  // namespace gradfuzz::reports

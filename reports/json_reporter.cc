@@ -1,0 +1,130 @@
+#include "reports/json_reporter.h"
+
+namespace gradfuzz::reports {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+template <typename T>
+Json optional_json(const std::optional<T>& value) {
+  return value ? Json(*value) : Json(nullptr);
+}
+
+/// Every listed name (zero included), then names only seen in cases, each sorted block
+/// keeping the catalog's order for listed names.
+Json counts_json(const std::vector<std::string>& listed, const std::map<std::string, int64_t>& counts) {
+  Json out = Json::object();
+  for (const auto& name : listed) {
+    auto it = counts.find(name);
+    out[name] = it == counts.end() ? 0 : it->second;
+  }
+  for (const auto& [name, count] : counts) {
+    if (!out.contains(name)) out[name] = count;
+  }
+  return out;
+}
+
+void count_all(std::map<std::string, int64_t>& counts, const std::vector<std::string>& names) {
+  for (const auto& name : names) ++counts[name];
+}
+
+}  // namespace
+
+Json finding_to_json(const Finding& finding) {
+  const harness::CaseResult& r = finding.result;
+  Json details = Json::array();
+  for (const auto& d : r.details) {
+    details.push_back(Json{{"path_pair", d.path_pair},
+                           {"tensor", d.tensor},
+                           {"kind", harness::verdict_name(d.kind)},
+                           {"max_abs_err", d.max_abs_err},
+                           {"max_rel_err", d.max_rel_err},
+                           {"atol", d.atol},
+                           {"rtol", d.rtol},
+                           {"index", d.index},
+                           {"expected", d.expected},
+                           {"got", d.got}});
+  }
+  Json j{{"signature", r.signature()},
+         {"kind", harness::verdict_name(r.verdict)},
+         {"case_file", finding.case_file},
+         {"ops", r.op_types},
+         {"details", std::move(details)}};
+  if (!r.error_detail.empty()) j["error"] = r.error_detail;
+  j["seed"] = r.seed;
+  j["reproduce"] = finding.reproduce;
+  return j;
+}
+
+Json selftest_entry_to_json(const SelftestEntry& e) {
+  return Json{{"name", e.name},
+              {"detected", e.detected},
+              {"cases_to_detect", optional_json(e.cases_to_detect)},
+              {"seconds_to_detect", optional_json(e.seconds_to_detect)},
+              {"shrunk_ops", optional_json(e.shrunk_ops)},
+              {"case_file", optional_json(e.case_file)},
+              {"replay_with_fault_exit", optional_json(e.replay_with_fault_exit)},
+              {"replay_without_fault_exit", optional_json(e.replay_without_fault_exit)},
+              {"ok", e.ok()}};
+}
+
+void JsonReporter::report_context(const ReportContext& context) { context_ = context; }
+
+void JsonReporter::report_case(const CaseRecord& record) {
+  ++cases_run_;
+  if (record.result.passed()) {
+    ++passed_;
+  } else {
+    ++failed_;
+  }
+  count_all(op_counts_, record.result.op_types);
+  count_all(fusion_counts_, record.result.fusions_fired);
+  count_all(feature_counts_, record.result.features);
+  if (record.finding) findings_.push_back(*record.finding);
+}
+
+Json JsonReporter::document(const RunSummary& summary) const {
+  const ReportContext& c = context_;
+  Json doc;
+  doc["schema_version"] = kReportSchemaVersion;
+  doc["tool"] = Json{{"name", c.tool.name}, {"version", c.tool.version}, {"git_sha", c.tool.git_sha}};
+  doc["date"] = c.date;
+  doc["environment"] = Json{{"torch_version", c.environment.torch_version},
+                            {"device", c.environment.device},
+                            {"device_name", c.environment.device_name}};
+  doc["campaign"] = Json{{"command", c.campaign.command},
+                         {"seed", c.campaign.seed},
+                         {"cases_requested", optional_json(c.campaign.cases_requested)},
+                         {"time_budget_s", optional_json(c.campaign.time_budget_s)},
+                         {"dtypes", c.campaign.dtypes},
+                         {"devices", c.campaign.devices},
+                         {"fault", optional_json(c.campaign.fault)}};
+  // A run that finished in no measurable time reports 0 cases/s rather than infinity.
+  double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
+  doc["summary"] = Json{{"cases_run", cases_run_},
+                        {"passed", passed_},
+                        {"failed", failed_},
+                        {"findings", findings_.size()},
+                        {"wall_s", summary.wall_s},
+                        {"cases_per_s", cases_per_s}};
+  doc["coverage"] = Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
+                         {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
+                         {"features", counts_json(c.coverage_names.features, feature_counts_)}};
+  Json findings = Json::array();
+  for (const auto& f : findings_) findings.push_back(finding_to_json(f));
+  doc["findings"] = std::move(findings);
+  if (summary.selftest) {
+    Json entries = Json::array();
+    for (const auto& e : *summary.selftest) entries.push_back(selftest_entry_to_json(e));
+    doc["selftest"] = std::move(entries);
+  }
+  return doc;
+}
+
+void JsonReporter::finalize(const RunSummary& summary) {
+  out_ << document(summary).dump(2) << '\n';
+  out_.flush();
+}
+
+}  // namespace gradfuzz::reports

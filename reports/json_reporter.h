@@ -1,0 +1,51 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reports/reporter.h"
+
+namespace gradfuzz::reports {
+
+/// Writes the JSON document of fuzzer.md "Reports" to the injected stream at finalize():
+/// schema_version, tool, environment, campaign, summary, coverage, findings and, for selftest
+/// runs, selftest. Keys keep the order of the spec (context block first). Coverage lists every
+/// name of ReportContext::coverage_names (zero counts included) plus any other name a case
+/// reported. The stream must outlive the reporter.
+class JsonReporter final : public Reporter {
+ public:
+  explicit JsonReporter(std::ostream& out) : out_(out) {}
+
+  void report_context(const ReportContext& context) override;
+  void report_case(const CaseRecord& record) override;
+  void finalize(const RunSummary& summary) override;
+
+  /// The document finalize() writes (for callers that want to inspect it).
+  nlohmann::ordered_json document(const RunSummary& summary) const;
+
+ private:
+  std::ostream& out_;
+  ReportContext context_;
+  int64_t cases_run_ = 0;
+  int64_t passed_ = 0;
+  int64_t failed_ = 0;
+  std::map<std::string, int64_t> op_counts_;
+  std::map<std::string, int64_t> fusion_counts_;
+  std::map<std::string, int64_t> feature_counts_;
+  std::vector<Finding> findings_;
+};
+
+/// JSON form of one finding: {signature, kind, case_file, ops, details[...], reproduce} (plus
+/// error when the result carries an error detail).
+nlohmann::ordered_json finding_to_json(const Finding& finding);
+
+/// JSON form of one selftest entry (absent values written as null).
+nlohmann::ordered_json selftest_entry_to_json(const SelftestEntry& entry);
+
+}  // namespace gradfuzz::reports

@@ -1,0 +1,138 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/case_result.h"
+
+namespace gradfuzz::reports {
+
+/// Version of the report document (fuzzer.md "Reports"); bumped on any incompatible change.
+inline constexpr int kReportSchemaVersion = 1;
+
+/// Which tool wrote a report. build_tool_info() gives the values of this build.
+struct ToolInfo {
+  std::string name = "gradfuzz";
+  std::string version;
+  /// `git rev-parse --short HEAD` at configure time, "unknown" outside a git checkout.
+  std::string git_sha = "unknown";
+};
+
+/// Where the cases ran.
+struct EnvironmentInfo {
+  /// LibTorch version the tool was built against (TORCH_VERSION).
+  std::string torch_version;
+  /// "cpu" or "cuda" (the resolved device, never "auto").
+  std::string device = "cpu";
+  /// Human name of the device ("cpu", "NVIDIA H200").
+  std::string device_name = "cpu";
+};
+
+/// What the run was asked to do.
+struct CampaignInfo {
+  /// "fuzz", "replay", "selftest" or "bench".
+  std::string command = "fuzz";
+  uint64_t seed = 0;
+  /// Requested case count; nullopt when the run was budgeted by time only.
+  std::optional<int64_t> cases_requested;
+  /// Requested wall-time budget; nullopt when the run was budgeted by count.
+  std::optional<double> time_budget_s;
+  std::vector<std::string> dtypes;
+  std::vector<std::string> devices;
+  /// Fault switched on for the run (ops::fault_name), nullopt when none.
+  std::optional<std::string> fault;
+};
+
+/// Names listed in `coverage` even when their count is zero.
+struct CoverageNames {
+  std::vector<std::string> ops;
+  std::vector<std::string> fusions;
+  std::vector<std::string> features;
+};
+
+/// The context block written first (google/benchmark's Context): everything about the run
+/// that is known before the first case. `date` is injected so golden tests can fix it.
+struct ReportContext {
+  ToolInfo tool;
+  EnvironmentInfo environment;
+  CampaignInfo campaign;
+  CoverageNames coverage_names;
+  /// ISO 8601 UTC time the run started ("2024-05-01T12:00:00Z").
+  std::string date;
+};
+
+/// A saved, shrunk failing case.
+struct Finding {
+  /// Result of running the shrunk case (its ops, details and signature are reported).
+  harness::CaseResult result;
+  /// Path of the saved case file, as the user should type it.
+  std::string case_file;
+  /// One line that reproduces the finding: `gradfuzz replay <case_file> [--fault NAME]`.
+  std::string reproduce;
+};
+
+/// Builds the reproduce line of fuzzer.md: `gradfuzz replay <case_file>` plus
+/// ` --fault NAME` when a fault was on.
+std::string reproduce_line(const std::string& case_file, const std::optional<std::string>& fault);
+
+/// One case that ran: its result (counted in summary and coverage) and, when it produced a
+/// new finding, that finding (the campaign deduplicates by signature before reporting).
+struct CaseRecord {
+  harness::CaseResult result;
+  std::optional<Finding> finding;
+};
+
+/// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").
+struct SelftestEntry {
+  std::string name;
+  bool detected = false;
+  /// 1-based index of the first failing case; nullopt when not detected.
+  std::optional<int64_t> cases_to_detect;
+  std::optional<double> seconds_to_detect;
+  /// Catalog op count of the shrunk case; nullopt when not detected.
+  std::optional<int64_t> shrunk_ops;
+  std::optional<std::string> case_file;
+  /// Exit status of replaying case_file with the fault on (must be 1) and off (must be 0).
+  std::optional<int> replay_with_fault_exit;
+  std::optional<int> replay_without_fault_exit;
+  /// Whether this fault passed the selftest (detected and both replays behaved).
+  bool ok() const {
+    return detected && replay_with_fault_exit == 1 && replay_without_fault_exit == 0;
+  }
+};
+
+/// What is only known at the end of a run.
+struct RunSummary {
+  double wall_s = 0;
+  /// Present for selftest runs only.
+  std::optional<std::vector<SelftestEntry>> selftest;
+};
+
+/// A sink for run results over an injected std::ostream (google/benchmark's
+/// BenchmarkReporter): report_context once, report_case per case, finalize once.
+class Reporter {
+ public:
+  virtual ~Reporter() = default;
+  /// Called once before the first case.
+  virtual void report_context(const ReportContext& context) = 0;
+  /// Called after each case, in run order.
+  virtual void report_case(const CaseRecord& record) = 0;
+  /// Called once at the end; writes whatever is buffered.
+  virtual void finalize(const RunSummary& summary) = 0;
+};
+
+/// Forwards every call to several reporters (nullptr entries are skipped).
+class MultiReporter final : public Reporter {
+ public:
+  explicit MultiReporter(std::vector<Reporter*> reporters) : reporters_(std::move(reporters)) {}
+  void report_context(const ReportContext& context) override;
+  void report_case(const CaseRecord& record) override;
+  void finalize(const RunSummary& summary) override;
+
+ private:
+  std::vector<Reporter*> reporters_;
+};
+
+}  // namespace gradfuzz::reports

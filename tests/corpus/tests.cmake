@@ -1,0 +1,6 @@
+# Tests of corpus/ (case files) and the replay of corpus/regression.
+gradfuzz_add_test(corpus_test
+  SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/case_file_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/regression_test.cc
+  LIBS gradfuzz::corpus)

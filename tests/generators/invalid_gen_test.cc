@@ -1,0 +1,54 @@
+#include "generators/invalid_gen.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <map>
+
+#include "generators/validate.h"
+#include "harness/runner.h"
+
+namespace gradfuzz::generators {
+namespace {
+
+using ::testing::HasSubstr;
+
+RC_GTEST_PROP(InvalidGen, ValidatorReportsThePromisedKindFirst, ()) {
+  const InvalidCase c = *gen_invalid_case();
+  const auto problems = validate_case(c.spec);
+  RC_ASSERT(!problems.empty());
+  RC_ASSERT(problems.front().kind == c.expected_kind);
+}
+
+TEST(InvalidGen, ReachesEveryPromisedKind) {
+  std::map<std::string, int> counts;
+  for (uint64_t seed = 0; seed < 400; ++seed) ++counts[generate_invalid_case(seed, 100).expected_kind];
+  for (const auto& kind : invalid_case_kinds()) EXPECT_GT(counts[kind], 0) << kind;
+  EXPECT_EQ(counts.size(), invalid_case_kinds().size());
+}
+
+TEST(InvalidGen, IsDeterministicForASeed) {
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const auto a = generate_invalid_case(seed, 100);
+    const auto b = generate_invalid_case(seed, 100);
+    EXPECT_EQ(a.spec, b.spec);
+    EXPECT_EQ(a.expected_kind, b.expected_kind);
+  }
+}
+
+// Through the runtime: every path raises the promised kind and no failed construction
+// leaves an op locked (run_case turns either problem into unexpected_error).
+TEST(InvalidGen, EveryPathRaisesThePromisedKind) {
+  harness::RunOptions options;
+  options.finite_differences = false;
+  for (uint64_t seed = 0; seed < 48; ++seed) {
+    const auto c = generate_invalid_case(seed, 100);
+    const auto result = harness::run_case(c.spec, options);
+    EXPECT_TRUE(result.passed()) << "seed " << seed << " (" << c.description << "): " << result.error_detail;
+    EXPECT_THAT(result.error_detail, HasSubstr(c.expected_kind)) << "seed " << seed << " (" << c.description << ")";
+  }
+}
+
+}  // namespace
+}  // namespace gradfuzz::generators

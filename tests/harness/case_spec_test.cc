@@ -1,0 +1,262 @@
+#include "harness/case_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <rapidcheck/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+
+namespace gradfuzz::harness {
+namespace {
+
+using ::testing::HasSubstr;
+
+// ----- A generator of arbitrary (not necessarily runnable) specs for the round trip.
+
+rc::Gen<std::optional<std::string>> gen_channel() {
+  return rc::gen::oneOf(rc::gen::just(std::optional<std::string>()),
+                        rc::gen::map(rc::gen::elementOf(std::vector<std::string>{"a", "probs", "x/y", "~t", "split"}),
+                                     [](std::string s) { return std::optional<std::string>(std::move(s)); }));
+}
+
+rc::Gen<OpSpec> gen_op() {
+  auto names = ops::OpRegistry::catalog().names();
+  names.push_back(kBoundaryOp);
+  return rc::gen::mapcat(rc::gen::elementOf(names), [](const std::string& name) {
+    if (name == kBoundaryOp) return rc::gen::just(OpSpec{name, {}, {}, {}, ops::OutputStyle::kVector, {}, {}});
+    std::vector<std::string> attr_names;
+    for (const auto& [key, value] : ops::OpRegistry::catalog().info(name).defaults) attr_names.push_back(key);
+    return rc::gen::build<OpSpec>(
+        rc::gen::set(&OpSpec::name, rc::gen::just(name)),
+        rc::gen::set(&OpSpec::attrs,
+                     attr_names.empty()
+                         ? rc::gen::just(ops::OpAttrs{})
+                         : rc::gen::container<ops::OpAttrs>(
+                               rc::gen::elementOf(attr_names),
+                               rc::gen::suchThat(rc::gen::arbitrary<double>(), [](double v) { return std::isfinite(v); }))),
+        rc::gen::set(&OpSpec::input_channels, rc::gen::container<std::vector<std::optional<std::string>>>(gen_channel())),
+        rc::gen::set(&OpSpec::output_bindings,
+                     rc::gen::container<std::vector<OutputBindingSpec>>(rc::gen::build<OutputBindingSpec>(
+                         rc::gen::set(&OutputBindingSpec::channel, gen_channel()),
+                         rc::gen::set(&OutputBindingSpec::output_to_caller)))),
+        rc::gen::set(&OpSpec::output_style,
+                     rc::gen::element(ops::OutputStyle::kVector, ops::OutputStyle::kGenerator)),
+        rc::gen::set(&OpSpec::param_requires_grad), rc::gen::set(&OpSpec::extra_input_requires_grad));
+  });
+}
+
+rc::Gen<CaseSpec> gen_spec() {
+  return rc::gen::mapcat(rc::gen::container<std::vector<OpSpec>>(gen_op()), [](std::vector<OpSpec> op_list) {
+    std::vector<int64_t> catalog_ops;
+    for (size_t i = 0; i < op_list.size(); ++i) {
+      if (op_list[i].name != kBoundaryOp) catalog_ops.push_back(static_cast<int64_t>(i));
+    }
+    auto op_index = catalog_ops.empty() ? rc::gen::just<int64_t>(-1) : rc::gen::elementOf(catalog_ops);
+    auto fusion_names = ops::FusionRegistry::catalog().names();
+    return rc::gen::build<CaseSpec>(
+        rc::gen::set(&CaseSpec::ops, rc::gen::just(op_list)),
+        rc::gen::set(&CaseSpec::fusions, rc::gen::map(rc::gen::container<std::set<std::string>>(
+                                                          rc::gen::elementOf(fusion_names)),
+                                                      [](const std::set<std::string>& s) {
+                                                        return std::vector<std::string>(s.begin(), s.end());
+                                                      })),
+        rc::gen::set(&CaseSpec::call_then_bind,
+                     catalog_ops.empty()
+                         ? rc::gen::just(std::vector<CallThenBindStep>{})
+                         : rc::gen::container<std::vector<CallThenBindStep>>(rc::gen::build<CallThenBindStep>(
+                               rc::gen::set(&CallThenBindStep::op, op_index),
+                               rc::gen::set(&CallThenBindStep::grad_mode)))),
+        rc::gen::set(&CaseSpec::input_requires_grad),
+        rc::gen::set(&CaseSpec::input_shape, rc::gen::container<std::vector<int64_t>>(2, rc::gen::inRange<int64_t>(1, 64))),
+        rc::gen::set(&CaseSpec::dtype, rc::gen::element<std::string>("float64", "float32", "bfloat16", "float16")),
+        rc::gen::set(&CaseSpec::device, rc::gen::element<std::string>("cpu", "cuda")),
+        rc::gen::set(&CaseSpec::seed), rc::gen::set(&CaseSpec::extra_input_count_delta, rc::gen::inRange<int64_t>(-3, 4)),
+        rc::gen::set(&CaseSpec::corrupt_split_sizes),
+        rc::gen::set(&CaseSpec::late_binds,
+                     catalog_ops.empty()
+                         ? rc::gen::just(std::vector<LateBindStep>{})
+                         : rc::gen::container<std::vector<LateBindStep>>(rc::gen::build<LateBindStep>(
+                               rc::gen::set(&LateBindStep::op, op_index),
+                               rc::gen::set(&LateBindStep::slot, rc::gen::inRange<int64_t>(0, 4)),
+                               rc::gen::set(&LateBindStep::channel, rc::gen::element<std::string>("a", "b"))))));
+  });
+}
+
+RC_GTEST_PROP(CaseSpecJson, RoundTripsEveryFieldExactly, ()) {
+  const CaseSpec spec = *gen_spec();
+  nlohmann::json j;
+  to_json(j, spec);
+  // Through text too, as a case file does.
+  const nlohmann::json reparsed = nlohmann::json::parse(j.dump());
+  CaseSpec back;
+  from_json(reparsed, back);
+  RC_ASSERT(back == spec);
+}
+
+CaseSpec linear_bias_relu() {
+  CaseSpec spec;
+  spec.ops = {{"Linear", {{"out", 6}}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+              {"Bias", {}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+              {"ReLU", {}, {}, {}, ops::OutputStyle::kVector, {}, {}}};
+  spec.fusions = {"ForwardLinearBiasActivation"};
+  spec.seed = 7;
+  return spec;
+}
+
+nlohmann::json spec_json(const CaseSpec& spec) {
+  nlohmann::json j;
+  to_json(j, spec);
+  return j;
+}
+
+std::string error_of(const nlohmann::json& j) {
+  CaseSpec spec;
+  try {
+    from_json(j, spec);
+  } catch (const SpecError& e) {
+    return e.json_path() + " | " + e.what();
+  }
+  return "no error";
+}
+
+TEST(CaseSpecJson, WritesSnakeCaseKeysAndOmitsDefaults) {
+  CaseSpec spec = linear_bias_relu();
+  spec.ops[1].input_channels = {};
+  const nlohmann::json j = spec_json(spec);
+  EXPECT_EQ(j["ops"][0]["name"], "Linear");
+  EXPECT_EQ(j["ops"][0]["attrs"]["out"], 6.0);
+  EXPECT_FALSE(j["ops"][1].contains("attrs"));
+  EXPECT_FALSE(j["ops"][1].contains("output_style"));
+  EXPECT_FALSE(j.contains("late_binds"));
+  EXPECT_FALSE(j.contains("corrupt_split_sizes"));
+  EXPECT_EQ(j["input_shape"], nlohmann::json::array({4, 8}));
+  EXPECT_EQ(j["fusions"][0], "ForwardLinearBiasActivation");
+}
+
+TEST(CaseSpecJson, WritesPublicSlotsAsNullAndBindingsAsObjects) {
+  CaseSpec spec;
+  spec.ops = {{"DualExtraOutput", {}, {}, {{std::string("c"), false}, {std::nullopt, true}}, ops::OutputStyle::kGenerator, {}, {}},
+              {"AddExtraInput", {}, {std::nullopt}, {}, ops::OutputStyle::kVector, {}, {false}}};
+  const nlohmann::json j = spec_json(spec);
+  EXPECT_TRUE(j["ops"][1]["input_channels"][0].is_null());
+  EXPECT_EQ(j["ops"][0]["output_bindings"][0]["channel"], "c");
+  EXPECT_EQ(j["ops"][0]["output_bindings"][0]["output_to_caller"], false);
+  EXPECT_EQ(j["ops"][0]["output_style"], "generator");
+  EXPECT_EQ(j["ops"][1]["extra_input_requires_grad"], nlohmann::json::array({false}));
+  CaseSpec back;
+  from_json(j, back);
+  EXPECT_EQ(back, spec);
+}
+
+TEST(CaseSpecJson, RejectsUnknownOpNamingPathAndKnownOps) {
+  nlohmann::json j = spec_json(linear_bias_relu());
+  j["ops"][2]["name"] = "Relu";
+  const std::string error = error_of(j);
+  EXPECT_THAT(error, HasSubstr("/ops/2/name"));
+  EXPECT_THAT(error, HasSubstr("unknown op 'Relu'"));
+  EXPECT_THAT(error, HasSubstr("ReLU"));
+  EXPECT_THAT(error, HasSubstr("Boundary"));
+}
+
+TEST(CaseSpecJson, RejectsUnknownAttrKeyAndWrongTypes) {
+  nlohmann::json j = spec_json(linear_bias_relu());
+  j["ops"][0]["attrs"]["outt"] = 3;
+  EXPECT_THAT(error_of(j), HasSubstr("/ops/0/attrs/outt | "));
+  EXPECT_THAT(error_of(j), HasSubstr("known attrs: out"));
+
+  j = spec_json(linear_bias_relu());
+  j["ops"][0]["attrs"]["out"] = "six";
+  EXPECT_THAT(error_of(j), HasSubstr("/ops/0/attrs/out | "));
+
+  j = spec_json(linear_bias_relu());
+  j["ops"][1]["colour"] = "red";
+  EXPECT_THAT(error_of(j), HasSubstr("/ops/1/colour | "));
+
+  j = spec_json(linear_bias_relu());
+  j["input_shape"][1] = -2;
+  EXPECT_THAT(error_of(j), HasSubstr("/input_shape/1 | "));
+
+  j = spec_json(linear_bias_relu());
+  j["input_shape"] = {4, 8, 2};
+  EXPECT_THAT(error_of(j), HasSubstr("/input_shape | "));
+
+  j = spec_json(linear_bias_relu());
+  j["seed"] = -1;
+  EXPECT_THAT(error_of(j), HasSubstr("/seed | "));
+
+  j = spec_json(linear_bias_relu());
+  j["dtype"] = "float8";
+  EXPECT_THAT(error_of(j), HasSubstr("/dtype | "));
+
+  j = spec_json(linear_bias_relu());
+  j.erase("ops");
+  EXPECT_THAT(error_of(j), HasSubstr("/ | "));
+  EXPECT_THAT(error_of(j), HasSubstr("missing required key 'ops'"));
+
+  EXPECT_THAT(error_of(nlohmann::json::array()), HasSubstr("expected an object"));
+}
+
+TEST(CaseSpecJson, RejectsUnknownFusionsAndBadStepIndices) {
+  nlohmann::json j = spec_json(linear_bias_relu());
+  j["fusions"].push_back("ForwardEverything");
+  EXPECT_THAT(error_of(j), HasSubstr("/fusions/1 | "));
+
+  j = spec_json(linear_bias_relu());
+  j["call_then_bind"] = {{{"op", 5}, {"grad_mode", true}}};
+  EXPECT_THAT(error_of(j), HasSubstr("/call_then_bind/0/op | "));
+
+  CaseSpec spec = linear_bias_relu();
+  spec.ops.insert(spec.ops.begin() + 1, OpSpec{kBoundaryOp, {}, {}, {}, ops::OutputStyle::kVector, {}, {}});
+  j = spec_json(spec);
+  j["late_binds"] = {{{"op", 1}, {"slot", 0}, {"channel", "c"}}};
+  EXPECT_THAT(error_of(j), HasSubstr("/late_binds/0/op | "));
+  EXPECT_THAT(error_of(j), HasSubstr("Boundary"));
+
+  j = spec_json(spec);
+  j["ops"][1]["input_channels"] = {"c"};
+  EXPECT_THAT(error_of(j), HasSubstr("/ops/1 | "));
+}
+
+TEST(CaseSpec, NumOpsCountsCatalogOpsOnly) {
+  CaseSpec spec = linear_bias_relu();
+  spec.ops.push_back(OpSpec{kBoundaryOp, {}, {}, {}, ops::OutputStyle::kVector, {}, {}});
+  EXPECT_EQ(spec.num_ops(), 3);
+  std::ostringstream os;
+  os << spec;
+  EXPECT_THAT(os.str(), HasSubstr("\"Boundary\""));
+}
+
+TEST(CaseSpecWiring, FindsMissingAndLateProducersPerFuser) {
+  CaseSpec spec;
+  spec.ops = {{"RowStat", {}, {}, {{std::string("s"), false}}, ops::OutputStyle::kVector, {}, {}},
+              {"ScaledSReLU", {}, {std::string("s")}, {}, ops::OutputStyle::kVector, {}, {}}};
+  EXPECT_FALSE(check_static_wiring(spec).has_value());
+
+  CaseSpec late = spec;
+  std::swap(late.ops[0], late.ops[1]);
+  auto problem = check_static_wiring(late);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_EQ(problem->kind, "producer-not-earlier");
+  EXPECT_EQ(problem->json_path, "/ops/0/input_channels/0");
+
+  CaseSpec crossing = spec;
+  crossing.ops.insert(crossing.ops.begin() + 1, OpSpec{kBoundaryOp, {}, {}, {}, ops::OutputStyle::kVector, {}, {}});
+  problem = check_static_wiring(crossing);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_EQ(problem->kind, "missing-producer");
+  EXPECT_EQ(problem->json_path, "/ops/2/input_channels/0");
+
+  CaseSpec twice = spec;
+  twice.ops.insert(twice.ops.begin(), spec.ops[0]);
+  problem = check_static_wiring(twice);
+  ASSERT_TRUE(problem.has_value());
+  EXPECT_EQ(problem->kind, "duplicate-producer");
+}
+
+}  // namespace
+}  // namespace gradfuzz::harness

@@ -1,0 +1,230 @@
+#include "harness/runner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "ops/faults.h"
+
+namespace gradfuzz::harness {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+OpSpec op(std::string name, ops::OpAttrs attrs = {}, std::vector<std::optional<std::string>> inputs = {},
+          std::vector<OutputBindingSpec> outputs = {}) {
+  OpSpec o;
+  o.name = std::move(name);
+  o.attrs = std::move(attrs);
+  o.input_channels = std::move(inputs);
+  o.output_bindings = std::move(outputs);
+  return o;
+}
+
+OutputBindingSpec hidden(std::string channel) { return {std::move(channel), false}; }
+
+CaseSpec linear_bias_relu(const std::string& dtype = "float64") {
+  CaseSpec spec;
+  spec.ops = {op("Linear", {{"out", 6}}), op("Bias"), op("ReLU")};
+  spec.fusions = {"ForwardLinearBiasActivation"};
+  spec.dtype = dtype;
+  spec.seed = 3;
+  return spec;
+}
+
+/// MakeExtraOutput -> ConstantScale -> AddExtraInput through one hidden channel: the
+/// FusedResidual pattern (the fused op owns both ends of the channel).
+CaseSpec residual(const std::string& fusion) {
+  CaseSpec spec;
+  spec.ops = {op("MakeExtraOutput", {}, {}, {hidden("r")}), op("ConstantScale", {{"scale", 0.75}}),
+              op("AddExtraInput", {}, {std::string("r")})};
+  spec.fusions = {fusion};
+  spec.seed = 5;
+  return spec;
+}
+
+/// Dispatch's fresh probs feed ScaledSwiGLU's scales (review finding 1).
+CaseSpec dispatch_probs() {
+  CaseSpec spec;
+  spec.input_shape = {6, 8};
+  spec.ops = {op("Dispatch", {{"groups", 2}}, {}, {{std::nullopt, true}, hidden("probs")}),
+              op("ScaledSwiGLU", {}, {std::string("probs")})};
+  spec.seed = 9;
+  return spec;
+}
+
+std::string describe(const CaseResult& r) {
+  std::ostringstream os;
+  os << r;
+  return os.str();
+}
+
+TEST(RunCase, LinearBiasReluWithForwardFusionPasses) {
+  const CaseResult r = run_case(linear_bias_relu());
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.fusions_fired, Contains("ForwardLinearBiasActivation"));
+  EXPECT_EQ(r.op_types, (std::vector<std::string>{"Linear", "Bias", "ReLU"}));
+  EXPECT_EQ(r.seed, 3u);
+}
+
+TEST(RunCase, LowPrecisionCasesPassWithinScaledTolerances) {
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
+    const CaseResult r = run_case(linear_bias_relu(dtype));
+    EXPECT_EQ(r.verdict, VerdictKind::kPass) << dtype << ": " << describe(r);
+  }
+}
+
+TEST(RunCase, ResidualFusionsPassAndReportTheSameFusionChannel) {
+  for (const char* fusion : {"FusedResidual.joint", "FusedResidual.forward", "FusedResidual.backward"}) {
+    const CaseResult r = run_case(residual(fusion));
+    EXPECT_EQ(r.verdict, VerdictKind::kPass) << fusion << ": " << describe(r);
+    EXPECT_THAT(r.fusions_fired, Contains(fusion));
+    EXPECT_THAT(r.features, Contains("same_fusion_channel"));
+    EXPECT_THAT(r.features, Contains("hidden_output"));
+  }
+}
+
+TEST(RunCase, SameFusionGradDropFaultIsAMismatch) {
+  ops::FaultScope fault(ops::Fault::kSameFusionGradDrop);
+  const CaseResult r = run_case(residual("FusedResidual.joint"));
+  EXPECT_NE(r.verdict, VerdictKind::kPass) << describe(r);
+  ASSERT_FALSE(r.details.empty());
+  const TensorMismatch& d = r.details.front();
+  EXPECT_EQ(d.path_pair, "fused~reference");
+  EXPECT_FALSE(d.index.empty());
+  EXPECT_GT(d.max_abs_err, d.atol);
+  EXPECT_NE(d.expected, d.got);
+  // Without the fault the same case passes.
+  ops::FaultScope off(ops::Fault::kSameFusionGradDrop, false);
+  EXPECT_EQ(run_case(residual("FusedResidual.joint")).verdict, VerdictKind::kPass);
+}
+
+TEST(RunCase, FreshProducerCasePassesAndInternalRequiresGradFaultLosesTheGradient) {
+  const CaseResult ok = run_case(dispatch_probs());
+  EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
+  EXPECT_THAT(ok.features, Contains("fresh_producer"));
+  ops::FaultScope fault(ops::Fault::kInternalRequiresGrad);
+  const CaseResult r = run_case(dispatch_probs());
+  EXPECT_TRUE(r.verdict == VerdictKind::kMissingGradient || r.verdict == VerdictKind::kMismatch) << describe(r);
+}
+
+TEST(RunCase, TransientLockFaultBreaksCallThenBind) {
+  CaseSpec spec = dispatch_probs();
+  spec.call_then_bind = {{1, true}};
+  const CaseResult ok = run_case(spec);
+  EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
+  EXPECT_THAT(ok.features, Contains("call_then_bind"));
+  ops::FaultScope fault(ops::Fault::kTransientLock);
+  const CaseResult r = run_case(spec);
+  EXPECT_EQ(r.verdict, VerdictKind::kUnexpectedError) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("fused raised locked"));
+  EXPECT_THAT(r.error_detail, HasSubstr("reference passed"));
+  EXPECT_THAT(r.signature(), HasSubstr("fused=locked"));
+}
+
+TEST(RunCase, GeneratorOutputsFaultIsCaught) {
+  CaseSpec spec = dispatch_probs();
+  spec.ops[0].output_style = ops::OutputStyle::kGenerator;
+  const CaseResult ok = run_case(spec);
+  EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
+  EXPECT_THAT(ok.features, Contains("generator_outputs"));
+  ops::FaultScope fault(ops::Fault::kGeneratorOutputs);
+  EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+}
+
+TEST(RunCase, SlotOrderAndScaleBiasFaultsAreCaught) {
+  // RowStat's fresh statistic feeds GroupedLinear's scales (slot 1) while the split sizes
+  // (slot 0) stay public: a public slot before a bound one in the same op.
+  CaseSpec spec;
+  spec.input_shape = {6, 4};
+  spec.ops = {op("RowStat", {}, {}, {hidden("s")}),
+              op("GroupedLinear", {{"groups", 2}, {"out", 3}, {"scale_bias", 1}}, {std::nullopt, std::string("s")})};
+  spec.seed = 21;
+  const CaseResult ok = run_case(spec);
+  EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
+  EXPECT_THAT(ok.features, Contains("mixed_slot_order"));
+  EXPECT_THAT(ok.features, Contains("scale_bias"));
+  {
+    ops::FaultScope fault(ops::Fault::kSlotOrder);
+    EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+  }
+  {
+    ops::FaultScope fault(ops::Fault::kScaleBiasGrad);
+    EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+  }
+}
+
+TEST(RunCase, ConsumerBeforeProducerRaisesTheSameErrorEverywhereAndPasses) {
+  CaseSpec spec;
+  spec.ops = {op("ScaledSReLU", {}, {std::string("s")}), op("RowStat", {}, {}, {hidden("s")})};
+  const CaseResult r = run_case(spec);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("fused raised producer-not-earlier during Sequential construction"));
+  EXPECT_THAT(r.error_detail, HasSubstr("reference raised producer-not-earlier"));
+}
+
+TEST(RunCase, OtherInvalidConfigurationsPassWhenEveryPathAgrees) {
+  CaseSpec surplus = dispatch_probs();
+  surplus.extra_input_count_delta = 1;
+  CaseResult r = run_case(surplus);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("extra-input-count"));
+
+  CaseSpec late = dispatch_probs();
+  late.late_binds = {{1, 0, "other"}};
+  r = run_case(late);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("locked"));
+
+  CaseSpec splits;
+  splits.input_shape = {6, 4};
+  splits.ops = {op("GroupedLinear", {{"groups", 3}, {"out", 2}})};
+  splits.corrupt_split_sizes = true;
+  r = run_case(splits);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("invalid-argument"));
+
+  CaseSpec crossing = dispatch_probs();
+  crossing.ops.insert(crossing.ops.begin() + 1, op(kBoundaryOp));
+  r = run_case(crossing);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("missing-producer"));
+}
+
+TEST(RunCase, EveryCatalogOpPassesInFloat64WithFiniteDifferences) {
+  // One small chain per op family; finite differences run on all of them (float64, small).
+  std::vector<CaseSpec> specs;
+  auto add = [&](std::vector<OpSpec> op_list, std::vector<int64_t> shape = {4, 6}) {
+    CaseSpec s;
+    s.ops = std::move(op_list);
+    s.input_shape = std::move(shape);
+    s.seed = 100 + specs.size();
+    specs.push_back(std::move(s));
+  };
+  add({op("Linear", {{"out", 4}}), op("GELU"), op("SReLU"), op("ConstantScale", {{"scale", -2}})});
+  add({op("SwiGLU"), op("Identity"), op("Reshape", {{"features", 3}})});
+  add({op("ScaledSwiGLU", {{"interleave", 1}}), op("ScaledSReLU")});
+  add({op("RMSNorm"), op("LayerNorm")});
+  add({op("DualExtraOutput", {}, {}, {hidden("a"), {std::string("b"), true}}), op("AddExtraInput", {}, {std::string("a")}),
+       op("AddExtraInput", {}, {std::string("b")}), op("AddExtraInput", {}, {std::string("a")})});
+  add({op("Dispatch", {{"groups", 3}}, {}, {{std::string("splits"), false}, {std::nullopt, true}, hidden("map")}),
+       op("GroupedLinear", {{"groups", 3}, {"out", 4}}, {std::string("splits")}), op("Combine", {}, {std::string("map")})});
+  for (const auto& spec : specs) {
+    const CaseResult r = run_case(spec);
+    EXPECT_EQ(r.verdict, VerdictKind::kPass) << spec << "\n" << describe(r);
+  }
+}
+
+TEST(RunCase, ParametersAndInputsWithoutGradStillCompare) {
+  CaseSpec spec = linear_bias_relu();
+  spec.input_requires_grad = false;
+  spec.ops[0].param_requires_grad = {false};
+  const CaseResult r = run_case(spec);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_THAT(r.features, Contains("no_grad_input"));
+}
+
+}  // namespace
+}  // namespace gradfuzz::harness

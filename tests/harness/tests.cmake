@@ -1,0 +1,9 @@
+# Tests of harness/ (case specs, results, tolerances, builder, runner); one source per header.
+gradfuzz_add_test(harness_test
+  SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/builder_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/case_result_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/case_spec_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/runner_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/tolerances_test.cc
+  LIBS gradfuzz::harness rapidcheck_gtest)

@@ -1,0 +1,130 @@
+#pragma once
+
+// Shared helpers of the ops/ test suite: ops by catalog name, seeded tensors, running a
+// Sequential through the fused path and through the ReferenceEvaluator with the same
+// cotangents, and tensor comparisons that report the worst element.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/basic_op.h"
+#include "ops/fuser.h"
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+#include "ops/reference.h"
+#include "ops/sequential.h"
+
+namespace gradfuzz::ops::testing {
+
+/// Tolerances of torch.testing.assert_close's defaults for a dtype.
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+/// float64: rtol 1e-7, atol 1e-7 (torch.testing defaults); the fused path and the
+/// reference do the same float64 math in different orders, so only rounding differs.
+inline constexpr Tolerance kFloat64Tol{1e-7, 1e-7};
+/// float32: torch.testing defaults (rtol 1.3e-6, atol 1e-5) scaled by 10, because a chain
+/// of several ops compared against a float64 reference accumulates one rounding per op and
+/// per reduction (sums over up to 32 features).
+inline constexpr Tolerance kFloat32Tol{1.3e-5, 1e-4};
+
+/// Tolerance for comparing a path run in `dtype` against the float64 reference.
+Tolerance tolerance_for(at::ScalarType dtype);
+
+/// Creates a catalog op by name for a main input of `input_shape` in `dtype` on the CPU.
+BasicOpPtr make_op(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& input_shape,
+                   at::ScalarType dtype = at::kDouble);
+
+/// A seeded normal tensor; `away_from_zero` pushes values to |v| >= 0.2 (activation kinks).
+at::Tensor seeded_randn(at::IntArrayRef shape, at::Generator& gen, at::ScalarType dtype = at::kDouble,
+                        bool requires_grad = false, bool away_from_zero = false);
+/// An explicit CPU generator with a fixed seed.
+at::Generator make_generator(uint64_t seed);
+/// int64 [values.size()] tensor.
+at::Tensor int_tensor(const std::vector<int64_t>& values);
+
+/// What one path produced: outputs and gradients (undefined where no gradient was asked
+/// for or none arrived).
+struct PathResult {
+  std::vector<at::Tensor> outputs;
+  at::Tensor grad_input;
+  /// Per basic op (module order, plain modules skipped), per parameter.
+  std::vector<std::vector<at::Tensor>> grad_params;
+  /// Per public extra input.
+  std::vector<at::Tensor> grad_extra_inputs;
+  /// Per fuser: channel name -> gradient (the fuser's trace, or the reference's).
+  std::vector<std::map<std::string, at::Tensor>> channel_grads;
+};
+
+/// One cotangent per output: seeded normal for floating outputs, undefined for integer ones.
+std::vector<at::Tensor> make_cotangents(const std::vector<at::Tensor>& outputs, uint64_t seed);
+
+/// Runs the fused path: input and extras are used as given (their requires_grad decides
+/// what gets gradients); gradients of sum_k <outputs_k, cotangents_k> via autograd::grad.
+PathResult run_fused(Sequential& sequential, const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                     uint64_t cotangent_seed = 77);
+/// Same through the ReferenceEvaluator (float64 CPU) with the same cotangents.
+PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
+                         const std::vector<at::Tensor>& extra_inputs, uint64_t cotangent_seed = 77);
+
+/// Whether `got` matches `expected` elementwise (|got - exp| <= atol + rtol·|exp|, after
+/// casting both to float64). An undefined `got` matches only an undefined or all-zero
+/// `expected` (a dropped gradient that should be non-zero is a failure).
+::testing::AssertionResult tensors_close(const at::Tensor& got, const at::Tensor& expected, Tolerance tol,
+                                         const std::string& what);
+/// Every output and gradient (channel gradients included) of `got` against `expected`.
+::testing::AssertionResult results_close(const PathResult& got, const PathResult& expected, Tolerance tol);
+
+/// Builds a Sequential (with `fusions`), runs the fused path and the reference on the same
+/// data and compares them; exceptions are caught and reported as a failure. For checks
+/// that a fault breaks a scenario (EXPECT_FALSE).
+::testing::AssertionResult fused_matches_reference(Sequential& sequential, const at::Tensor& input,
+                                                   const std::vector<at::Tensor>& extra_inputs, Tolerance tol);
+
+/// The plan entry of `plan` named `name`, or nullptr.
+const PlanEntry* find_entry(const std::vector<PlanEntry>& plan, const std::string& name);
+
+/// A test op: `y = x`, extra output 0 = fixed int64 split sizes (a split-size producer that
+/// does not depend on Dispatch).
+class SplitSource final : public BasicOp {
+ public:
+  explicit SplitSource(std::vector<int64_t> sizes) : BasicOp("SplitSource"), sizes_(std::move(sizes)) {}
+  int64_t num_extra_outputs() const override { return 1; }
+
+ protected:
+  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
+                             const std::vector<at::Tensor>& extra_inputs) const override;
+  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
+  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                                 const std::vector<at::Tensor>& params) const override;
+
+ private:
+  std::vector<int64_t> sizes_;
+};
+
+/// A test op: `y = x` that counts its forward and backward calls (to prove backward
+/// stopped early).
+class CountingIdentity final : public BasicOp {
+ public:
+  CountingIdentity() : BasicOp("CountingIdentity") {}
+  mutable int forward_calls = 0;
+  mutable int backward_calls = 0;
+
+ protected:
+  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
+                             const std::vector<at::Tensor>& extra_inputs) const override;
+  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
+                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
+  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
+                                 const std::vector<at::Tensor>& params) const override;
+};
+
+}  // namespace gradfuzz::ops::testing

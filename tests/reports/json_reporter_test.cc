@@ -1,0 +1,191 @@
+// Golden tests of the report document (fuzzer.md "Reports"): a fixed context and fixed
+// CaseResults give exactly the checked-in JSON. Volatile fields (git SHA, date, wall time)
+// are injected as fixed values. Set GRADFUZZ_UPDATE_GOLDEN=1 to rewrite the golden files
+// after an intentional format change (then review the diff).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+#include "reports/build_info.h"
+#include "reports/console_reporter.h"
+#include "reports/json_reporter.h"
+
+namespace gradfuzz::reports {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string golden_path(const std::string& name) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/tests/reports/golden/" + name;
+}
+
+/// Compares `text` with the golden file `name` (or rewrites it in update mode).
+void expect_golden(const std::string& name, const std::string& text) {
+  const std::string path = golden_path(name);
+  const char* update = std::getenv("GRADFUZZ_UPDATE_GOLDEN");
+  if (update && std::string(update) == "1") {
+    std::ofstream(path) << text;
+    GTEST_SKIP() << "rewrote " << path;
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "missing golden file " << path;
+  std::stringstream golden;
+  golden << in.rdbuf();
+  EXPECT_EQ(text, golden.str()) << "report differs from " << path;
+}
+
+ReportContext fixed_context(const std::string& command, std::optional<std::string> fault) {
+  ReportContext c;
+  c.tool = ToolInfo{"gradfuzz", "0.1.0", "abc1234"};
+  c.environment = EnvironmentInfo{"2.11.0", "cpu", "cpu"};
+  c.campaign.command = command;
+  c.campaign.seed = 7;
+  c.campaign.cases_requested = 2;
+  c.campaign.dtypes = {"float64", "float32"};
+  c.campaign.devices = {"cpu"};
+  c.campaign.fault = std::move(fault);
+  c.coverage_names.ops = {"Linear", "Bias", "ReLU", "Dispatch"};
+  c.coverage_names.fusions = {"ForwardLinearBiasActivation", "BackwardActivationBias"};
+  c.coverage_names.features = {"bound_input", "public_input", "fresh_producer", "no_grad_input"};
+  c.date = "2025-01-31T12:00:00Z";
+  return c;
+}
+
+harness::CaseResult passing_result() {
+  harness::CaseResult r;
+  r.seed = 11;
+  r.op_types = {"Linear", "Bias", "ReLU"};
+  r.fusions_fired = {"ForwardLinearBiasActivation"};
+  r.features = {"public_input"};
+  return r;
+}
+
+harness::CaseResult mismatch_result() {
+  harness::CaseResult r;
+  r.verdict = harness::VerdictKind::kMismatch;
+  r.seed = 12;
+  r.op_types = {"Dispatch", "Linear"};
+  r.features = {"bound_input", "fresh_producer"};
+  harness::TensorMismatch d;
+  d.kind = harness::VerdictKind::kMismatch;
+  d.path_pair = "fused~reference";
+  d.tensor = "grad_channel[probs]";
+  d.role = "grad_channel";
+  d.index = {3};
+  d.expected = 0.5;
+  d.got = 0.25;
+  d.max_abs_err = 0.25;
+  d.max_rel_err = 0.5;
+  d.atol = 1e-7;
+  d.rtol = 1e-7;
+  r.details = {d};
+  return r;
+}
+
+CaseRecord finding_record(const std::optional<std::string>& fault) {
+  CaseRecord record;
+  record.result = mismatch_result();
+  Finding f;
+  f.result = mismatch_result();
+  f.case_file = "gradfuzz-out/corpus/findings/0123456789abcdef.json";
+  f.reproduce = reproduce_line(f.case_file, fault);
+  record.finding = f;
+  return record;
+}
+
+TEST(JsonReporter, FuzzReportMatchesGolden) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(fixed_context("fuzz", std::string("internal-requires-grad")));
+  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(finding_record(std::string("internal-requires-grad")));
+  reporter.finalize(RunSummary{2.5, std::nullopt});
+  expect_golden("fuzz_report.json", out.str());
+}
+
+TEST(JsonReporter, SelftestReportMatchesGolden) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(fixed_context("selftest", std::nullopt));
+  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(finding_record(std::string("slot-order")));
+  SelftestEntry found;
+  found.name = "slot-order";
+  found.detected = true;
+  found.cases_to_detect = 2;
+  found.seconds_to_detect = 0.75;
+  found.shrunk_ops = 2;
+  found.case_file = "gradfuzz-out/selftest/slot-order/findings/0123456789abcdef.json";
+  found.replay_with_fault_exit = 1;
+  found.replay_without_fault_exit = 0;
+  SelftestEntry missed;
+  missed.name = "transient-lock";
+  reporter.finalize(RunSummary{4.0, std::vector<SelftestEntry>{found, missed}});
+  expect_golden("selftest_report.json", out.str());
+}
+
+TEST(JsonReporter, ListsZeroCountsForEveryCatalogOpAndFusion) {
+  ReportContext context = fixed_context("fuzz", std::nullopt);
+  context.coverage_names = catalog_coverage_names({"bound_input"});
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(context);
+  const auto doc = reporter.document(RunSummary{});
+  for (const auto& name : ops::OpRegistry::catalog().names()) {
+    ASSERT_TRUE(doc["coverage"]["ops"].contains(name)) << name;
+    EXPECT_EQ(doc["coverage"]["ops"][name], 0) << name;
+  }
+  for (const auto& name : ops::FusionRegistry::catalog().names()) {
+    ASSERT_TRUE(doc["coverage"]["fusions"].contains(name)) << name;
+  }
+  EXPECT_EQ(doc["coverage"]["features"]["bound_input"], 0);
+  EXPECT_EQ(doc["summary"]["cases_per_s"], 0.0);  // no time measured: 0, not infinity
+}
+
+TEST(JsonReporter, CountsCoverageNamesOutsideTheListedOnes) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  ReportContext context = fixed_context("fuzz", std::nullopt);
+  context.coverage_names = {};
+  reporter.report_context(context);
+  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  const auto doc = reporter.document(RunSummary{1.0, std::nullopt});
+  EXPECT_EQ(doc["coverage"]["ops"]["Linear"], 2);
+  EXPECT_EQ(doc["coverage"]["fusions"]["ForwardLinearBiasActivation"], 2);
+  EXPECT_EQ(doc["summary"]["cases_per_s"], 2.0);
+}
+
+TEST(ReproduceLine, NamesTheFaultOnlyWhenOneWasOn) {
+  EXPECT_EQ(reproduce_line("corpus/regression/ab.json", std::nullopt), "gradfuzz replay corpus/regression/ab.json");
+  EXPECT_EQ(reproduce_line("x.json", std::string("slot-order")), "gradfuzz replay x.json --fault slot-order");
+}
+
+TEST(ConsoleReporter, PrintsOneReproduceLinePerFindingAndASummary) {
+  std::ostringstream out;
+  ConsoleReporter reporter(out);
+  reporter.report_context(fixed_context("fuzz", std::nullopt));
+  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(finding_record(std::nullopt));
+  reporter.finalize(RunSummary{2.0, std::nullopt});
+  EXPECT_THAT(out.str(), HasSubstr("gradfuzz replay gradfuzz-out/corpus/findings/0123456789abcdef.json\n"));
+  EXPECT_THAT(out.str(), HasSubstr("fuzz: 2 cases, 1 failed, 1 findings"));
+}
+
+TEST(BuildInfo, ReportsToolNameVersionAndTorchVersion) {
+  const ToolInfo info = build_tool_info();
+  EXPECT_EQ(info.name, "gradfuzz");
+  EXPECT_FALSE(info.version.empty());
+  EXPECT_FALSE(info.git_sha.empty());
+  EXPECT_THAT(torch_version(), ::testing::StartsWith("2."));
+}
+
+}  // namespace
+}  // namespace gradfuzz::reports

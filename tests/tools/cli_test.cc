@@ -1,0 +1,202 @@
+#include "tools/cli.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "corpus/case_file.h"
+#include "ops/faults.h"
+
+namespace gradfuzz::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct CliRun {
+  int exit = -1;
+  std::string out;
+  std::string err;
+};
+
+CliRun run(const std::vector<std::string>& args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  CliRun r;
+  r.exit = run_cli(args, out, err, /*terminal=*/false);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gradfuzz-cli-" + std::to_string(static_cast<long long>(::getpid())) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  /// A valid one-op case file document.
+  static nlohmann::json valid_document() {
+    harness::CaseSpec spec;
+    harness::OpSpec linear;
+    linear.name = "Linear";
+    spec.ops = {linear};
+    spec.input_shape = {4, 8};
+    spec.seed = 5;
+    return corpus::case_file_to_json(corpus::make_case_file(spec, corpus::ExpectedVerdict{}, 0, "0.1.0", std::nullopt));
+  }
+
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::filesystem::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path.string();
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, ListFaultsPrintsEveryFaultName) {
+  const CliRun r = run({"list", "faults"});
+  EXPECT_EQ(r.exit, 0);
+  for (ops::Fault fault : ops::all_faults()) EXPECT_THAT(r.out, HasSubstr(ops::fault_name(fault) + "\n"));
+}
+
+TEST_F(CliTest, ListOpsJsonIsAnArrayOfNamedEntries) {
+  const CliRun r = run({"list", "ops", "--json"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_FALSE(j.empty());
+  EXPECT_TRUE(j.front().contains("name"));
+  EXPECT_EQ(run({"list", "fusions"}).exit, 0);
+}
+
+TEST_F(CliTest, BadFlagsAreUsageErrors) {
+  EXPECT_EQ(run({}).exit, 2);
+  EXPECT_EQ(run({"bogus"}).exit, 2);
+  EXPECT_EQ(run({"fuzz", "--cases", "abc"}).exit, 2);
+  EXPECT_EQ(run({"fuzz", "--cases", "3", "--time", "2"}).exit, 2);
+  EXPECT_EQ(run({"list", "things"}).exit, 2);
+  const CliRun dtype = run({"fuzz", "--cases", "1", "--dtypes", "float8"});
+  EXPECT_EQ(dtype.exit, 2);
+  EXPECT_THAT(dtype.err, HasSubstr("float8"));
+  const CliRun fault = run({"fuzz", "--cases", "1", "--fault", "no-such-fault"});
+  EXPECT_EQ(fault.exit, 2);
+  EXPECT_THAT(fault.err, HasSubstr("slot-order"));  // the message lists the known names
+  EXPECT_EQ(run({"selftest", "--faults", "nope"}).exit, 2);
+  EXPECT_EQ(run({"fuzz", "--device", "tpu"}).exit, 2);
+}
+
+TEST_F(CliTest, HelpExitsZero) { EXPECT_EQ(run({"--help"}).exit, 0); }
+
+TEST_F(CliTest, ReplayOfAMissingPathIsAnInputError) {
+  const CliRun r = run({"replay", (dir_ / "absent.json").string()});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("absent.json"));
+}
+
+TEST_F(CliTest, ReplayRejectsASyntaxErrorNamingTheFile) {
+  const std::string path = write("syntax.json", "{\"schema_version\": 1, \"spec\": [");
+  const CliRun r = run({"replay", path});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("syntax.json"));
+}
+
+TEST_F(CliTest, ReplayRejectsATextFileThatIsNotJson) {
+  const std::string path = write("notjson.json", "this is not a case file\n");
+  const CliRun r = run({"replay", path});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("notjson.json"));
+}
+
+TEST_F(CliTest, ReplayRejectsAnUnknownOpNamingFileAndJsonPath) {
+  nlohmann::json doc = valid_document();
+  doc["spec"]["ops"][0]["name"] = "NoSuchOp";
+  const std::string path = write("unknown_op.json", doc.dump());
+  const CliRun r = run({"replay", path});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown_op.json"));
+  EXPECT_THAT(r.err, HasSubstr("/spec/ops/0/name"));
+}
+
+TEST_F(CliTest, ReplayRejectsABoundInputWithoutProducer) {
+  nlohmann::json doc = valid_document();
+  doc["spec"]["ops"].push_back({{"name", "AddExtraInput"}, {"input_channels", {"nowhere"}}});
+  doc.erase("wiring_error");
+  const std::string path = write("missing_producer.json", doc.dump());
+  const CliRun r = run({"replay", path});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("missing_producer.json"));
+  EXPECT_THAT(r.err, HasSubstr("/spec/ops/1/input_channels/0"));
+}
+
+TEST_F(CliTest, ReplayRejectsAWrongSchemaVersion) {
+  nlohmann::json doc = valid_document();
+  doc["schema_version"] = 999;
+  const std::string path = write("schema.json", doc.dump());
+  const CliRun r = run({"replay", path});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("schema.json"));
+  EXPECT_THAT(r.err, HasSubstr("/schema_version"));
+}
+
+TEST_F(CliTest, ReplayRunsNothingWhenOneFileOfADirectoryIsMalformed) {
+  write("good.json", valid_document().dump());
+  write("bad.json", "{");
+  const CliRun r = run({"replay", dir_.string()});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("bad.json"));
+}
+
+TEST_F(CliTest, ReplayOfAPassingCaseExitsZeroAndWritesAReport) {
+  const std::string path = write("good.json", valid_document().dump());
+  const std::string report = (dir_ / "report.json").string();
+  const CliRun r = run({"replay", path, "--report", report});
+  EXPECT_EQ(r.exit, 0) << r.out << r.err;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["campaign"]["command"], "replay");
+  EXPECT_EQ(j["summary"]["cases_run"], 1);
+  EXPECT_EQ(j["summary"]["failed"], 0);
+}
+
+TEST_F(CliTest, FuzzWritesAReportConsistentWithItsExitStatus) {
+  const std::string report = (dir_ / "fuzz.json").string();
+  const CliRun r = run({"fuzz", "--cases", "3", "--seed", "4", "--max-ops", "3", "--corpus", (dir_ / "corpus").string(),
+                        "--report", report, "--quiet"});
+  ASSERT_TRUE(r.exit == 0 || r.exit == 1) << r.err;
+  EXPECT_TRUE(r.out.empty()) << "--quiet printed: " << r.out;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["summary"]["cases_run"], 3);
+  EXPECT_EQ(j["campaign"]["seed"], 4);
+  EXPECT_EQ(r.exit, j["summary"]["failed"].get<int>() > 0 ? 1 : 0);
+  for (const auto& key : {"tool", "environment", "campaign", "summary", "coverage", "findings"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_TRUE(j["coverage"]["features"].contains("call_then_bind"));
+}
+
+TEST_F(CliTest, ReportToAnUnwritablePathIsAUsageError) {
+  const CliRun r = run({"fuzz", "--cases", "1", "--report", (dir_ / "no" / "such" / "dir" / "r.json").string()});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("--report"));
+}
+
+}  // namespace
+}  // namespace gradfuzz::tools

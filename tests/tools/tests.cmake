@@ -1,0 +1,6 @@
+# Tests of tools/: the campaign loop in-process and the command line's exit statuses.
+gradfuzz_add_test(tools_test
+  SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/campaign_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cli_test.cc
+  LIBS gradfuzz::cli)

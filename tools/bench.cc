@@ -1,0 +1,209 @@
+#include "tools/bench.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+#include <memory>
+#include <ostream>
+#include <system_error>
+
+#include "harness/builder.h"
+#include "harness/tolerances.h"
+#include "ops/reference.h"
+
+namespace gradfuzz::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class NullReporter final : public reports::Reporter {
+ public:
+  void report_context(const reports::ReportContext&) override {}
+  void report_case(const reports::CaseRecord&) override {}
+  void finalize(const reports::RunSummary&) override {}
+};
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) at::detail::getCUDAHooks().deviceSynchronize(device.index() < 0 ? 0 : device.index());
+}
+
+/// Everything a case needs that is not part of the floor: shapes and drawn tensors.
+struct PreparedCase {
+  const harness::CaseSpec* spec = nullptr;
+  harness::CasePlan plan;
+  harness::CaseTensors tensors;
+};
+
+bool prepare(const harness::CaseSpec& spec, PreparedCase& out) {
+  try {
+    out.spec = &spec;
+    out.plan = harness::plan_case(spec);
+    harness::BuildOptions probe_build;
+    probe_build.call_then_bind = false;
+    harness::BuiltCase probe;
+    harness::create_ops(spec, out.plan, nullptr, probe_build, probe);
+    at::Generator generator = at::detail::createCPUGenerator(spec.seed);
+    out.tensors = harness::draw_case_tensors(spec, out.plan, harness::param_shapes(probe.ops), generator);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+/// Gradient of sum_i <outputs_i, cotangents_i> w.r.t. every leaf that requires grad, as the
+/// harness computes it (no scalar loss).
+void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& cotangents,
+              const std::vector<at::Tensor>& leaves) {
+  std::vector<at::Tensor> outs;
+  std::vector<at::Tensor> cots;
+  for (size_t i = 0; i < outputs.size() && i < cotangents.size(); ++i) {
+    const at::Tensor& out = outputs[i];
+    if (!out.defined() || !cotangents[i].defined() || !out.is_floating_point() || !out.requires_grad()) continue;
+    if (out.sizes() != cotangents[i].sizes()) continue;
+    outs.push_back(out);
+    cots.push_back(cotangents[i].to(out.options()));
+  }
+  if (outs.empty() || leaves.empty()) return;
+  torch::autograd::grad(outs, leaves, cots, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+}
+
+std::vector<at::Tensor> grad_leaves(const at::Tensor& input, const std::vector<at::Tensor>& extras,
+                                    const std::vector<std::vector<at::Tensor>>& params) {
+  std::vector<at::Tensor> leaves;
+  if (input.requires_grad()) leaves.push_back(input);
+  for (const auto& op_params : params) {
+    for (const auto& p : op_params) {
+      if (p.requires_grad()) leaves.push_back(p);
+    }
+  }
+  for (const auto& e : extras) {
+    if (e.defined() && e.requires_grad()) leaves.push_back(e);
+  }
+  return leaves;
+}
+
+/// Runs one case's fused and reference paths, adding to `times`.
+void run_floor_case(const PreparedCase& c, FloorTimes& times) {
+  const harness::CaseSpec& spec = *c.spec;
+  const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
+  const at::Device device = spec.device == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  try {
+    {
+      // Fused path.
+      auto t0 = Clock::now();
+      harness::BuildOptions build;
+      build.dtype = dtype;
+      build.device = device;
+      build.fusions = ops::FusionRegistry::catalog().only(spec.fusions);
+      harness::BuiltCase built;
+      harness::create_ops(spec, c.plan, &c.tensors, build, built);
+      harness::build_case(spec, c.plan, c.tensors, build, built);
+      synchronize(device);
+      auto t1 = Clock::now();
+      const auto options = at::TensorOptions().dtype(dtype).device(device);
+      at::Tensor input = c.tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
+      std::vector<at::Tensor> extras = harness::to_path(c.tensors.extra_inputs, c.tensors.extra_input_requires_grad, options);
+      std::vector<std::vector<at::Tensor>> params;
+      for (const auto& op : built.ops) {
+        if (op) params.push_back(op->parameters());
+      }
+      auto outputs = built.sequential->forward(input, extras);
+      backward(outputs, c.tensors.cotangents, grad_leaves(input, extras, params));
+      synchronize(device);
+      auto t2 = Clock::now();
+      times.build_s += std::chrono::duration<double>(t1 - t0).count();
+      times.forward_backward_s += std::chrono::duration<double>(t2 - t1).count();
+    }
+    {
+      // Reference path (float64 CPU, no call-then-bind), as harness::run_case builds it.
+      auto t0 = Clock::now();
+      harness::BuildOptions build;
+      build.call_then_bind = false;
+      harness::BuiltCase built;
+      harness::create_ops(spec, c.plan, &c.tensors, build, built);
+      harness::build_case(spec, c.plan, c.tensors, build, built);
+      auto t1 = Clock::now();
+      const auto options = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
+      at::Tensor input = c.tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
+      std::vector<at::Tensor> extras = harness::to_path(c.tensors.extra_inputs, c.tensors.extra_input_requires_grad, options);
+      ops::ReferenceEvaluator evaluator(*built.sequential);
+      evaluator.forward(input, extras);
+      evaluator.backward(c.tensors.cotangents);
+      auto t2 = Clock::now();
+      times.build_s += std::chrono::duration<double>(t1 - t0).count();
+      times.forward_backward_s += std::chrono::duration<double>(t2 - t1).count();
+    }
+  } catch (const std::exception&) {
+    ++times.errors;
+  }
+}
+
+}  // namespace
+
+FloorTimes measure_floor(const std::vector<harness::CaseSpec>& specs) {
+  harness::disable_tf32();
+  std::vector<PreparedCase> prepared(specs.size());
+  std::vector<bool> ok(specs.size(), false);
+  for (size_t i = 0; i < specs.size(); ++i) ok[i] = prepare(specs[i], prepared[i]);
+  FloorTimes times;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!ok[i]) continue;
+    ++times.cases;
+    run_floor_case(prepared[i], times);
+  }
+  return times;
+}
+
+BenchOutcome run_bench(CampaignOptions options) {
+  const int64_t cases = options.cases.value_or(kDefaultBenchCases);
+  options.cases = cases;
+  options.time_s.reset();
+  options.shrink = false;
+  options.stop_at_first_finding = false;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("gradfuzz-bench-" + std::to_string(static_cast<long long>(::getpid())));
+  options.corpus_dir = dir;
+
+  std::vector<harness::CaseSpec> specs;
+  specs.reserve(static_cast<size_t>(cases));
+  for (int64_t i = 0; i < cases; ++i) specs.push_back(campaign_case(options, i));
+
+  // Warm-up: lazy initialisation (catalogs, allocator, autograd engine threads) is not timed.
+  NullReporter null_reporter;
+  {
+    CampaignOptions warm = options;
+    warm.cases = std::min<int64_t>(cases, 5);
+    run_campaign(warm, null_reporter, nullptr);
+  }
+
+  BenchOutcome outcome;
+  const CampaignOutcome campaign = run_campaign(options, null_reporter, nullptr);
+  outcome.cases = campaign.cases_run;
+  outcome.failed = campaign.failed;
+  outcome.campaign_s = campaign.wall_s;
+  outcome.floor = measure_floor(specs);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return outcome;
+}
+
+void print_bench(const BenchOutcome& o, std::ostream& out) {
+  out << std::fixed << std::setprecision(3);
+  out << "cases                    " << o.cases << " (" << o.failed << " failed)\n";
+  out << "campaign                 " << o.campaign_s << " s  " << o.campaign_cases_per_s() << " cases/s\n";
+  out << "floor (fused+reference)  " << o.floor.total_s() << " s  " << o.floor_cases_per_s() << " cases/s"
+      << "  (build " << o.floor.build_s << " s, forward+backward " << o.floor.forward_backward_s << " s";
+  if (o.floor.errors) out << ", " << o.floor.errors << " cases raised";
+  out << ")\n";
+  out << "overhead                 " << o.overhead() << "x  (campaign_time / floor_time)\n";
+  out << std::defaultfloat;
+}
+
+}  // namespace gradfuzz::tools

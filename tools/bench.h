@@ -1,0 +1,52 @@
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <vector>
+
+#include "harness/case_spec.h"
+#include "tools/campaign.h"
+
+namespace gradfuzz::tools {
+
+/// Cases of `gradfuzz bench` when --cases is not given.
+inline constexpr int64_t kDefaultBenchCases = 200;
+
+/// Time of the bare work of a set of cases: the fused path (runtime with the case's fusions,
+/// case dtype and device) and the reference path (float64 CPU), each built, run forward and
+/// backward, with no generation, tensor draws, comparison or I/O inside the clock.
+struct FloorTimes {
+  int64_t cases = 0;
+  /// Cases where a path raised (their partial time still counts).
+  int64_t errors = 0;
+  /// Op creation, call-then-bind, binding and Sequential construction of both paths.
+  double build_s = 0;
+  /// Forward and backward of both paths.
+  double forward_backward_s = 0;
+  double total_s() const { return build_s + forward_backward_s; }
+};
+
+/// Measures the floor of `specs` (see FloorTimes). Specs that fail to plan are skipped.
+FloorTimes measure_floor(const std::vector<harness::CaseSpec>& specs);
+
+/// Result of `gradfuzz bench`.
+struct BenchOutcome {
+  int64_t cases = 0;
+  int64_t failed = 0;
+  double campaign_s = 0;
+  FloorTimes floor;
+  double campaign_cases_per_s() const { return campaign_s > 0 ? static_cast<double>(cases) / campaign_s : 0; }
+  double floor_cases_per_s() const { return floor.total_s() > 0 ? static_cast<double>(floor.cases) / floor.total_s() : 0; }
+  /// campaign time / floor time (build + forward + backward).
+  double overhead() const { return floor.total_s() > 0 ? campaign_s / floor.total_s() : 0; }
+};
+
+/// Runs a fixed campaign (`options`, no shrinking, corpus in a temporary directory removed
+/// afterwards) and then, on the same cases (regenerated outside the clock), the floor.
+/// A warm-up pass over the first few cases runs first so lazy initialisation is not timed.
+BenchOutcome run_bench(CampaignOptions options);
+
+/// Prints the bench result as aligned text lines.
+void print_bench(const BenchOutcome& outcome, std::ostream& out);
+
+}  // namespace gradfuzz::tools

@@ -1,0 +1,178 @@
+#include "tools/campaign.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <set>
+#include <stdexcept>
+#include <system_error>
+
+#include "corpus/case_file.h"
+#include "generators/shrink.h"
+#include "reports/build_info.h"
+#include "tools/exit_codes.h"
+
+namespace gradfuzz::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::optional<std::string> fault_text(const std::optional<ops::Fault>& fault) {
+  if (!fault) return std::nullopt;
+  return ops::fault_name(*fault);
+}
+
+/// Runs one case; internal assertions (the only exceptions run_case lets through) become
+/// InternalError naming the repro file.
+harness::CaseResult run_guarded(const harness::CaseSpec& spec, const harness::RunOptions& run_options,
+                                const std::filesystem::path& repro) {
+  try {
+    return harness::run_case(spec, run_options);
+  } catch (const std::exception& e) {
+    throw InternalError(std::string("run_case raised: ") + e.what(), repro.string());
+  }
+}
+
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::ostream* out) : out_(out), start_(Clock::now()), last_(start_) {}
+
+  void update(int64_t cases, int64_t findings, bool force = false) {
+    if (!out_) return;
+    const auto now = Clock::now();
+    // A few updates a second keep a terminal readable without slowing fast campaigns.
+    if (!force && now - last_ < std::chrono::milliseconds(250)) return;
+    last_ = now;
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    *out_ << "\r[gradfuzz] cases " << cases << "  findings " << findings << "  "
+          << (elapsed > 0 ? static_cast<double>(cases) / elapsed : 0.0) << " cases/s   " << std::flush;
+  }
+
+  void finish() {
+    if (out_) *out_ << '\n' << std::flush;
+  }
+
+ private:
+  std::ostream* out_;
+  Clock::time_point start_;
+  Clock::time_point last_;
+};
+
+}  // namespace
+
+uint64_t case_seed(uint64_t campaign_seed, int64_t index) {
+  return splitmix64(splitmix64(campaign_seed) ^ static_cast<uint64_t>(index));
+}
+
+int case_size(int64_t index) { return static_cast<int>(std::min<int64_t>(100, 10 + std::max<int64_t>(0, index))); }
+
+generators::GenOptions campaign_gen_options(const CampaignOptions& options) {
+  generators::GenOptions gen;
+  gen.set_max_ops(options.max_ops).set_dtypes(options.dtypes).set_device(options.device);
+  return gen;
+}
+
+harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index) {
+  return generators::generate_case(case_seed(options.seed, index), case_size(index), campaign_gen_options(options));
+}
+
+harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
+                                 const harness::RunOptions& run_options, int64_t max_calls) {
+  auto still_fails = [&](const harness::CaseSpec& candidate) {
+    try {
+      return harness::run_case(candidate, run_options).verdict == kind;
+    } catch (const std::exception&) {
+      // A candidate that trips an internal assertion is a different problem, not this one.
+      return false;
+    }
+  };
+  generators::ShrinkOptions shrink_options;
+  shrink_options.set_max_predicate_calls(max_calls);
+  return generators::shrink(spec, still_fails, shrink_options).minimal;
+}
+
+CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress) {
+  std::unique_ptr<ops::FaultScope> fault_scope;
+  if (options.fault) fault_scope = std::make_unique<ops::FaultScope>(*options.fault);
+  const std::optional<std::string> fault = fault_text(options.fault);
+  const std::string tool_version = reports::build_tool_info().version;
+  const std::filesystem::path inflight_dir = options.corpus_dir / kInflightDir;
+  const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
+  const generators::GenOptions gen = campaign_gen_options(options);
+  // A time-only budget leaves the count unbounded.
+  const int64_t max_cases = options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max()
+                                                                   : kDefaultCampaignCases);
+
+  CampaignOutcome outcome;
+  std::set<std::string> seen_signatures;
+  ProgressLine line(progress);
+  const auto start = Clock::now();
+  for (int64_t i = 0;; ++i) {
+    if (i >= max_cases) break;
+    if (options.time_s && seconds_since(start) >= *options.time_s) break;
+
+    harness::CaseSpec spec = generators::generate_case(case_seed(options.seed, i), case_size(i), gen);
+    // Written before the run: if the case kills the process, the repro is on disk.
+    const std::filesystem::path inflight = corpus::write_case_file(
+        inflight_dir, corpus::make_case_file(spec, corpus::ExpectedVerdict{}, options.seed, tool_version, fault));
+    reports::CaseRecord record;
+    record.result = run_guarded(spec, options.run_options, inflight);
+    std::error_code ignored;
+    std::filesystem::remove(inflight, ignored);
+
+    ++outcome.cases_run;
+    if (record.result.passed()) {
+      ++outcome.passed;
+    } else {
+      ++outcome.failed;
+      if (!outcome.first_failure_case) {
+        outcome.first_failure_case = i + 1;
+        outcome.first_failure_s = seconds_since(start);
+      }
+      if (seen_signatures.insert(record.result.signature()).second) {
+        harness::CaseSpec minimal =
+            options.shrink ? shrink_failure(spec, record.result.verdict, options.run_options, options.max_shrink_calls)
+                           : spec;
+        reports::Finding finding;
+        finding.result = run_guarded(minimal, options.run_options, /*repro=*/{});
+        if (finding.result.verdict != record.result.verdict) {
+          // Shrinking is only trusted when the minimal case reproduces: keep the original.
+          minimal = spec;
+          finding.result = record.result;
+        }
+        seen_signatures.insert(finding.result.signature());
+        const corpus::ExpectedVerdict verdict{finding.result.verdict, fault};
+        const std::filesystem::path saved = corpus::write_case_file(
+            findings_dir, corpus::make_case_file(minimal, verdict, options.seed, tool_version, fault));
+        finding.case_file = saved.string();
+        finding.reproduce = reports::reproduce_line(finding.case_file, fault);
+        outcome.findings.push_back(finding);
+        outcome.finding_ops.push_back(minimal.num_ops());
+        record.finding = std::move(finding);
+      }
+    }
+    reporter.report_case(record);
+    line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));
+    if (options.stop_at_first_finding && !outcome.findings.empty()) break;
+  }
+  outcome.wall_s = seconds_since(start);
+  line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()), /*force=*/true);
+  line.finish();
+  return outcome;
+}
+
+}  // namespace gradfuzz::tools

@@ -1,0 +1,45 @@
+#pragma once
+
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "corpus/case_file.h"
+#include "harness/runner.h"
+#include "ops/faults.h"
+#include "reports/reporter.h"
+
+namespace gradfuzz::tools {
+
+/// One loaded case file.
+struct LoadedCase {
+  std::filesystem::path path;
+  corpus::CaseFile file;
+};
+
+/// Expands files and directories (corpus::list_case_files) and loads every case file before
+/// anything runs. Throws InputError naming the file and the JSON path of the first problem
+/// (syntax error, wrong schema version, unknown op, missing producer...), for a path that
+/// does not exist, and for a CUDA case when this process has no CUDA device.
+std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths);
+
+/// What a replay did.
+struct ReplayOutcome {
+  int64_t cases_run = 0;
+  int64_t failed = 0;
+  /// One per failing case (case_file = the replayed path; reproduce names --fault when on).
+  std::vector<reports::Finding> failures;
+};
+
+/// Runs each case's spec under the current runtime with `fault` on (when given). A case
+/// fails when run_case's verdict is not pass; the recorded verdict does not change that
+/// (a finding file replayed without its fault passes once the runtime is right). For each
+/// failing case one line "FAIL <kind> <file> [<signature>]: <reproduce line>" goes to
+/// `out` (when not null). Every case goes to `reporter` (when not null) with a Finding for
+/// failures. Throws InternalError when run_case raises.
+ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
+                           const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out);
+
+}  // namespace gradfuzz::tools

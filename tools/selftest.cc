@@ -1,0 +1,50 @@
+#include "tools/selftest.h"
+
+#include "tools/exit_codes.h"
+#include "tools/replay.h"
+
+namespace gradfuzz::tools {
+
+int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
+                       const harness::RunOptions& run_options) {
+  try {
+    const auto cases = load_case_paths({case_file.string()});
+    const ReplayOutcome outcome = replay_cases(cases, fault, run_options, nullptr, nullptr);
+    return static_cast<int>(outcome.failed > 0 ? ExitCode::kFindings : ExitCode::kOk);
+  } catch (const InputError&) {
+    return static_cast<int>(ExitCode::kUsage);
+  } catch (const std::exception&) {
+    return static_cast<int>(ExitCode::kInternal);
+  }
+}
+
+std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
+                                                 std::ostream* progress) {
+  std::vector<reports::SelftestEntry> entries;
+  for (ops::Fault fault : options.faults) {
+    reports::SelftestEntry entry;
+    entry.name = ops::fault_name(fault);
+    if (progress) *progress << "[gradfuzz] selftest " << entry.name << '\n';
+
+    CampaignOptions campaign = options.campaign;
+    campaign.fault = fault;
+    campaign.stop_at_first_finding = true;
+    campaign.corpus_dir = options.corpus_dir / entry.name;
+    const CampaignOutcome outcome = run_campaign(campaign, reporter, progress);
+
+    if (!outcome.findings.empty()) {
+      const reports::Finding& finding = outcome.findings.front();
+      entry.detected = true;
+      entry.cases_to_detect = outcome.first_failure_case;
+      entry.seconds_to_detect = outcome.first_failure_s;
+      entry.shrunk_ops = outcome.finding_ops.front();
+      entry.case_file = finding.case_file;
+      entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, campaign.run_options);
+      entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, campaign.run_options);
+    }
+    entries.push_back(entry);
+  }
+  return entries;
+}
+
+}  // namespace gradfuzz::tools

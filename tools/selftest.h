@@ -1,0 +1,42 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "ops/faults.h"
+#include "reports/reporter.h"
+#include "tools/campaign.h"
+
+namespace gradfuzz::tools {
+
+/// Cases per fault when --cases is not given.
+inline constexpr int64_t kDefaultSelftestCases = 2000;
+/// Default corpus of `gradfuzz selftest` (one sub-directory per fault).
+inline constexpr const char* kDefaultSelftestDir = "gradfuzz-out/selftest";
+
+/// `gradfuzz selftest`: the default campaign once per fault.
+struct SelftestOptions {
+  std::vector<ops::Fault> faults;
+  /// Campaign settings shared by every fault (cases, seed, device, dtypes, max_ops). The
+  /// fault, corpus and stop-at-first-finding fields are set per fault.
+  CampaignOptions campaign;
+  std::filesystem::path corpus_dir = kDefaultSelftestDir;
+};
+
+/// For each fault: runs the default campaign (same generator, no tuning toward the fault)
+/// with the fault on until the first finding or the case budget, shrinks and saves that
+/// finding under <corpus>/<fault-name>/findings, then replays the saved file with the fault
+/// (must fail: exit 1) and without (must pass: exit 0). Campaign cases go to `reporter`;
+/// `progress` as in run_campaign. Throws InternalError on internal assertions.
+std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
+                                                 std::ostream* progress);
+
+/// Exit status replay would give for `case_file` with `fault` on or off: 0 pass, 1 failure,
+/// 2 unusable file, 3 internal error.
+int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
+                       const harness::RunOptions& run_options);
+
+}  // namespace gradfuzz::tools
