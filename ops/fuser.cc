@@ -263,7 +263,9 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
           auto ch = channel_grads.find(ref);
           op_grads[s] = fresh_sum(pub != public_grads.end() ? pub->second : at::Tensor(),
                                   ch != channel_grads.end() ? ch->second : at::Tensor());
-          if (op.extra_output_binding(s).channel) channel_totals[ref] = op_grads[s];
+          // The op may accumulate into op_grads[s] in place (MakeExtraOutput(in_place)): the
+          // trace keeps its own copy.
+          if (op.extra_output_binding(s).channel && op_grads[s].defined()) channel_totals[ref] = op_grads[s].clone();
         }
         ctx_ptrs.push_back(&state->ctxs[i]);
         grad_extra_outputs.push_back(std::move(op_grads));
@@ -288,9 +290,12 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
             continue;
           }
           const SlotRef& producer = source->second;
-          const at::Tensor& value = state->values.at(producer);
-          if (!is_floating(value)) continue;  // split sizes, routing maps: never a gradient
-          const at::Tensor cast = grad.to(value.scalar_type());
+          // A hidden output owned by a fused group may never have been materialised; its
+          // gradient then keeps its own dtype.
+          auto value = state->values.find(producer);
+          const at::Tensor& reference = value != state->values.end() ? value->second : grad;
+          if (!is_floating(reference)) continue;  // split sizes, routing maps: never a gradient
+          const at::Tensor cast = grad.to(reference.scalar_type());
           if (inside(producer.op)) {
             // Same-fusion rule: the group applied this gradient itself; only trace it.
             channel_totals[producer] = channel_totals[producer].defined() ? channel_totals[producer] + cast : cast;

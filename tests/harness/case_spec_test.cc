@@ -24,6 +24,31 @@ rc::Gen<std::optional<std::string>> gen_channel() {
                                      [](std::string s) { return std::optional<std::string>(std::move(s)); }));
 }
 
+/// Some of `names` (in order, no repeats).
+rc::Gen<std::vector<std::string>> gen_subset(std::vector<std::string> names) {
+  const size_t n = names.size();
+  return rc::gen::map(rc::gen::container<std::vector<bool>>(n, rc::gen::arbitrary<bool>()),
+                      [names](const std::vector<bool>& keep) {
+                        std::vector<std::string> out;
+                        for (size_t i = 0; i < names.size(); ++i) {
+                          if (keep[i]) out.push_back(names[i]);
+                        }
+                        return out;
+                      });
+}
+
+/// Some of `names`, each with a finite value.
+rc::Gen<ops::OpAttrs> gen_subset_map(std::vector<std::string> names) {
+  auto finite = rc::gen::suchThat(rc::gen::arbitrary<double>(), [](double v) { return std::isfinite(v); });
+  return rc::gen::map(
+      rc::gen::pair(gen_subset(names), rc::gen::container<std::vector<double>>(names.size(), finite)),
+      [](const std::pair<std::vector<std::string>, std::vector<double>>& p) {
+        ops::OpAttrs attrs;
+        for (size_t i = 0; i < p.first.size(); ++i) attrs[p.first[i]] = p.second[i];
+        return attrs;
+      });
+}
+
 rc::Gen<OpSpec> gen_op() {
   auto names = ops::OpRegistry::catalog().names();
   names.push_back(kBoundaryOp);
@@ -33,12 +58,7 @@ rc::Gen<OpSpec> gen_op() {
     for (const auto& [key, value] : ops::OpRegistry::catalog().info(name).defaults) attr_names.push_back(key);
     return rc::gen::build<OpSpec>(
         rc::gen::set(&OpSpec::name, rc::gen::just(name)),
-        rc::gen::set(&OpSpec::attrs,
-                     attr_names.empty()
-                         ? rc::gen::just(ops::OpAttrs{})
-                         : rc::gen::container<ops::OpAttrs>(
-                               rc::gen::elementOf(attr_names),
-                               rc::gen::suchThat(rc::gen::arbitrary<double>(), [](double v) { return std::isfinite(v); }))),
+        rc::gen::set(&OpSpec::attrs, gen_subset_map(attr_names)),
         rc::gen::set(&OpSpec::input_channels, rc::gen::container<std::vector<std::optional<std::string>>>(gen_channel())),
         rc::gen::set(&OpSpec::output_bindings,
                      rc::gen::container<std::vector<OutputBindingSpec>>(rc::gen::build<OutputBindingSpec>(
@@ -60,11 +80,7 @@ rc::Gen<CaseSpec> gen_spec() {
     auto fusion_names = ops::FusionRegistry::catalog().names();
     return rc::gen::build<CaseSpec>(
         rc::gen::set(&CaseSpec::ops, rc::gen::just(op_list)),
-        rc::gen::set(&CaseSpec::fusions, rc::gen::map(rc::gen::container<std::set<std::string>>(
-                                                          rc::gen::elementOf(fusion_names)),
-                                                      [](const std::set<std::string>& s) {
-                                                        return std::vector<std::string>(s.begin(), s.end());
-                                                      })),
+        rc::gen::set(&CaseSpec::fusions, gen_subset(fusion_names)),
         rc::gen::set(&CaseSpec::call_then_bind,
                      catalog_ops.empty()
                          ? rc::gen::just(std::vector<CallThenBindStep>{})

@@ -129,7 +129,7 @@ std::vector<OpCase> catalog_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryBasicOp, CatalogOp, ::testing::ValuesIn(catalog_cases()),
-                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.label; });
+                         [](const ::testing::TestParamInfo<OpCase>& p) { return p.param.label; });
 
 TEST(Catalog, EveryOpOfTheSpecIsRegisteredAndCovered) {
   const std::vector<std::string> names = OpRegistry::catalog().names();

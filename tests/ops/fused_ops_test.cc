@@ -228,9 +228,9 @@ TEST_P(CatalogFusion, FiresAndMatchesUnfusedPathAndReference) {
 INSTANTIATE_TEST_SUITE_P(EveryFusion, CatalogFusion,
                          ::testing::Combine(::testing::ValuesIn(fusion_cases()),
                                             ::testing::Values(at::kDouble, at::kFloat)),
-                         [](const ::testing::TestParamInfo<std::tuple<FusionCase, at::ScalarType>>& info) {
-                           return std::get<0>(info.param).label +
-                                  (std::get<1>(info.param) == at::kDouble ? "_float64" : "_float32");
+                         [](const ::testing::TestParamInfo<std::tuple<FusionCase, at::ScalarType>>& p) {
+                           return std::get<0>(p.param).label +
+                                  (std::get<1>(p.param) == at::kDouble ? "_float64" : "_float32");
                          });
 
 TEST(CatalogFusions, EveryRegisteredFusionHasACase) {
