@@ -1,6 +1,8 @@
 #include "corpus/case_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -75,6 +77,53 @@ std::optional<std::string> fault_at(const nlohmann::json& j, const std::string& 
     throw CorpusError(file, path, e.what());
   }
   return name;
+}
+
+// File-system access goes through POSIX calls, not std::filesystem's free functions: the
+// PyPI libtorch.so exports its own, broken copies of those symbols (std::filesystem::status,
+// create_directories, remove_all, ...), which the dynamic linker may bind instead of
+// libstdc++'s. std::filesystem::path is only used as a value.
+
+enum class FileType { kMissing, kFile, kDirectory, kOther };
+
+FileType file_type(const fs::path& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return FileType::kMissing;
+  if (S_ISREG(info.st_mode)) return FileType::kFile;
+  if (S_ISDIR(info.st_mode)) return FileType::kDirectory;
+  return FileType::kOther;
+}
+
+/// mkdir -p; returns 0 or an errno value.
+int make_directories(const fs::path& dir) {
+  if (dir.empty() || file_type(dir) == FileType::kDirectory) return 0;
+  const fs::path parent = dir.parent_path();
+  if (!parent.empty() && parent != dir) {
+    if (int error = make_directories(parent)) return error;
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return errno;
+  return 0;
+}
+
+/// Appends every *.json regular file under `dir` (recursively; hidden names skipped).
+void collect_json(const fs::path& dir, std::vector<fs::path>& out) {
+  DIR* handle = ::opendir(dir.c_str());
+  if (!handle) throw CorpusError(dir.string(), "", std::string("cannot list directory: ") + std::strerror(errno));
+  std::vector<fs::path> subdirs;
+  while (const dirent* entry = ::readdir(handle)) {
+    const std::string name = entry->d_name;
+    // Skips ".", "..", hidden files and temporaries of an interrupted write (".<name>.tmp.*").
+    if (name.empty() || name.front() == '.') continue;
+    const fs::path child = dir / name;
+    const FileType type = file_type(child);
+    if (type == FileType::kDirectory) {
+      subdirs.push_back(child);
+    } else if (type == FileType::kFile && child.extension() == ".json") {
+      out.push_back(child);
+    }
+  }
+  ::closedir(handle);
+  for (const auto& sub : subdirs) collect_json(sub, out);
 }
 
 }  // namespace
@@ -195,9 +244,9 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
 }
 
 fs::path write_case_file(const fs::path& dir, const CaseFile& file) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw CorpusError(dir.string(), "", "cannot create directory: " + ec.message());
+  if (int error = make_directories(dir)) {
+    throw CorpusError(dir.string(), "", std::string("cannot create directory: ") + std::strerror(error));
+  }
   const fs::path target = dir / case_file_name(file.spec);
   static std::atomic<uint64_t> counter{0};
   const fs::path temp =
@@ -240,6 +289,9 @@ fs::path write_case_file(const fs::path& dir, const CaseFile& file) {
 
 CaseFile load_case_file(const fs::path& path) {
   const std::string file = path.string();
+  const FileType type = file_type(path);
+  if (type == FileType::kMissing) throw CorpusError(file, "", "no such file");
+  if (type != FileType::kFile) throw CorpusError(file, "", "not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CorpusError(file, "", "cannot open: " + std::string(std::strerror(errno)));
   std::stringstream buffer;
@@ -263,20 +315,11 @@ CaseFile load_case_file(const fs::path& path) {
 }
 
 std::vector<fs::path> list_case_files(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_regular_file(path, ec)) return {path};
-  if (!fs::is_directory(path, ec)) throw CorpusError(path.string(), "", "no such file or directory");
+  const FileType type = file_type(path);
+  if (type == FileType::kFile) return {path};
+  if (type != FileType::kDirectory) throw CorpusError(path.string(), "", "no such file or directory");
   std::vector<fs::path> files;
-  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    const auto& entry = *it;
-    const std::string name = entry.path().filename().string();
-    // Skip temporaries of an interrupted write (".<name>.json.tmp.<pid>.<n>").
-    if (entry.is_regular_file() && entry.path().extension() == ".json" && name.front() != '.') {
-      files.push_back(entry.path());
-    }
-  }
-  if (ec) throw CorpusError(path.string(), "", "cannot list directory: " + ec.message());
+  collect_json(path, files);
   std::sort(files.begin(), files.end());
   return files;
 }

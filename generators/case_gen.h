@@ -22,6 +22,7 @@ struct GenOptions {
   /// Fusions a case may enable; nullopt means every catalog fusion.
   std::optional<std::vector<std::string>> fusions;
 
+  /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
     max_ops = v;
     return *this;

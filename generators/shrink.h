@@ -17,6 +17,7 @@ struct ShrinkOptions {
   /// is valid: an invalid case (an expected-error case) is shrunk by the predicate alone.
   bool require_valid = true;
 
+  /// Fluent setters, one per field.
   ShrinkOptions& set_max_predicate_calls(int64_t v) {
     max_predicate_calls = v;
     return *this;

@@ -170,8 +170,10 @@ CaseTensors draw_case_tensors(const CaseSpec& spec, const CasePlan& plan, const 
 
   for (const auto& slot : plan.public_inputs) {
     const OpSpec& op = spec.ops[static_cast<size_t>(slot.op)];
+    // Rows as the op sees them: a Reshape earlier in the chain may have changed them.
+    const int64_t op_rows = plan.ops[static_cast<size_t>(slot.op)].input_shape[0];
     t.extra_inputs.push_back(
-        round_to(draw_slot(op, slot.slot, slot.slot_spec, rows, spec.corrupt_split_sizes, generator), dtype));
+        round_to(draw_slot(op, slot.slot, slot.slot_spec, op_rows, spec.corrupt_split_sizes, generator), dtype));
     t.extra_input_requires_grad.push_back(slot.requires_grad);
   }
   if (spec.extra_input_count_delta > 0) {

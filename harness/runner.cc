@@ -213,6 +213,10 @@ std::string shape_text(at::IntArrayRef shape) {
   return os.str();
 }
 
+/// Collects the comparisons of a case and evaluates them in one batch per path pair: the
+/// common case (everything within tolerance) costs a fixed number of kernels and one host
+/// sync per path pair, however many tensors a case has. Only a failing batch is re-examined
+/// tensor by tensor to fill the details.
 class Comparer {
  public:
   Comparer(std::vector<TensorMismatch>& details, std::vector<std::string>& notes)
@@ -220,14 +224,81 @@ class Comparer {
 
   /// Compares `got` against `expected`. For gradients an undefined tensor means "none":
   /// none where the expected gradient is non-zero is a missing gradient; a gradient where
-  /// none is expected must be zero.
+  /// none is expected must be zero. Same-shape pairs are queued until flush().
   void compare(const std::string& path_pair, const std::string& tensor, const std::string& role,
-               const at::Tensor& expected_in, const at::Tensor& got_in, bool gradient, const Tolerance& tolerance) {
+               const at::Tensor& expected, const at::Tensor& got, bool gradient, const Tolerance& tolerance) {
+    if (!expected.defined() && !got.defined()) return;
+    if (!got.defined() || (!expected.defined() && !gradient) || got.sizes() != expected.sizes() ||
+        got.numel() == 0) {
+      compare_now(path_pair, tensor, role, expected, got, gradient, tolerance);
+      return;
+    }
+    auto it = std::find_if(batches_.begin(), batches_.end(), [&](const Batch& b) { return b.path_pair == path_pair; });
+    if (it == batches_.end()) {
+      batches_.push_back(Batch{path_pair, tolerance, {}});
+      it = std::prev(batches_.end());
+    }
+    it->entries.push_back(Entry{tensor, role, expected, got, gradient});
+  }
+
+  /// Evaluates every queued comparison.
+  void flush() {
+    for (const Batch& batch : batches_) {
+      if (batch_within_tolerance(batch)) continue;
+      for (const Entry& e : batch.entries) {
+        compare_now(batch.path_pair, e.tensor, e.role, e.expected, e.got, e.gradient, batch.tolerance);
+      }
+    }
+    batches_.clear();
+  }
+
+ private:
+  struct Entry {
+    std::string tensor;
+    std::string role;
+    at::Tensor expected;  // may be undefined for a gradient (= zeros)
+    at::Tensor got;
+    bool gradient;
+  };
+  struct Batch {
+    std::string path_pair;
+    Tolerance tolerance;
+    std::vector<Entry> entries;
+  };
+
+  /// |got - expected| <= atol + rtol * rms(expected) + rtol * |expected| for every element of
+  /// every entry, all finite; the same test as compare_now, over one concatenation.
+  static bool batch_within_tolerance(const Batch& batch) {
+    std::vector<at::Tensor> expected;
+    std::vector<at::Tensor> got;
+    std::vector<int64_t> lengths;
+    for (const Entry& e : batch.entries) {
+      at::Tensor g = e.got.detach().reshape({-1}).to(at::kCPU, at::kDouble);
+      got.push_back(g);
+      expected.push_back(e.expected.defined() ? e.expected.detach().reshape({-1}).to(at::kCPU, at::kDouble)
+                                              : at::zeros_like(g));
+      lengths.push_back(g.numel());
+    }
+    const at::Tensor e = at::cat(expected);
+    const at::Tensor g = at::cat(got);
+    const at::Tensor length = at::tensor(lengths, at::TensorOptions().dtype(at::kLong));
+    // Per-tensor RMS, broadcast back to the elements; a non-finite RMS adds nothing (as
+    // effective_atol does).
+    at::Tensor rms = at::segment_reduce(e.square(), "sum", length).div_(length.to(at::kDouble)).sqrt_();
+    rms = rms.nan_to_num_(0, 0, 0);
+    const at::Tensor atol = rms.mul_(batch.tolerance.rtol).add_(batch.tolerance.atol).repeat_interleave(length);
+    at::Tensor excess = (g - e).abs_().sub_(e.abs().mul_(batch.tolerance.rtol)).sub_(atol);
+    excess.masked_fill_(g.isfinite().logical_and_(e.isfinite()).logical_not_(), std::numeric_limits<double>::infinity());
+    return !(excess.max().item<double>() > 0);
+  }
+
+  void compare_now(const std::string& path_pair, const std::string& tensor, const std::string& role,
+                   const at::Tensor& expected_in, const at::Tensor& got_in, bool gradient, const Tolerance& tolerance) {
     if (!expected_in.defined() && !got_in.defined()) return;
     if (!got_in.defined()) {
       at::Tensor expected = as_double_cpu(expected_in);
-      at::Tensor magnitude = expected.abs().nan_to_num(std::numeric_limits<double>::infinity()).flatten();
       if (expected.numel() == 0) return;
+      at::Tensor magnitude = expected.abs().nan_to_num(std::numeric_limits<double>::infinity()).flatten();
       auto [worst, flat] = magnitude.max(0);
       if (gradient && worst.item<double>() == 0) return;
       TensorMismatch d = base(path_pair, tensor, role, tolerance);
@@ -276,7 +347,6 @@ class Comparer {
     details_.push_back(std::move(d));
   }
 
- private:
   static TensorMismatch base(const std::string& path_pair, const std::string& tensor, const std::string& role,
                              const Tolerance& tolerance) {
     TensorMismatch d;
@@ -290,6 +360,7 @@ class Comparer {
 
   std::vector<TensorMismatch>& details_;
   std::vector<std::string>& notes_;
+  std::vector<Batch> batches_;
 };
 
 std::string channel_label(size_t fuser, const std::string& channel) {
@@ -399,15 +470,20 @@ void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, 
   const auto dbl = at::TensorOptions().dtype(at::kDouble);
   for (int64_t d = 0; d < options.finite_difference_directions; ++d) {
     std::vector<at::Tensor> direction;
-    double analytic = 0;
-    double terms = 0;  // sum of |g_k * v_k|: the size of the dot product's terms
+    std::vector<at::Tensor> products;
     for (const auto& leaf : leaves) {
       direction.push_back(at::randn(leaf.base.sizes(), generator, dbl));
       if (leaf.gradient.defined()) {
-        at::Tensor product = leaf.gradient.detach().to(at::kDouble).mul(direction.back());
-        analytic += product.sum().item<double>();
-        terms += product.abs().sum().item<double>();
+        products.push_back(leaf.gradient.detach().to(at::kDouble).mul(direction.back()).reshape({-1}));
       }
+    }
+    double analytic = 0;
+    double terms = 0;  // sum of |g_k * v_k|: the size of the dot product's terms
+    if (!products.empty()) {
+      const at::Tensor all = at::cat(products);
+      const at::Tensor both = at::stack({all.sum(), all.abs().sum()});
+      analytic = both[0].item<double>();
+      terms = both[1].item<double>();
     }
     double losses[2] = {0, 0};
     for (int side = 0; side < 2; ++side) {
@@ -680,6 +756,7 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options) {
       compare_paths("fused~unfused", spec, unfused, fused, path_pair_tolerance(dtype, context), comparer);
     }
   }
+  comparer.flush();
   if (options.finite_differences && dtype == at::kDouble) {
     try {
       check_finite_differences(spec, tensors, reference, options, generator, result.details, notes);

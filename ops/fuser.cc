@@ -257,8 +257,10 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         std::vector<at::Tensor> op_grads(op.num_extra_outputs());
         for (int64_t s = 0; s < op.num_extra_outputs(); ++s) {
           const SlotRef ref{i, s};
+          // A hidden output a forward-only fused op left unmaterialised still gets the
+          // gradient its consumers sent through the channel.
           auto value = state->values.find(ref);
-          if (value == state->values.end() || !is_floating(value->second)) continue;
+          if (value != state->values.end() && !is_floating(value->second)) continue;
           auto pub = public_grads.find(ref);
           auto ch = channel_grads.find(ref);
           op_grads[s] = fresh_sum(pub != public_grads.end() ? pub->second : at::Tensor(),

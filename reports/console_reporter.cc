@@ -36,6 +36,9 @@ void ConsoleReporter::finalize(const RunSummary& summary) {
       } else {
         out_ << " (not detected)";
       }
+      if (e.unattributed_findings > 0) {
+        out_ << " [" << e.unattributed_findings << " finding(s) that fail without the fault too]";
+      }
       out_ << '\n';
     }
   }

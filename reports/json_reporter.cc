@@ -66,6 +66,7 @@ Json selftest_entry_to_json(const SelftestEntry& e) {
               {"case_file", optional_json(e.case_file)},
               {"replay_with_fault_exit", optional_json(e.replay_with_fault_exit)},
               {"replay_without_fault_exit", optional_json(e.replay_without_fault_exit)},
+              {"unattributed_findings", e.unattributed_findings},
               {"ok", e.ok()}};
 }
 
@@ -102,12 +103,8 @@ Json JsonReporter::document(const RunSummary& summary) const {
                          {"fault", optional_json(c.campaign.fault)}};
   // A run that finished in no measurable time reports 0 cases/s rather than infinity.
   double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
-  doc["summary"] = Json{{"cases_run", cases_run_},
-                        {"passed", passed_},
-                        {"failed", failed_},
-                        {"findings", findings_.size()},
-                        {"wall_s", summary.wall_s},
-                        {"cases_per_s", cases_per_s}};
+  doc["summary"] = Json{{"cases_run", cases_run_},      {"passed", passed_},        {"failed", failed_},
+                        {"findings", findings_.size()}, {"wall_s", summary.wall_s}, {"cases_per_s", cases_per_s}};
   doc["coverage"] = Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
                          {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
                          {"features", counts_json(c.coverage_names.features, feature_counts_)}};

@@ -97,10 +97,11 @@ struct SelftestEntry {
   /// Exit status of replaying case_file with the fault on (must be 1) and off (must be 0).
   std::optional<int> replay_with_fault_exit;
   std::optional<int> replay_without_fault_exit;
+  /// Findings of the fault's campaign that also fail with the fault off (real runtime bugs,
+  /// reported among the findings but not taken as this fault's detection).
+  int64_t unattributed_findings = 0;
   /// Whether this fault passed the selftest (detected and both replays behaved).
-  bool ok() const {
-    return detected && replay_with_fault_exit == 1 && replay_without_fault_exit == 0;
-  }
+  bool ok() const { return detected && replay_with_fault_exit == 1 && replay_without_fault_exit == 0; }
 };
 
 /// What is only known at the end of a run.

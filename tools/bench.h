@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <string>
 #include <vector>
 
 #include "harness/case_spec.h"
@@ -17,8 +18,11 @@ inline constexpr int64_t kDefaultBenchCases = 200;
 /// backward, with no generation, tensor draws, comparison or I/O inside the clock.
 struct FloorTimes {
   int64_t cases = 0;
-  /// Cases where a path raised (their partial time still counts).
+  /// Cases where a path raised (their partial time still counts), and the first message.
   int64_t errors = 0;
+  std::string first_error;
+  /// Index (in the specs given) of the case that raised first_error.
+  int64_t first_error_case = -1;
   /// Op creation, call-then-bind, binding and Sequential construction of both paths.
   double build_s = 0;
   /// Forward and backward of both paths.
@@ -35,8 +39,16 @@ struct BenchOutcome {
   int64_t failed = 0;
   double campaign_s = 0;
   FloorTimes floor;
+  /// Breakdown of the campaign's own work on the same cases, measured separately: case
+  /// generation, case-file I/O (atomic write with fsync, then removal), and run_case alone
+  /// (three paths, comparison, finite differences).
+  double generation_s = 0;
+  double io_s = 0;
+  double run_case_s = 0;
   double campaign_cases_per_s() const { return campaign_s > 0 ? static_cast<double>(cases) / campaign_s : 0; }
-  double floor_cases_per_s() const { return floor.total_s() > 0 ? static_cast<double>(floor.cases) / floor.total_s() : 0; }
+  double floor_cases_per_s() const {
+    return floor.total_s() > 0 ? static_cast<double>(floor.cases) / floor.total_s() : 0;
+  }
   /// campaign time / floor time (build + forward + backward).
   double overhead() const { return floor.total_s() > 0 ? campaign_s / floor.total_s() : 0; }
 };

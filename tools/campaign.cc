@@ -4,15 +4,16 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <stdexcept>
-#include <system_error>
 
 #include "corpus/case_file.h"
 #include "generators/shrink.h"
 #include "reports/build_info.h"
 #include "tools/exit_codes.h"
+#include "tools/files.h"
 
 namespace gradfuzz::tools {
 
@@ -20,9 +21,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -74,6 +73,19 @@ class ProgressLine {
 
 }  // namespace
 
+std::filesystem::path write_inflight_case(const std::filesystem::path& dir, const harness::CaseSpec& spec,
+                                          uint64_t campaign_seed, const std::optional<std::string>& fault) {
+  const std::filesystem::path path = dir / corpus::case_file_name(spec);
+  const corpus::CaseFile file =
+      corpus::make_case_file(spec, corpus::ExpectedVerdict{}, campaign_seed, reports::build_tool_info().version, fault);
+  try {
+    write_file_atomic_no_sync(path, corpus::case_file_to_json(file).dump(2) + "\n");
+  } catch (const std::runtime_error& e) {
+    throw InputError(std::string("--corpus: ") + e.what());
+  }
+  return path;
+}
+
 uint64_t case_seed(uint64_t campaign_seed, int64_t index) {
   return splitmix64(splitmix64(campaign_seed) ^ static_cast<uint64_t>(index));
 }
@@ -90,15 +102,33 @@ harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index) {
   return generators::generate_case(case_seed(options.seed, index), case_size(index), campaign_gen_options(options));
 }
 
+const CampaignFinding* CampaignOutcome::first_attributable() const {
+  for (const auto& f : findings) {
+    if (f.fault_attributable) return &f;
+  }
+  return nullptr;
+}
+
+bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const harness::RunOptions& run_options) {
+  ops::FaultScope off(fault, /*enabled=*/false);
+  try {
+    return harness::run_case(spec, run_options).passed();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
+                                 const std::optional<ops::Fault>& passes_without,
                                  const harness::RunOptions& run_options, int64_t max_calls) {
   auto still_fails = [&](const harness::CaseSpec& candidate) {
     try {
-      return harness::run_case(candidate, run_options).verdict == kind;
+      if (harness::run_case(candidate, run_options).verdict != kind) return false;
     } catch (const std::exception&) {
       // A candidate that trips an internal assertion is a different problem, not this one.
       return false;
     }
+    return !passes_without || passes_without_fault(candidate, *passes_without, run_options);
   };
   generators::ShrinkOptions shrink_options;
   shrink_options.set_max_predicate_calls(max_calls);
@@ -114,11 +144,15 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
   const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
   const generators::GenOptions gen = campaign_gen_options(options);
   // A time-only budget leaves the count unbounded.
-  const int64_t max_cases = options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max()
-                                                                   : kDefaultCampaignCases);
+  const int64_t max_cases =
+      options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
 
   CampaignOutcome outcome;
+  // Fault-attributable findings and failures that persist without the fault are
+  // deduplicated separately, so a real bug cannot hide the fault's finding of the same shape.
   std::set<std::string> seen_signatures;
+  std::set<std::string> seen_unattributed;
+  const bool attribute = options.fault && options.require_fault_attributable;
   ProgressLine line(progress);
   const auto start = Clock::now();
   for (int64_t i = 0;; ++i) {
@@ -127,47 +161,51 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 
     harness::CaseSpec spec = generators::generate_case(case_seed(options.seed, i), case_size(i), gen);
     // Written before the run: if the case kills the process, the repro is on disk.
-    const std::filesystem::path inflight = corpus::write_case_file(
-        inflight_dir, corpus::make_case_file(spec, corpus::ExpectedVerdict{}, options.seed, tool_version, fault));
+    const std::filesystem::path inflight = write_inflight_case(inflight_dir, spec, options.seed, fault);
     reports::CaseRecord record;
     record.result = run_guarded(spec, options.run_options, inflight);
-    std::error_code ignored;
-    std::filesystem::remove(inflight, ignored);
+    remove_file(inflight);
 
     ++outcome.cases_run;
+    bool stop = false;
     if (record.result.passed()) {
       ++outcome.passed;
     } else {
       ++outcome.failed;
-      if (!outcome.first_failure_case) {
-        outcome.first_failure_case = i + 1;
-        outcome.first_failure_s = seconds_since(start);
-      }
-      if (seen_signatures.insert(record.result.signature()).second) {
-        harness::CaseSpec minimal =
-            options.shrink ? shrink_failure(spec, record.result.verdict, options.run_options, options.max_shrink_calls)
-                           : spec;
-        reports::Finding finding;
-        finding.result = run_guarded(minimal, options.run_options, /*repro=*/{});
-        if (finding.result.verdict != record.result.verdict) {
+      const double seconds = seconds_since(start);
+      const bool attributable = !attribute || passes_without_fault(spec, *options.fault, options.run_options);
+      std::set<std::string>& seen = attributable ? seen_signatures : seen_unattributed;
+      if (seen.insert(record.result.signature()).second) {
+        const std::optional<ops::Fault> passes_without =
+            attribute && attributable ? options.fault : std::optional<ops::Fault>();
+        harness::CaseSpec minimal = options.shrink ? shrink_failure(spec, record.result.verdict, passes_without,
+                                                                    options.run_options, options.max_shrink_calls)
+                                                   : spec;
+        CampaignFinding found;
+        found.finding.result = run_guarded(minimal, options.run_options, /*repro=*/{});
+        if (found.finding.result.verdict != record.result.verdict) {
           // Shrinking is only trusted when the minimal case reproduces: keep the original.
           minimal = spec;
-          finding.result = record.result;
+          found.finding.result = record.result;
         }
-        seen_signatures.insert(finding.result.signature());
-        const corpus::ExpectedVerdict verdict{finding.result.verdict, fault};
+        seen.insert(found.finding.result.signature());
+        const corpus::ExpectedVerdict verdict{found.finding.result.verdict, fault};
         const std::filesystem::path saved = corpus::write_case_file(
             findings_dir, corpus::make_case_file(minimal, verdict, options.seed, tool_version, fault));
-        finding.case_file = saved.string();
-        finding.reproduce = reports::reproduce_line(finding.case_file, fault);
-        outcome.findings.push_back(finding);
-        outcome.finding_ops.push_back(minimal.num_ops());
-        record.finding = std::move(finding);
+        found.finding.case_file = saved.string();
+        found.finding.reproduce = reports::reproduce_line(found.finding.case_file, fault);
+        found.shrunk_ops = minimal.num_ops();
+        found.case_number = i + 1;
+        found.seconds = seconds;
+        found.fault_attributable = attributable;
+        record.finding = found.finding;
+        outcome.findings.push_back(std::move(found));
+        stop = options.stop_at_first_finding && attributable;
       }
     }
     reporter.report_case(record);
     line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));
-    if (options.stop_at_first_finding && !outcome.findings.empty()) break;
+    if (stop) break;
   }
   outcome.wall_s = seconds_since(start);
   line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()), /*force=*/true);

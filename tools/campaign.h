@@ -36,8 +36,14 @@ struct CampaignOptions {
   /// Fault switched on for every case and for shrinking.
   std::optional<ops::Fault> fault;
   std::filesystem::path corpus_dir = kDefaultCorpusDir;
-  /// Stop after the first finding (selftest).
+  /// Stop after the first finding (selftest); with require_fault_attributable, after the
+  /// first finding the fault is responsible for.
   bool stop_at_first_finding = false;
+  /// With a fault on: a failing case counts as the fault's finding only when it passes with
+  /// the fault switched off (one extra run), and its shrink keeps that property. Failures
+  /// that persist without the fault are real runtime bugs: still shrunk, saved and reported,
+  /// deduplicated separately, but never taken as the fault's detection (selftest).
+  bool require_fault_attributable = false;
   /// Shrink each new finding before saving it.
   bool shrink = true;
   /// Predicate-call cap of each shrink.
@@ -45,21 +51,39 @@ struct CampaignOptions {
   harness::RunOptions run_options;
 };
 
+/// One new finding of a campaign, shrunk and saved.
+struct CampaignFinding {
+  reports::Finding finding;
+  /// Catalog op count of the shrunk case.
+  int64_t shrunk_ops = 0;
+  /// 1-based index of the case that found it, and seconds from the campaign start to the end
+  /// of that case (shrinking not included).
+  int64_t case_number = 0;
+  double seconds = 0;
+  /// The case passes with the campaign's fault off (always true without a fault or without
+  /// require_fault_attributable).
+  bool fault_attributable = true;
+};
+
 /// What a campaign did.
 struct CampaignOutcome {
   int64_t cases_run = 0;
   int64_t passed = 0;
   int64_t failed = 0;
-  /// New findings (deduplicated by CaseResult::signature()), shrunk and saved.
-  std::vector<reports::Finding> findings;
-  /// Catalog op count of each finding's shrunk case (parallel to findings).
-  std::vector<int64_t> finding_ops;
+  /// New findings (deduplicated by CaseResult::signature()), in the order found.
+  std::vector<CampaignFinding> findings;
   double wall_s = 0;
-  /// 1-based index of the first failing case and seconds from the campaign start to the end
-  /// of that case (shrinking not included).
-  std::optional<int64_t> first_failure_case;
-  std::optional<double> first_failure_s;
+  /// The first finding with fault_attributable set, if any.
+  const CampaignFinding* first_attributable() const;
 };
+
+/// Writes `spec` as a case file (verdict pass, provenance of this build) to
+/// <dir>/<content hash>.json, atomically but without fsync: it guards against the process
+/// dying during the case, which leaves the page cache intact, and corpus::write_case_file's
+/// two fsyncs cost ~10 ms a case on a busy disk, more than the case itself. Findings are
+/// written durably with corpus::write_case_file. Throws InputError naming the file.
+std::filesystem::path write_inflight_case(const std::filesystem::path& dir, const harness::CaseSpec& spec,
+                                          uint64_t campaign_seed, const std::optional<std::string>& fault);
 
 /// Seed of case `index` of a campaign: a SplitMix64 mix of (campaign_seed, index), so every
 /// case of a run can be regenerated alone and `--seed` reproduces the whole run.
@@ -82,13 +106,19 @@ harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index);
 /// (report_case only: the caller reports the context and finalizes). `progress`, when not
 /// null, receives a carriage-return progress line (cases, findings, cases/s) a few times a
 /// second. Throws InternalError (the inflight file kept) when run_case raises an internal
-/// assertion, and corpus::CorpusError when the corpus cannot be written.
+/// assertion, and InputError or corpus::CorpusError when the corpus cannot be written.
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress);
 
 /// Shrinks a failing `spec` (verdict `kind` under the current fault switchboard) to a
-/// locally minimal case with the same verdict kind. Predicate calls that raise count as
+/// locally minimal case with the same verdict kind and, when `passes_without` is given,
+/// that still passes with that fault switched off. Predicate calls that raise count as
 /// "does not fail the same way".
 harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
+                                 const std::optional<ops::Fault>& passes_without,
                                  const harness::RunOptions& run_options, int64_t max_calls);
+
+/// Whether `spec` passes with `fault` switched off (other faults as they are). Raising
+/// counts as not passing.
+bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const harness::RunOptions& run_options);
 
 }  // namespace gradfuzz::tools

@@ -18,7 +18,8 @@ bool cuda_available() { return at::hasCUDA(); }
 std::string resolve_device(const std::string& requested) {
   if (requested == "cpu") return "cpu";
   if (requested == "cuda") {
-    if (!cuda_available()) throw InputError("--device cuda: this process has no CUDA device (try --device auto or cpu)");
+    if (!cuda_available())
+      throw InputError("--device cuda: this process has no CUDA device (try --device auto or cpu)");
     return "cuda";
   }
   if (requested == "auto") return cuda_available() ? "cuda" : "cpu";

@@ -31,7 +31,8 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
                            const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out) {
   std::unique_ptr<ops::FaultScope> fault_scope;
   if (fault) fault_scope = std::make_unique<ops::FaultScope>(*fault);
-  const std::optional<std::string> fault_text = fault ? std::optional<std::string>(ops::fault_name(*fault)) : std::nullopt;
+  const std::optional<std::string> fault_text =
+      fault ? std::optional<std::string>(ops::fault_name(*fault)) : std::nullopt;
 
   ReplayOutcome outcome;
   for (const auto& c : cases) {

@@ -29,15 +29,18 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
     CampaignOptions campaign = options.campaign;
     campaign.fault = fault;
     campaign.stop_at_first_finding = true;
+    campaign.require_fault_attributable = true;
     campaign.corpus_dir = options.corpus_dir / entry.name;
     const CampaignOutcome outcome = run_campaign(campaign, reporter, progress);
 
-    if (!outcome.findings.empty()) {
-      const reports::Finding& finding = outcome.findings.front();
+    entry.unattributed_findings = static_cast<int64_t>(outcome.findings.size());
+    if (const CampaignFinding* found = outcome.first_attributable()) {
+      const reports::Finding& finding = found->finding;
+      --entry.unattributed_findings;
       entry.detected = true;
-      entry.cases_to_detect = outcome.first_failure_case;
-      entry.seconds_to_detect = outcome.first_failure_s;
-      entry.shrunk_ops = outcome.finding_ops.front();
+      entry.cases_to_detect = found->case_number;
+      entry.seconds_to_detect = found->seconds;
+      entry.shrunk_ops = found->shrunk_ops;
       entry.case_file = finding.case_file;
       entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, campaign.run_options);
       entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, campaign.run_options);

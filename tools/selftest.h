@@ -27,9 +27,12 @@ struct SelftestOptions {
 };
 
 /// For each fault: runs the default campaign (same generator, no tuning toward the fault)
-/// with the fault on until the first finding or the case budget, shrinks and saves that
-/// finding under <corpus>/<fault-name>/findings, then replays the saved file with the fault
-/// (must fail: exit 1) and without (must pass: exit 0). Campaign cases go to `reporter`;
+/// with the fault on until the first finding the fault is responsible for (one that passes
+/// with the fault off; see CampaignOptions::require_fault_attributable) or the case budget,
+/// shrinks and saves that finding under <corpus>/<fault-name>/findings, then replays the
+/// saved file with the fault (must fail: exit 1) and without (must pass: exit 0). Failures
+/// that persist without the fault are real runtime bugs: they are saved and reported as
+/// findings and counted in SelftestEntry::unattributed_findings. Campaign cases go to `reporter`;
 /// `progress` as in run_campaign. Throws InternalError on internal assertions.
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress);

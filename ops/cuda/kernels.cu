@@ -1,6 +1,4 @@
 // Hand-written CUDA kernels of the catalog fusions; contracts in kernels.h.
-#include "ops/cuda/kernels.h"
-
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -9,6 +7,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+
+#include "ops/cuda/kernels.h"
 
 namespace gradfuzz::ops::cuda {
 namespace detail {
@@ -49,7 +49,8 @@ __device__ __forceinline__ acc_t activation_derivative(acc_t v, EpilogueActivati
       const acc_t k0 = acc_t(0.7978845608028654);
       const acc_t k1 = acc_t(0.044715);
       const acc_t t = dev_tanh(k0 * (v + k1 * v * v * v));
-      return acc_t(0.5) * (acc_t(1) + t) + acc_t(0.5) * v * (acc_t(1) - t * t) * k0 * (acc_t(1) + acc_t(3) * k1 * v * v);
+      return acc_t(0.5) * (acc_t(1) + t) +
+             acc_t(0.5) * v * (acc_t(1) - t * t) * k0 * (acc_t(1) + acc_t(3) * k1 * v * v);
     }
     case EpilogueActivation::kNone:
     default:
@@ -87,8 +88,8 @@ __device__ acc_t block_sum(acc_t v, acc_t* shared) {
 
 template <typename scalar_t>
 __global__ void bias_activation_forward_kernel(const scalar_t* __restrict__ y, const scalar_t* __restrict__ bias,
-                                               scalar_t* __restrict__ out, scalar_t* __restrict__ pre,
-                                               int64_t total, int64_t n, EpilogueActivation kind) {
+                                               scalar_t* __restrict__ out, scalar_t* __restrict__ pre, int64_t total,
+                                               int64_t n, EpilogueActivation kind) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -108,12 +109,10 @@ constexpr int kColTile = 32;
 constexpr int kRowLanes = 8;
 
 template <typename scalar_t>
-__global__ void bias_activation_backward_kernel(const scalar_t* __restrict__ grad_out,
-                                                const scalar_t* __restrict__ pre,
+__global__ void bias_activation_backward_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ pre,
                                                 scalar_t* __restrict__ grad_pre,
-                                                at::opmath_type<scalar_t>* __restrict__ partial_bias,
-                                                int64_t rows, int64_t n, int64_t rows_per_chunk,
-                                                EpilogueActivation kind) {
+                                                at::opmath_type<scalar_t>* __restrict__ partial_bias, int64_t rows,
+                                                int64_t n, int64_t rows_per_chunk, EpilogueActivation kind) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t tile[kRowLanes][kColTile];
   const int64_t col = blockIdx.x * static_cast<int64_t>(kColTile) + threadIdx.x;
@@ -144,8 +143,7 @@ __global__ void bias_activation_backward_kernel(const scalar_t* __restrict__ gra
 // ---- (c) scaled SwiGLU ---------------------------------------------------------------
 
 // Columns of a and b in the [rows, 2h] input for output column j.
-__device__ __forceinline__ void glu_columns(int64_t j, int64_t h, int64_t interleave, int64_t* a_col,
-                                            int64_t* b_col) {
+__device__ __forceinline__ void glu_columns(int64_t j, int64_t h, int64_t interleave, int64_t* a_col, int64_t* b_col) {
   if (interleave <= 0) {
     *a_col = j;
     *b_col = h + j;
@@ -159,8 +157,7 @@ __device__ __forceinline__ void glu_columns(int64_t j, int64_t h, int64_t interl
 
 template <typename scalar_t>
 __global__ void scaled_swiglu_forward_kernel(const scalar_t* __restrict__ input, const scalar_t* __restrict__ scales,
-                                             scalar_t* __restrict__ out, int64_t rows, int64_t h,
-                                             int64_t interleave) {
+                                             scalar_t* __restrict__ out, int64_t rows, int64_t h, int64_t interleave) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t total = rows * h;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -178,11 +175,10 @@ __global__ void scaled_swiglu_forward_kernel(const scalar_t* __restrict__ input,
 
 // One block per row (grid-stride over rows); the block sums d scales of its row.
 template <typename scalar_t>
-__global__ void scaled_swiglu_backward_kernel(const scalar_t* __restrict__ grad_out,
-                                              const scalar_t* __restrict__ input,
-                                              const scalar_t* __restrict__ scales,
-                                              scalar_t* __restrict__ grad_input, scalar_t* __restrict__ grad_scales,
-                                              int64_t rows, int64_t h, int64_t interleave) {
+__global__ void scaled_swiglu_backward_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ input,
+                                              const scalar_t* __restrict__ scales, scalar_t* __restrict__ grad_input,
+                                              scalar_t* __restrict__ grad_scales, int64_t rows, int64_t h,
+                                              int64_t interleave) {
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[kRowThreads / kWarpSize];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -272,8 +268,8 @@ int64_t elementwise_blocks(int64_t total, int threads) {
 void check_float_cuda(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "gradfuzz cuda kernel: ", what, " must be defined");
   TORCH_CHECK(t.is_cuda(), "gradfuzz cuda kernel: ", what, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), "gradfuzz cuda kernel: ", what,
-              " must be floating point, got ", t.scalar_type());
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), "gradfuzz cuda kernel: ", what, " must be floating point, got ",
+              t.scalar_type());
 }
 
 }  // namespace detail
@@ -284,8 +280,8 @@ BiasActivationForward bias_activation_forward_cuda(const at::Tensor& y, const at
   detail::check_float_cuda(bias, "bias_activation_forward bias");
   TORCH_CHECK(y.dim() >= 1 && bias.dim() == 1 && y.size(-1) == bias.size(0),
               "bias_activation_forward: y [..., n] and bias [n] expected, got ", y.sizes(), " and ", bias.sizes());
-  TORCH_CHECK(y.scalar_type() == bias.scalar_type(), "bias_activation_forward: y and bias dtypes differ: ",
-              y.scalar_type(), " vs ", bias.scalar_type());
+  TORCH_CHECK(y.scalar_type() == bias.scalar_type(),
+              "bias_activation_forward: y and bias dtypes differ: ", y.scalar_type(), " vs ", bias.scalar_type());
   const c10::cuda::CUDAGuard guard(y.device());
   const at::Tensor y_c = y.contiguous();
   const at::Tensor bias_c = bias.contiguous();
@@ -368,8 +364,7 @@ int64_t check_swiglu(const at::Tensor& input, const at::Tensor& scales, int64_t 
               input.sizes());
   const int64_t h = input.size(-1) / 2;
   const int64_t rows = h == 0 ? 0 : input.numel() / input.size(-1);
-  TORCH_CHECK(scales.numel() == rows, "scaled_swiglu: scales must have rows=", rows, " elements, got ",
-              scales.numel());
+  TORCH_CHECK(scales.numel() == rows, "scaled_swiglu: scales must have rows=", rows, " elements, got ", scales.numel());
   TORCH_CHECK(interleave >= 0 && (interleave == 0 || h % interleave == 0),
               "scaled_swiglu: interleave must be 0 or divide h=", h, ", got ", interleave);
   return h;
@@ -401,8 +396,7 @@ at::Tensor scaled_swiglu_forward_cuda(const at::Tensor& input, const at::Tensor&
 }
 
 ScaledSwigluBackward scaled_swiglu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& input,
-                                                 const at::Tensor& scales, int64_t interleave,
-                                                 bool want_grad_scales) {
+                                                 const at::Tensor& scales, int64_t interleave, bool want_grad_scales) {
   const int64_t h = check_swiglu(input, scales, interleave);
   detail::check_float_cuda(grad_output, "scaled_swiglu grad_output");
   TORCH_CHECK(grad_output.numel() == input.numel() / 2 && grad_output.size(-1) == h,
@@ -479,18 +473,16 @@ AddRmsNormBackward add_rmsnorm_backward_cuda(const at::Tensor& grad_output, cons
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x_c.scalar_type(), "add_rmsnorm_backward_cuda", [&] {
     using x_t = scalar_t;
     using acc_t = at::opmath_type<x_t>;
-    const float* rstd_f = rstd_c.defined() && rstd_c.scalar_type() == at::kFloat ? rstd_c.const_data_ptr<float>()
-                                                                                  : nullptr;
-    const double* rstd_d = rstd_c.defined() && rstd_c.scalar_type() == at::kDouble
-                               ? rstd_c.const_data_ptr<double>()
-                               : nullptr;
+    const float* rstd_f =
+        rstd_c.defined() && rstd_c.scalar_type() == at::kFloat ? rstd_c.const_data_ptr<float>() : nullptr;
+    const double* rstd_d =
+        rstd_c.defined() && rstd_c.scalar_type() == at::kDouble ? rstd_c.const_data_ptr<double>() : nullptr;
     const x_t* extra_ptr = extra_c.defined() ? extra_c.const_data_ptr<x_t>() : nullptr;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gamma_c.scalar_type(), "add_rmsnorm_backward_gamma", [&] {
       detail::add_rmsnorm_backward_kernel<x_t, scalar_t>
           <<<static_cast<unsigned>(blocks), detail::kRowThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-              g_c.const_data_ptr<x_t>(), x_c.const_data_ptr<x_t>(), gamma_c.const_data_ptr<scalar_t>(), rstd_f,
-              rstd_d, extra_ptr, result.grad_input.mutable_data_ptr<x_t>(), partial.mutable_data_ptr<acc_t>(), rows,
-              n, eps);
+              g_c.const_data_ptr<x_t>(), x_c.const_data_ptr<x_t>(), gamma_c.const_data_ptr<scalar_t>(), rstd_f, rstd_d,
+              extra_ptr, result.grad_input.mutable_data_ptr<x_t>(), partial.mutable_data_ptr<acc_t>(), rows, n, eps);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

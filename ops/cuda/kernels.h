@@ -34,8 +34,8 @@ struct BiasActivationForward {
 /// Bias + activation epilogue of ForwardLinearBiasActivation, one pass over y:
 /// y [rows, n], bias [n] (same dtype) -> act(y + bias), and y + bias when
 /// `keep_pre_activation` (with kNone both are the same tensor).
-BiasActivationForward bias_activation_forward_cuda(const at::Tensor& y, const at::Tensor& bias,
-                                                   EpilogueActivation kind, bool keep_pre_activation);
+BiasActivationForward bias_activation_forward_cuda(const at::Tensor& y, const at::Tensor& bias, EpilogueActivation kind,
+                                                   bool keep_pre_activation);
 
 /// Result of bias_activation_backward_cuda.
 struct BiasActivationBackward {
@@ -47,8 +47,7 @@ struct BiasActivationBackward {
 
 /// BackwardActivationBias in one pass: grad_output [rows, n] and the activation's input
 /// pre_activation [rows, n] (same dtype) -> d act and d bias.
-BiasActivationBackward bias_activation_backward_cuda(const at::Tensor& grad_output,
-                                                     const at::Tensor& pre_activation,
+BiasActivationBackward bias_activation_backward_cuda(const at::Tensor& grad_output, const at::Tensor& pre_activation,
                                                      EpilogueActivation kind);
 
 /// Scaled SwiGLU forward of GroupedMLP: input [rows, 2h], scales [rows] ->
@@ -67,8 +66,7 @@ struct ScaledSwigluBackward {
 /// Backward of scaled_swiglu_forward_cuda: grad_output [rows, h] -> d input [rows, 2h] and,
 /// when `want_grad_scales`, d scales[r] = Σ_j grad_output · silu(a) · b.
 ScaledSwigluBackward scaled_swiglu_backward_cuda(const at::Tensor& grad_output, const at::Tensor& input,
-                                                 const at::Tensor& scales, int64_t interleave,
-                                                 bool want_grad_scales);
+                                                 const at::Tensor& scales, int64_t interleave, bool want_grad_scales);
 
 /// Result of add_rmsnorm_backward_cuda.
 struct AddRmsNormBackward {

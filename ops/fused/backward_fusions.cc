@@ -55,8 +55,8 @@ GroupBackwardResult BackwardLinearAdd::backward(std::vector<OpContext*>& ctxs, c
       grad_extra.numel() == g2d.size(0) * linear.in_features()) {
     // One GEMM whose accumulator starts at the extra-output gradient (beta = 1); addmm is
     // out of place, so the fuser's stored gradient is never written.
-    grad_input = detail::unflatten_rows(at::addmm(grad_extra.reshape({-1, linear.in_features()}), g2d, weight),
-                                        grad_output);
+    grad_input =
+        detail::unflatten_rows(at::addmm(grad_extra.reshape({-1, linear.in_features()}), g2d, weight), grad_output);
   } else {
     grad_input = at::matmul(grad_output, weight);
     if (grad_extra.defined()) {
@@ -72,8 +72,9 @@ GroupBackwardResult BackwardLinearAdd::backward(std::vector<OpContext*>& ctxs, c
 BackwardLinearScale::BackwardLinearScale(std::vector<BasicOpPtr> ops)
     : FusedOp("BackwardLinearScale", std::move(ops)) {}
 
-GroupBackwardResult BackwardLinearScale::backward(std::vector<OpContext*>& ctxs, const at::Tensor& grad_output,
-                                                  const std::vector<std::vector<at::Tensor>>& /*grad_extra_outputs*/) const {
+GroupBackwardResult BackwardLinearScale::backward(
+    std::vector<OpContext*>& ctxs, const at::Tensor& grad_output,
+    const std::vector<std::vector<at::Tensor>>& /*grad_extra_outputs*/) const {
   const auto& linear = static_cast<const Linear&>(*basic_ops()[0]);
   const double c = static_cast<const ConstantScale&>(*basic_ops()[1]).scale();
   const at::Tensor& weight = linear.weight();
@@ -103,8 +104,9 @@ GroupBackwardResult BackwardLinearScale::backward(std::vector<OpContext*>& ctxs,
 BackwardActivationBias::BackwardActivationBias(std::vector<BasicOpPtr> ops)
     : FusedOp("BackwardActivationBias", std::move(ops)) {}
 
-GroupBackwardResult BackwardActivationBias::backward(std::vector<OpContext*>& ctxs, const at::Tensor& grad_output,
-                                                     const std::vector<std::vector<at::Tensor>>& /*grad_extra_outputs*/) const {
+GroupBackwardResult BackwardActivationBias::backward(
+    std::vector<OpContext*>& ctxs, const at::Tensor& grad_output,
+    const std::vector<std::vector<at::Tensor>>& /*grad_extra_outputs*/) const {
   const auto& act = static_cast<const Activation&>(*basic_ops()[1]);
   // The activation's input is Bias's output x + b (Activation saves {input}).
   const at::Tensor& pre_activation = ctxs[1]->saved.at(0);
@@ -119,9 +121,9 @@ GroupBackwardResult BackwardActivationBias::backward(std::vector<OpContext*>& ct
   }
 #endif
   at::Tensor grad_pre = activation_math::backward(act.kind(), pre_activation, grad_output);
-  // Bias sums in float for reduced precision like the op's own reduction does internally.
+  // Summed in the op-math dtype (float for float16/bfloat16) and rounded once.
   const at::Tensor g2d = detail::flatten_rows(grad_pre);
-  at::Tensor grad_bias = g2d.sum(0, /*keepdim=*/false, ops::detail::opmath_type(g2d)).to(g2d.scalar_type());
+  at::Tensor grad_bias = g2d.sum(0, /*keepdim=*/false, detail::opmath_type(g2d)).to(g2d.scalar_type());
   return make_result(basic_ops(), std::move(grad_pre), {{std::move(grad_bias)}, {}});
 }
 
@@ -146,7 +148,7 @@ GroupBackwardResult BackwardAddRMSNorm::backward(std::vector<OpContext*>& ctxs, 
   }
 #endif
   const int64_t n = input.size(-1);
-  const at::ScalarType math = ops::detail::opmath_type(input);
+  const at::ScalarType math = detail::opmath_type(input);
   const at::Tensor x = detail::flatten_rows(input).to(math);
   const at::Tensor g = detail::flatten_rows(grad_output).to(math);
   const at::Tensor r = rstd.reshape({-1, 1}).to(math);
@@ -171,20 +173,20 @@ namespace {
 template <typename A, typename B, typename Make>
 FusionFn pair_fusion(Make make) {
   return [make](const std::vector<FusedOpPtr>& groups, const FusionContext& context) {
-    return apply_pattern(groups, context,
-                         [make](const std::vector<FusedOpPtr>& gs, size_t i,
-                                const FusionContext& ctx) -> std::pair<FusedOpPtr, size_t> {
-                           if (!detail::basic_run(gs, i, 2)) {
-                             return {nullptr, 0};
-                           }
-                           const A* a = detail::basic_as<A>(gs[i]);
-                           const B* b = detail::basic_as<B>(gs[i + 1]);
-                           if (a == nullptr || b == nullptr || !detail::all_need_backward(gs, i, 2, ctx)) {
-                             return {nullptr, 0};
-                           }
-                           FusedOpPtr fused = make(*a, *b, detail::collect_ops(gs, i, 2));
-                           return {fused, fused ? 2 : 0};
-                         });
+    return apply_pattern(
+        groups, context,
+        [make](const std::vector<FusedOpPtr>& gs, size_t i, const FusionContext& ctx) -> std::pair<FusedOpPtr, size_t> {
+          if (!detail::basic_run(gs, i, 2)) {
+            return {nullptr, 0};
+          }
+          const A* a = detail::basic_as<A>(gs[i]);
+          const B* b = detail::basic_as<B>(gs[i + 1]);
+          if (a == nullptr || b == nullptr || !detail::all_need_backward(gs, i, 2, ctx)) {
+            return {nullptr, 0};
+          }
+          FusedOpPtr fused = make(*a, *b, detail::collect_ops(gs, i, 2));
+          return {fused, fused ? 2 : 0};
+        });
   };
 }
 

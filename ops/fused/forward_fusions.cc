@@ -28,11 +28,14 @@ const Activation* epilogue_activation(const std::vector<BasicOpPtr>& ops) {
 
 /// AddExtraInput's forward check (same error type and text as the op): e must match y.
 void check_residual_shape(const BasicOp& add, at::IntArrayRef y_sizes, const at::Tensor& e) {
-  GRADFUZZ_INTERNAL_ASSERT(e.defined(), add.type() + " slot 0 arrived undefined inside a linear fusion");
-  if (e.sizes() != y_sizes) {
+  if (!e.defined() || e.sizes() != y_sizes) {
     std::ostringstream os;
-    os << add.type() << " slot 0: extra input must have the shape of the main input " << y_sizes << ", got "
-       << e.sizes();
+    os << add.type() << " slot 0: extra input must have the input's shape " << y_sizes << ", got ";
+    if (e.defined()) {
+      os << e.sizes();
+    } else {
+      os << "<undefined>";
+    }
     throw InvalidArgumentError(os.str());
   }
 }
@@ -76,8 +79,9 @@ at::Tensor linear_accumulate(const at::Tensor& input, const at::Tensor& weight, 
 ForwardLinearBiasActivation::ForwardLinearBiasActivation(std::vector<BasicOpPtr> ops)
     : FusedOp("ForwardLinearBiasActivation", std::move(ops)) {}
 
-GroupForwardResult ForwardLinearBiasActivation::forward(std::vector<OpContext*>& ctxs, const at::Tensor& input,
-                                                        const std::vector<std::vector<at::Tensor>>& /*extra_inputs*/) const {
+GroupForwardResult ForwardLinearBiasActivation::forward(
+    std::vector<OpContext*>& ctxs, const at::Tensor& input,
+    const std::vector<std::vector<at::Tensor>>& /*extra_inputs*/) const {
   const auto& linear = static_cast<const Linear&>(*basic_ops()[0]);
   const auto& bias_op = static_cast<const Bias&>(*basic_ops()[1]);
   const Activation* act = epilogue_activation(basic_ops());
@@ -172,69 +176,64 @@ GroupForwardResult ForwardLinearScaleAdd::forward(std::vector<OpContext*>& ctxs,
 
 FusionFn forward_linear_bias_activation_fusion() {
   return [](const std::vector<FusedOpPtr>& groups, const FusionContext& context) {
-    return apply_pattern(groups, context,
-                         [](const std::vector<FusedOpPtr>& gs, size_t i,
-                            const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
-                           const Linear* linear = detail::basic_as<Linear>(gs[i]);
-                           const Bias* bias = i + 1 < gs.size() ? detail::basic_as<Bias>(gs[i + 1]) : nullptr;
-                           if (linear == nullptr || bias == nullptr ||
-                               bias->features() != linear->out_features() ||
-                               !detail::same_kind(bias->bias(), linear->weight())) {
-                             return {nullptr, 0};
-                           }
-                           size_t count = 2;
-                           if (i + 2 < gs.size()) {
-                             const Activation* act = detail::basic_as<Activation>(gs[i + 2]);
-                             if (act != nullptr &&
-                                 (act->kind() == ActivationKind::kReLU || act->kind() == ActivationKind::kGELU)) {
-                               count = 3;
-                             }
-                           }
-                           return {std::make_shared<ForwardLinearBiasActivation>(detail::collect_ops(gs, i, count)),
-                                   count};
-                         });
+    return apply_pattern(
+        groups, context,
+        [](const std::vector<FusedOpPtr>& gs, size_t i, const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
+          const Linear* linear = detail::basic_as<Linear>(gs[i]);
+          const Bias* bias = i + 1 < gs.size() ? detail::basic_as<Bias>(gs[i + 1]) : nullptr;
+          if (linear == nullptr || bias == nullptr || bias->features() != linear->out_features() ||
+              !detail::same_kind(bias->bias(), linear->weight())) {
+            return {nullptr, 0};
+          }
+          size_t count = 2;
+          if (i + 2 < gs.size()) {
+            const Activation* act = detail::basic_as<Activation>(gs[i + 2]);
+            if (act != nullptr && (act->kind() == ActivationKind::kReLU || act->kind() == ActivationKind::kGELU)) {
+              count = 3;
+            }
+          }
+          return {std::make_shared<ForwardLinearBiasActivation>(detail::collect_ops(gs, i, count)), count};
+        });
   };
 }
 
 FusionFn forward_linear_bias_add_fusion() {
   return [](const std::vector<FusedOpPtr>& groups, const FusionContext& context) {
-    return apply_pattern(groups, context,
-                         [](const std::vector<FusedOpPtr>& gs, size_t i,
-                            const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
-                           const Linear* linear = detail::basic_as<Linear>(gs[i]);
-                           if (linear == nullptr || i + 1 >= gs.size()) {
-                             return {nullptr, 0};
-                           }
-                           size_t count = 0;
-                           if (detail::basic_as<AddExtraInput>(gs[i + 1]) != nullptr) {
-                             count = 2;
-                           } else if (const Bias* bias = detail::basic_as<Bias>(gs[i + 1]);
-                                      bias != nullptr && i + 2 < gs.size() &&
-                                      detail::basic_as<AddExtraInput>(gs[i + 2]) != nullptr &&
-                                      bias->features() == linear->out_features() &&
-                                      detail::same_kind(bias->bias(), linear->weight())) {
-                             count = 3;
-                           }
-                           if (count == 0) {
-                             return {nullptr, 0};
-                           }
-                           return {std::make_shared<ForwardLinearBiasAdd>(detail::collect_ops(gs, i, count)), count};
-                         });
+    return apply_pattern(
+        groups, context,
+        [](const std::vector<FusedOpPtr>& gs, size_t i, const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
+          const Linear* linear = detail::basic_as<Linear>(gs[i]);
+          if (linear == nullptr || i + 1 >= gs.size()) {
+            return {nullptr, 0};
+          }
+          size_t count = 0;
+          if (detail::basic_as<AddExtraInput>(gs[i + 1]) != nullptr) {
+            count = 2;
+          } else if (const Bias* bias = detail::basic_as<Bias>(gs[i + 1]);
+                     bias != nullptr && i + 2 < gs.size() && detail::basic_as<AddExtraInput>(gs[i + 2]) != nullptr &&
+                     bias->features() == linear->out_features() && detail::same_kind(bias->bias(), linear->weight())) {
+            count = 3;
+          }
+          if (count == 0) {
+            return {nullptr, 0};
+          }
+          return {std::make_shared<ForwardLinearBiasAdd>(detail::collect_ops(gs, i, count)), count};
+        });
   };
 }
 
 FusionFn forward_linear_scale_add_fusion() {
   return [](const std::vector<FusedOpPtr>& groups, const FusionContext& context) {
-    return apply_pattern(groups, context,
-                         [](const std::vector<FusedOpPtr>& gs, size_t i,
-                            const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
-                           if (!detail::basic_run(gs, i, 3) || detail::basic_as<Linear>(gs[i]) == nullptr ||
-                               detail::basic_as<ConstantScale>(gs[i + 1]) == nullptr ||
-                               detail::basic_as<AddExtraInput>(gs[i + 2]) == nullptr) {
-                             return {nullptr, 0};
-                           }
-                           return {std::make_shared<ForwardLinearScaleAdd>(detail::collect_ops(gs, i, 3)), 3};
-                         });
+    return apply_pattern(
+        groups, context,
+        [](const std::vector<FusedOpPtr>& gs, size_t i, const FusionContext& /*ctx*/) -> std::pair<FusedOpPtr, size_t> {
+          if (!detail::basic_run(gs, i, 3) || detail::basic_as<Linear>(gs[i]) == nullptr ||
+              detail::basic_as<ConstantScale>(gs[i + 1]) == nullptr ||
+              detail::basic_as<AddExtraInput>(gs[i + 2]) == nullptr) {
+            return {nullptr, 0};
+          }
+          return {std::make_shared<ForwardLinearScaleAdd>(detail::collect_ops(gs, i, 3)), 3};
+        });
   };
 }
 

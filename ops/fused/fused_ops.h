@@ -155,8 +155,7 @@ bool basic_run(const std::vector<FusedOpPtr>& groups, size_t begin, size_t count
 
 /// Whether every basic op of groups [begin, begin + count) needs backward: its index in
 /// *context.basic_ops is at or after context.first_op_requiring_backward.
-bool all_need_backward(const std::vector<FusedOpPtr>& groups, size_t begin, size_t count,
-                       const FusionContext& context);
+bool all_need_backward(const std::vector<FusedOpPtr>& groups, size_t begin, size_t count, const FusionContext& context);
 
 /// The basic ops of groups [begin, begin + count), one per (basic) group.
 std::vector<BasicOpPtr> collect_ops(const std::vector<FusedOpPtr>& groups, size_t begin, size_t count);

@@ -15,9 +15,7 @@
 
 namespace gradfuzz::ops {
 
-std::string fused_residual_name(FusionPass pass) {
-  return std::string("FusedResidual.") + fusion_pass_name(pass);
-}
+std::string fused_residual_name(FusionPass pass) { return std::string("FusedResidual.") + fusion_pass_name(pass); }
 
 FusedResidual::FusedResidual(std::string name, FusionPass pass, std::vector<BasicOpPtr> ops)
     : FusedOp(std::move(name), std::move(ops)), pass_(pass) {}
@@ -29,9 +27,8 @@ GroupForwardResult FusedResidual::forward(std::vector<OpContext*>& ctxs, const a
   }
   const BasicOp& inner = *basic_ops()[1];
   const BasicOp& add = *basic_ops()[2];
-  // AddExtraInput's slot arrives undefined: its producer is MakeExtraOutput in this group.
-  GRADFUZZ_INTERNAL_ASSERT(!extra_inputs[2].at(0).defined(),
-                           name() + ": the channel consumer inside the fusion got a routed tensor");
+  // AddExtraInput's slot 0 is never read: its producer is MakeExtraOutput in this group,
+  // so the fusion routes x to the add itself (the fuser hands the slot over undefined).
 
   ctxs[0]->saved.clear();  // MakeExtraOutput saves nothing
   ctxs[0]->saved_sizes.clear();
@@ -41,8 +38,7 @@ GroupForwardResult FusedResidual::forward(std::vector<OpContext*>& ctxs, const a
   if (y.sizes() != input.sizes()) {
     // AddExtraInput's own check, with its error type: e (= x) must have y's shape.
     std::ostringstream os;
-    os << add.type() << " slot 0: extra input must have the input's shape " << y.sizes() << ", got "
-       << input.sizes();
+    os << add.type() << " slot 0: extra input must have the input's shape " << y.sizes() << ", got " << input.sizes();
     throw InvalidArgumentError(os.str());
   }
   ctxs[2]->saved.clear();  // AddExtraInput saves nothing
@@ -55,11 +51,10 @@ GroupForwardResult FusedResidual::forward(std::vector<OpContext*>& ctxs, const a
   result.output = std::move(output);
   // In the joint pass the fusion owns the channel in both directions, so the tensor is
   // returned only when someone outside this group reads it (runtime.md section 6.5). The
-  // forward-only fusion always returns it: its backward is unfused, and the fuser routes
-  // AddExtraInput's gradient to the producer through the channel's stored value.
+  // forward-only pass always returns it: its backward is unfused, so the channel's
+  // gradient crosses between backward groups, and the fuser keys that on the stored value.
   const bool needed = pass_ != FusionPass::kJoint || ctxs[0]->output_needed.empty() || ctxs[0]->output_needed[0];
-  result.extra_outputs.push_back(
-      ExtraOutputs::make(basic_ops()[0]->output_style(), {needed ? input : at::Tensor()}));
+  result.extra_outputs.push_back(ExtraOutputs::make(basic_ops()[0]->output_style(), {needed ? input : at::Tensor()}));
   result.extra_outputs.push_back(std::move(inner_result.extra_outputs));
   result.extra_outputs.push_back(ExtraOutputs::make(add.output_style(), {}));
   return result;
@@ -92,8 +87,8 @@ GroupBackwardResult FusedResidual::backward(std::vector<OpContext*>& ctxs, const
   result.grad_extra_inputs.push_back(ExtraOutputs::make(basic_ops()[0]->output_style(), {}));
   result.grad_extra_inputs.push_back(std::move(inner_result.grad_extra_inputs));
   // Still reported so the fuser can trace the channel's gradient.
-  result.grad_extra_inputs.push_back(ExtraOutputs::make(
-      basic_ops()[2]->output_style(), {ctxs[2]->wants_grad(0) ? grad_extra_input : at::Tensor()}));
+  result.grad_extra_inputs.push_back(
+      ExtraOutputs::make(basic_ops()[2]->output_style(), {ctxs[2]->wants_grad(0) ? grad_extra_input : at::Tensor()}));
   return result;
 }
 
@@ -120,8 +115,7 @@ FusionFn fused_residual_fusion(FusionPass pass) {
           if (pass != FusionPass::kForward && !detail::all_need_backward(gs, i, 3, ctx)) {
             return {nullptr, 0};
           }
-          return {std::make_shared<FusedResidual>(fused_residual_name(pass), pass, detail::collect_ops(gs, i, 3)),
-                  3};
+          return {std::make_shared<FusedResidual>(fused_residual_name(pass), pass, detail::collect_ops(gs, i, 3)), 3};
         });
   };
 }

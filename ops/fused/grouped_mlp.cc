@@ -163,8 +163,8 @@ std::pair<at::Tensor, at::Tensor> scaled_activation_backward(const MlpOps& ops, 
                                                              bool want_scales) {
 #ifdef GRADFUZZ_WITH_CUDA
   if (ops.swiglu != nullptr && hidden.is_cuda() && scales.is_cuda() && grad_output.is_cuda()) {
-    cuda::ScaledSwigluBackward fused = cuda::scaled_swiglu_backward_cuda(grad_output, hidden, scales,
-                                                                        ops.swiglu->interleave(), want_scales);
+    cuda::ScaledSwigluBackward fused =
+        cuda::scaled_swiglu_backward_cuda(grad_output, hidden, scales, ops.swiglu->interleave(), want_scales);
     return {fused.grad_input.to(grad_output.scalar_type()), fused.grad_scales};
   }
 #endif
@@ -233,8 +233,11 @@ GroupForwardResult GroupedMLP::forward(std::vector<OpContext*>& ctxs, const at::
 
   // A joint fusion only has to agree with itself; the basic layouts keep it readable.
   ops.fc1.save_context(*ctxs[0], input, splits, scales1);
-  ctxs[1]->saved = {hidden, act_scales};
-  ctxs[1]->saved_sizes.clear();
+  if (ops.swiglu != nullptr) {
+    ScaledSwiGLU::save_context(*ctxs[1], hidden, act_scales);
+  } else {
+    ScaledSReLU::save_context(*ctxs[1], hidden, act_scales);
+  }
   ops.fc2.save_context(*ctxs[2], activated, splits, scales2);
   return {std::move(output), detail::empty_extras(basic_ops())};
 }

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <dirent.h>
+#include <ftw.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <fstream>
-#include <random>
 
 namespace gradfuzz::corpus {
 namespace {
@@ -30,13 +34,30 @@ harness::CaseSpec sample_spec() {
   return spec;
 }
 
+// POSIX only: std::filesystem's free functions may bind to libtorch.so's broken copies
+// (see corpus/case_file.cc).
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+size_t count_entries(const fs::path& dir) {
+  size_t n = 0;
+  DIR* handle = ::opendir(dir.c_str());
+  if (!handle) return 0;
+  while (const dirent* entry = ::readdir(handle)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") ++n;
+  }
+  ::closedir(handle);
+  return n;
+}
+
 class CaseFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("gradfuzz_corpus_test_" + std::to_string(std::random_device{}()));
-    fs::create_directories(dir_);
+    std::string pattern = "/tmp/gradfuzz_corpus_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ::nftw(dir_.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
   fs::path write_text(const std::string& name, const std::string& text) {
     fs::path path = dir_ / name;
@@ -67,7 +88,7 @@ TEST_F(CaseFileTest, WritesAtomicallyUnderItsContentHashAndLoadsBack) {
   EXPECT_EQ(spec_hash(file.spec).size(), 16u);
   EXPECT_EQ(spec_hash(file.spec).find_first_not_of("0123456789abcdef"), std::string::npos);
   // Only the final file remains: no temporary left behind.
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "regression"), fs::directory_iterator{}), 1);
+  EXPECT_EQ(count_entries(dir_ / "regression"), 1u);
   const CaseFile back = load_case_file(path);
   EXPECT_EQ(back, file);
   EXPECT_EQ(back.provenance.campaign_seed, 77u);
@@ -174,7 +195,7 @@ TEST_F(CaseFileTest, ListsFilesAndDirectoriesSorted) {
   write_text("a.json", "{}");
   write_text("notes.txt", "");
   write_text(".a.json.tmp.1.0", "");
-  fs::create_directories(dir_ / "sub");
+  ASSERT_EQ(::mkdir((dir_ / "sub").c_str(), 0755), 0);
   std::ofstream(dir_ / "sub" / "c.json") << "{}";
   const auto files = list_case_files(dir_);
   ASSERT_EQ(files.size(), 3u);

@@ -20,8 +20,8 @@ fs::path regression_dir() {
 }
 
 TEST(RegressionCorpus, EveryCaseReplaysToItsRecordedVerdict) {
-  if (!fs::is_directory(regression_dir())) GTEST_SKIP() << "no " << regression_dir();
   const auto files = list_case_files(regression_dir());
+  if (files.empty()) GTEST_SKIP() << "no case files in " << regression_dir();
   for (const auto& path : files) {
     SCOPED_TRACE(path.string());
     const CaseFile file = load_case_file(path);

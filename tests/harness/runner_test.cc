@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ops/faults.h"
+#include "ops/fusion_registry.h"
 
 namespace gradfuzz::harness {
 namespace {
@@ -193,7 +194,7 @@ TEST(RunCase, OtherInvalidConfigurationsPassWhenEveryPathAgrees) {
   EXPECT_THAT(r.error_detail, HasSubstr("missing-producer"));
 }
 
-TEST(RunCase, EveryCatalogOpPassesInFloat64WithFiniteDifferences) {
+TEST(RunCase, EveryCatalogOpPassesInEveryDtypeWithoutFalseFindings) {
   // One small chain per op family; finite differences run on all of them (float64, small).
   std::vector<CaseSpec> specs;
   auto add = [&](std::vector<OpSpec> op_list, std::vector<int64_t> shape = {4, 6}) {
@@ -214,6 +215,19 @@ TEST(RunCase, EveryCatalogOpPassesInFloat64WithFiniteDifferences) {
   for (const auto& spec : specs) {
     const CaseResult r = run_case(spec);
     EXPECT_EQ(r.verdict, VerdictKind::kPass) << spec << "\n" << describe(r);
+  }
+  // The same chains in every lower precision and several seeds: the scaled tolerances must
+  // not produce false findings.
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
+    for (CaseSpec spec : specs) {
+      spec.dtype = dtype;
+      spec.fusions = ops::FusionRegistry::catalog().names();
+      for (uint64_t seed = 0; seed < 5; ++seed) {
+        spec.seed = seed;
+        const CaseResult r = run_case(spec);
+        EXPECT_EQ(r.verdict, VerdictKind::kPass) << spec << "\n" << describe(r);
+      }
+    }
   }
 }
 

@@ -2,6 +2,8 @@
 // CaseResults give exactly the checked-in JSON. Volatile fields (git SHA, date, wall time)
 // are injected as fixed values. Set GRADFUZZ_UPDATE_GOLDEN=1 to rewrite the golden files
 // after an intentional format change (then review the diff).
+#include "reports/json_reporter.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +16,6 @@
 #include "ops/op_registry.h"
 #include "reports/build_info.h"
 #include "reports/console_reporter.h"
-#include "reports/json_reporter.h"
 
 namespace gradfuzz::reports {
 namespace {

@@ -7,9 +7,11 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
 #include "corpus/case_file.h"
+#include "tools/environment.h"
+#include "tools/exit_codes.h"
+#include "tools/files.h"
 
 namespace gradfuzz::tools {
 namespace {
@@ -17,16 +19,8 @@ namespace {
 /// A fresh directory under the system temp dir, removed at the end of the test.
 class TempDir {
  public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("gradfuzz-" + name + "-" + std::to_string(static_cast<long long>(::getpid())))) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
+  explicit TempDir(const std::string& name) : path_(make_temp_dir("gradfuzz-" + name + "-")) {}
+  ~TempDir() { remove_tree(path_); }
   const std::filesystem::path& path() const { return path_; }
 
  private:
@@ -41,13 +35,6 @@ class RecordingReporter final : public reports::Reporter {
   void finalize(const reports::RunSummary&) override {}
   std::vector<reports::CaseRecord> records;
 };
-
-size_t count_files(const std::filesystem::path& dir) {
-  if (!std::filesystem::exists(dir)) return 0;
-  size_t n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) n += entry.is_regular_file() ? 1 : 0;
-  return n;
-}
 
 TEST(Campaign, CaseSeedsDependOnCampaignSeedAndIndex) {
   EXPECT_EQ(case_seed(1, 5), case_seed(1, 5));
@@ -87,16 +74,37 @@ TEST(Campaign, RunsTheRequestedCasesAndLeavesNoInflightFiles) {
   EXPECT_EQ(outcome.cases_run, 4);
   EXPECT_EQ(outcome.passed + outcome.failed, 4);
   EXPECT_EQ(reporter.records.size(), 4u);
-  EXPECT_EQ(count_files(dir.path() / kInflightDir), 0u);
-  EXPECT_EQ(count_files(dir.path() / kFindingsDir), outcome.findings.size());
+  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 0u);
+  EXPECT_EQ(count_regular_files(dir.path() / kFindingsDir), outcome.findings.size());
   EXPECT_THAT(progress.str(), ::testing::HasSubstr("cases 4"));
   for (const auto& record : reporter.records) EXPECT_FALSE(record.result.op_types.empty());
   // Every finding is saved, loadable, and reproduced by its line.
-  for (const auto& finding : outcome.findings) {
+  for (const auto& found : outcome.findings) {
+    const reports::Finding& finding = found.finding;
+    EXPECT_TRUE(found.fault_attributable);  // no fault: always
     const corpus::CaseFile file = corpus::load_case_file(finding.case_file);
     EXPECT_EQ(file.verdict.kind, finding.result.verdict);
     EXPECT_EQ(finding.reproduce, "gradfuzz replay " + finding.case_file);
   }
+}
+
+TEST(Campaign, InternalErrorLeavesTheInflightReproOnDisk) {
+  if (cuda_available()) GTEST_SKIP() << "needs a process without CUDA (a CUDA case then trips run_case's assertion)";
+  TempDir dir("campaign-internal");
+  CampaignOptions options;
+  options.cases = 1;
+  options.device = "cuda";  // run_case raises std::invalid_argument: an internal error here
+  options.corpus_dir = dir.path();
+  RecordingReporter reporter;
+  try {
+    run_campaign(options, reporter, nullptr);
+    FAIL() << "expected InternalError";
+  } catch (const InternalError& e) {
+    EXPECT_THAT(e.repro(), ::testing::HasSubstr(kInflightDir));
+    const corpus::CaseFile file = corpus::load_case_file(e.repro());
+    EXPECT_EQ(file.spec, campaign_case(options, 0));
+  }
+  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 1u);
 }
 
 TEST(Campaign, StopsAtTheTimeBudget) {
@@ -116,18 +124,28 @@ TEST(Campaign, FaultFindingIsShrunkSavedWithItsFaultAndDeduplicated) {
   options.seed = 1;
   options.fault = ops::Fault::kScaleBiasGrad;
   options.stop_at_first_finding = true;
+  options.require_fault_attributable = true;
   options.corpus_dir = dir.path();
   RecordingReporter reporter;
   const CampaignOutcome outcome = run_campaign(options, reporter, nullptr);
-  if (outcome.findings.empty()) GTEST_SKIP() << "scale-bias-grad not hit in 300 cases with seed 1";
-  ASSERT_EQ(outcome.findings.size(), 1u);
-  const auto& finding = outcome.findings.front();
+  const CampaignFinding* found = outcome.first_attributable();
+  if (!found) GTEST_SKIP() << "scale-bias-grad not hit in 300 cases with seed 1";
+  // The campaign stopped at the fault's finding; earlier findings fail without the fault too.
+  EXPECT_EQ(found, &outcome.findings.back());
+  EXPECT_EQ(found->case_number, outcome.cases_run);
+  for (const auto& f : outcome.findings) {
+    if (&f != found) {
+      EXPECT_FALSE(f.fault_attributable);
+    }
+  }
+  const reports::Finding& finding = found->finding;
   const corpus::CaseFile file = corpus::load_case_file(finding.case_file);
   EXPECT_EQ(file.verdict.fault, std::optional<std::string>("scale-bias-grad"));
   EXPECT_NE(file.verdict.kind, harness::VerdictKind::kPass);
   EXPECT_THAT(finding.reproduce, ::testing::EndsWith(" --fault scale-bias-grad"));
-  EXPECT_EQ(outcome.first_failure_case, outcome.cases_run);
-  EXPECT_LE(outcome.finding_ops.front(), campaign_case(options, outcome.cases_run - 1).num_ops());
+  EXPECT_LE(found->shrunk_ops, campaign_case(options, outcome.cases_run - 1).num_ops());
+  // The saved case fails with the fault and passes without it.
+  EXPECT_TRUE(passes_without_fault(file.spec, ops::Fault::kScaleBiasGrad, options.run_options));
 }
 
 }  // namespace

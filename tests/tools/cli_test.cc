@@ -2,17 +2,17 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "corpus/case_file.h"
 #include "ops/faults.h"
+#include "tools/files.h"
 
 namespace gradfuzz::tools {
 namespace {
@@ -38,16 +38,10 @@ CliRun run(const std::vector<std::string>& args) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("gradfuzz-cli-" + std::to_string(static_cast<long long>(::getpid())) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = make_temp_dir(std::string("gradfuzz-cli-") +
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-");
   }
-  void TearDown() override {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
+  void TearDown() override { remove_tree(dir_); }
 
   /// A valid one-op case file document.
   static nlohmann::json valid_document() {

@@ -1,0 +1,94 @@
+#include "tools/files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gradfuzz::tools {
+
+namespace {
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  std::remove(path);  // failures ignored: best-effort cleanup
+  return 0;
+}
+
+}  // namespace
+
+void remove_tree(const std::filesystem::path& path) noexcept {
+  // FTW_DEPTH: children before their directory; FTW_PHYS: never follow symlinks out of the tree.
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void remove_file(const std::filesystem::path& path) noexcept { ::unlink(path.c_str()); }
+
+std::filesystem::path make_temp_dir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  if (!::mkdtemp(buffer.data())) {
+    throw std::runtime_error("cannot create temporary directory " + pattern + ": " + std::strerror(errno));
+  }
+  return std::filesystem::path(buffer.data());
+}
+
+void make_directories(const std::filesystem::path& dir) {
+  struct stat info {};
+  if (dir.empty() || (::stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode))) return;
+  const std::filesystem::path parent = dir.parent_path();
+  if (!parent.empty() && parent != dir) make_directories(parent);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw std::runtime_error("cannot create directory " + dir.string() + ": " + std::strerror(errno));
+  }
+}
+
+void write_file_atomic_no_sync(const std::filesystem::path& path, const std::string& text) {
+  make_directories(path.parent_path());
+  const std::filesystem::path temp = path.parent_path() / ("." + path.filename().string() + ".tmp." +
+                                                           std::to_string(static_cast<long long>(::getpid())));
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot write " + temp.string() + ": " + std::strerror(errno));
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      ::unlink(temp.c_str());
+      throw std::runtime_error("cannot write " + temp.string() + ": " + std::strerror(error));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(error));
+  }
+}
+
+size_t count_regular_files(const std::filesystem::path& dir) {
+  DIR* handle = ::opendir(dir.c_str());
+  if (!handle) return 0;
+  size_t n = 0;
+  while (const dirent* entry = ::readdir(handle)) {
+    struct stat info {};
+    const std::filesystem::path child = dir / entry->d_name;
+    if (::stat(child.c_str(), &info) == 0 && S_ISREG(info.st_mode)) ++n;
+  }
+  ::closedir(handle);
+  return n;
+}
+
+}  // namespace gradfuzz::tools
