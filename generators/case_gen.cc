@@ -42,8 +42,9 @@
 // - per op: generator output style with chance 1/2; a call-then-bind step with chance 1/6
 //   (grad mode on/off 1/2 each); with chance 1/4 random per-parameter requires-grad flags
 //   (each off with chance 1/2), and likewise for public floating extra inputs.
-// - main input requires grad with chance 3/4; fusions: all allowed ones with chance 1/2,
-//   else each independently with chance 1/2; dtype uniform over options; seed uniform u64.
+// - main input requires grad with chance 3/4; fusions, one mode in three each: all allowed
+//   ones; each independently with chance 1/2; only the fusions of one pass (joint, forward
+//   or backward, uniform). dtype uniform over options; seed uniform u64.
 
 namespace gradfuzz::generators {
 namespace {
@@ -409,11 +410,21 @@ CaseSpec draw_case(const GenOptions& options) {
 
   const std::vector<std::string> allowed =
       options.fusions ? *options.fusions : ops::FusionRegistry::catalog().names();
-  if (!chance(1, 2)) {
+  // A joint registration hides the forward- and backward-only registrations of the same
+  // pattern, so one mode in three enables a single pass: each pass then runs on its own.
+  const int64_t fusion_mode = pick(0, 2);
+  if (fusion_mode == 0) {
     spec.fusions = allowed;
-  } else {
+  } else if (fusion_mode == 1) {
     for (const auto& f : allowed) {
       if (!chance(1, 2)) spec.fusions.push_back(f);
+    }
+  } else {
+    const auto pass = static_cast<ops::FusionPass>(pick(0, 2));
+    for (const auto& entry : ops::FusionRegistry::catalog().entries()) {
+      if (entry.pass == pass && std::find(allowed.begin(), allowed.end(), entry.name) != allowed.end()) {
+        spec.fusions.push_back(entry.name);
+      }
     }
   }
   spec.dtype = pick_of(options.dtypes);
