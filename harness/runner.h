@@ -28,6 +28,10 @@ struct RunOptions {
   int64_t finite_difference_directions = 1;
 };
 
+/// Whether the case asks for an error (invalid-configuration knobs or a static wiring
+/// problem): only then is "every path raised the same error" a pass.
+bool intends_error(const CaseSpec& spec);
+
 /// Runs `spec` through the fused, unfused and reference paths (fuzzer.md "Paths and
 /// oracle") and compares outputs, public extra outputs and every gradient. Runtime errors
 /// (gradfuzz::Error, c10::Error, std::exception) become verdicts; only internal assertion

@@ -1,6 +1,7 @@
 #include "ops/reference.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "ops/errors.h"
@@ -8,12 +9,12 @@
 namespace gradfuzz::ops {
 namespace {
 
-/// A float64 CPU leaf copy with the same requires_grad; integer tensors stay integer.
-at::Tensor reference_leaf(const at::Tensor& t) {
+/// A CPU leaf copy in `dtype` with the same requires_grad; integer tensors stay integer.
+at::Tensor reference_leaf(const at::Tensor& t, at::ScalarType dtype) {
   if (!t.defined()) return t;
   at::Tensor copy = t.detach().to(at::kCPU);
   if (at::isFloatingType(copy.scalar_type())) {
-    copy = copy.to(at::kDouble).requires_grad_(t.requires_grad());
+    copy = copy.to(dtype).requires_grad_(t.requires_grad());
   } else {
     copy = copy.clone();
   }
@@ -22,25 +23,27 @@ at::Tensor reference_leaf(const at::Tensor& t) {
 
 }  // namespace
 
-ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential) : sequential_(sequential) {
+ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype)
+    : sequential_(sequential), compute_dtype_(compute_dtype) {
   for (const Module& module : sequential_.modules()) {
     const auto* op = std::get_if<BasicOpPtr>(&module);
     if (!op) continue;
     std::vector<at::Tensor> copies;
-    for (const at::Tensor& p : (*op)->parameters()) copies.push_back(reference_leaf(p));
+    for (const at::Tensor& p : (*op)->parameters()) copies.push_back(reference_leaf(p, compute_dtype_));
     params_.push_back(std::move(copies));
   }
 }
 
 std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) {
-  input_ = reference_leaf(input);
+  input_ = reference_leaf(input, compute_dtype_);
   extra_inputs_.clear();
-  for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e));
+  for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e, compute_dtype_));
   if (static_cast<int64_t>(extra_inputs_.size()) != sequential_.num_public_extra_inputs()) {
     throw ExtraInputCountError("reference: expected " + std::to_string(sequential_.num_public_extra_inputs()) +
                                " public extra inputs, got " + std::to_string(extra_inputs_.size()));
   }
-  at::GradMode::set_enabled(true);
+  // The reference builds a graph even when the caller runs under no_grad.
+  const c10::AutoGradMode grad_mode(true);
   channel_values_.clear();
   std::vector<at::Tensor> public_outputs;
   at::Tensor x = input_;
@@ -125,7 +128,7 @@ ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& c
   for (size_t k = 0; k < outputs_.size(); ++k) {
     if (!outputs_[k].requires_grad()) continue;  // integer outputs, or nothing upstream needs grad
     outputs.push_back(outputs_[k]);
-    grad_outputs.push_back(cotangents[k].detach().to(at::kCPU, at::kDouble));
+    grad_outputs.push_back(cotangents[k].detach().to(at::kCPU, outputs_[k].scalar_type()));
   }
   std::vector<at::Tensor> grads(wrt.size());
   if (!outputs.empty() && !wrt.empty()) {

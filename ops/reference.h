@@ -30,9 +30,12 @@ class ReferenceEvaluator {
  public:
   /// Validates wiring with the same rules and errors as the fuser; copies parameters (their
   /// requires_grad flags included) to float64 CPU leaves.
-  explicit ReferenceEvaluator(const Sequential& sequential);
+  /// `compute_dtype` other than float64 gives the same plain-autograd math rounded like a
+  /// straightforward implementation in that dtype: the harness uses it to measure how much
+  /// rounding error a case's dtype itself causes.
+  explicit ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype = at::kDouble);
 
-  /// Main output then public extra outputs, float64 CPU. Inputs are copied to float64 CPU
+  /// Main output then public extra outputs on the CPU. Inputs are copied to compute-dtype CPU
   /// leaves with the same requires_grad (integer tensors stay integer).
   std::vector<at::Tensor> forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs);
   /// Gradients of sum_i <outputs_i, cotangents_i>; call once after forward.
@@ -43,6 +46,7 @@ class ReferenceEvaluator {
 
  private:
   const Sequential& sequential_;
+  at::ScalarType compute_dtype_;
   std::vector<std::vector<at::Tensor>> params_;
   at::Tensor input_;
   std::vector<at::Tensor> extra_inputs_;

@@ -49,11 +49,10 @@ GroupForwardResult FusedResidual::forward(std::vector<OpContext*>& ctxs, const a
 
   GroupForwardResult result;
   result.output = std::move(output);
-  // In the joint pass the fusion owns the channel in both directions, so the tensor is
-  // returned only when someone outside this group reads it (runtime.md section 6.5). The
-  // forward-only pass always returns it: its backward is unfused, so the channel's
-  // gradient crosses between backward groups, and the fuser keys that on the stored value.
-  const bool needed = pass_ != FusionPass::kJoint || ctxs[0]->output_needed.empty() || ctxs[0]->output_needed[0];
+  // The fusion owns the channel in forward, so the tensor is returned only when someone
+  // outside this group reads it (runtime.md section 6.5). In the forward-only pass the
+  // unfused backward still routes the consumer's gradient to the producer through the fuser.
+  const bool needed = ctxs[0]->output_needed.empty() || ctxs[0]->output_needed[0];
   result.extra_outputs.push_back(ExtraOutputs::make(basic_ops()[0]->output_style(), {needed ? input : at::Tensor()}));
   result.extra_outputs.push_back(std::move(inner_result.extra_outputs));
   result.extra_outputs.push_back(ExtraOutputs::make(add.output_style(), {}));

@@ -19,10 +19,10 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using testing::make_generator;
 using testing::seeded_randn;
+using testing::test_options;
 
 std::shared_ptr<GroupedLinear> scale_bias_linear() {
-  return std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 4, 3).scale_bias(true),
-                                         at::TensorOptions().dtype(at::kDouble));
+  return std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 4, 3).scale_bias(true), test_options());
 }
 
 /// Locks `op` the way the runtime does: by placing it in a persistent Sequential.
@@ -122,7 +122,7 @@ TEST(BasicOpBinding, SettersAreChainableAndUnbindingForcesOutputToCaller) {
 }
 
 TEST(BasicOpBinding, GroupedLinearSlotCountDependsOnScaleBias) {
-  auto plain = std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 4, 3), at::TensorOptions().dtype(at::kDouble));
+  auto plain = std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 4, 3), test_options());
   EXPECT_EQ(plain->num_extra_inputs(), 1);
   EXPECT_THROW(plain->set_extra_input_channel(1, "s"), SlotOutOfRangeError);
   auto scaled = scale_bias_linear();
@@ -133,7 +133,7 @@ TEST(BasicOpBinding, GroupedLinearSlotCountDependsOnScaleBias) {
 TEST(BasicOp, ForwardChecksExtraInputArity) {
   auto add = std::make_shared<AddExtraInput>();
   OpContext ctx;
-  at::Tensor x = at::ones({2, 3}, at::kDouble);
+  at::Tensor x = at::ones({2, 3}, test_options());
   try {
     add->forward(ctx, x, {});
     FAIL() << "missing extra input accepted";
@@ -171,7 +171,7 @@ TEST(BasicOpCall, CallThenBindWorksWithGradOff) { expect_call_then_bind_works(fa
 TEST(BasicOpCall, TransientLockFaultMakesCallThenBindFail) {
   FaultScope fault(Fault::kTransientLock);
   auto add = std::make_shared<AddExtraInput>();
-  at::Tensor x = at::ones({2, 2}, at::kDouble);
+  at::Tensor x = at::ones({2, 2}, test_options());
   (*add)(x, {x});
   EXPECT_TRUE(add->locked());
   EXPECT_THROW(add->set_extra_input_channel(0, "res"), LockedError);
@@ -180,7 +180,7 @@ TEST(BasicOpCall, TransientLockFaultMakesCallThenBindFail) {
 TEST(BasicOpCall, StandaloneCallValidatesBindings) {
   auto add = std::make_shared<AddExtraInput>();
   add->set_extra_input_channel(0, "nowhere");
-  at::Tensor x = at::ones({2, 2}, at::kDouble);
+  at::Tensor x = at::ones({2, 2}, test_options());
   try {
     (*add)(x, {});
     FAIL() << "a standalone call with an unproduced channel ran";
@@ -192,7 +192,7 @@ TEST(BasicOpCall, StandaloneCallValidatesBindings) {
 
 TEST(BasicOpCall, StandaloneCallReturnsPublicExtraOutputs) {
   auto dual = std::make_shared<DualExtraOutput>(0.5, -1.5);
-  at::Tensor x = at::arange(6, at::kDouble).reshape({2, 3});
+  at::Tensor x = at::arange(6, test_options()).reshape({2, 3});
   const std::vector<at::Tensor> out = (*dual)(x);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_TRUE(out[0].equal(x));

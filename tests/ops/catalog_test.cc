@@ -24,10 +24,12 @@ using testing::int_tensor;
 using testing::kFloat64Tol;
 using testing::make_generator;
 using testing::make_op;
+using testing::on_device;
 using testing::PathResult;
 using testing::run_fused;
 using testing::run_reference;
 using testing::seeded_randn;
+using testing::test_options;
 
 struct OpCase {
   std::string label;
@@ -59,7 +61,8 @@ std::vector<at::Tensor> extras_for(const OpSignature& sig, int64_t rows, at::Gen
         extras.push_back(int_tensor(splits_for(spec.shape.at(0), rows)));
         break;
       case TensorKind::kRoutingMap:
-        extras.push_back(at::randperm(rows, gen, at::TensorOptions().dtype(at::kLong)));
+        // Drawn on the CPU generator, then moved: the same permutation on every device.
+        extras.push_back(on_device(at::randperm(rows, gen, at::TensorOptions().dtype(at::kLong))));
         break;
     }
   }
@@ -177,7 +180,7 @@ TEST(Catalog, ParametersAreDeterministicAndNonZero) {
 
 TEST(GroupedLinearOp, SplitSizesThatDoNotSumToRowsThrowClearError) {
   BasicOpPtr op = make_op("GroupedLinear", {{"groups", 2}, {"out", 3}}, {12, 4});
-  const at::Tensor x = at::ones({12, 4}, at::kDouble);
+  const at::Tensor x = at::ones({12, 4}, test_options());
   try {
     (*op)(x, {int_tensor({4, 6})});
     FAIL() << "split sizes summing to 10 for 12 rows accepted";
@@ -187,7 +190,7 @@ TEST(GroupedLinearOp, SplitSizesThatDoNotSumToRowsThrowClearError) {
   }
   EXPECT_THROW((*op)(x, {int_tensor({12})}), InvalidArgumentError);        // numel != G
   EXPECT_THROW((*op)(x, {int_tensor({13, -1})}), InvalidArgumentError);    // negative entry
-  EXPECT_THROW((*op)(x, {at::ones({2}, at::kDouble)}), InvalidArgumentError);  // not integer
+  EXPECT_THROW((*op)(x, {at::ones({2}, test_options())}), InvalidArgumentError);  // not integer
   // The reference path validates the same way.
   Sequential seq({op}, FusionRegistry{});
   ReferenceEvaluator ref(seq);
@@ -212,7 +215,7 @@ TEST(GroupedLinearOp, ZeroSizedGroupsGetZeroWeightGradients) {
 TEST(GroupedLinearOp, AllRowsInZeroGroupsIsEmptyInput) {
   BasicOpPtr op = make_op("GroupedLinear", {{"groups", 2}, {"out", 2}}, {1, 3});
   // Zero rows is allowed by the op (not the catalog factory): sizes {0, 0}.
-  const at::Tensor x = at::zeros({0, 3}, at::kDouble);
+  const at::Tensor x = at::zeros({0, 3}, test_options());
   const std::vector<at::Tensor> out = (*op)(x, {int_tensor({0, 0})});
   EXPECT_EQ(out[0].sizes(), (std::vector<int64_t>{0, 2}));
 }

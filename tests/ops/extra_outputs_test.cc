@@ -5,15 +5,18 @@
 #include <gtest/gtest.h>
 
 #include "ops/errors.h"
+#include "tests/ops/test_util.h"
 
 namespace gradfuzz::ops {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::on_device;
+using testing::test_options;
 
 std::vector<at::Tensor> three_tensors() {
   at::manual_seed(11);
-  return {at::randn({2}), at::randn({3}), at::Tensor()};
+  return {on_device(at::randn({2})), on_device(at::randn({3})), at::Tensor()};
 }
 
 TEST(ExtraOutputs, VectorIsSizedIndexableAndRereadable) {
@@ -42,7 +45,7 @@ TEST(ExtraOutputs, GeneratorIsLazy) {
   ExtraOutputs out = ExtraOutputs::generator([&calls]() -> std::optional<at::Tensor> {
     if (calls >= 2) return std::nullopt;
     ++calls;
-    return at::ones({1});
+    return at::ones({1}, test_options(at::kFloat));
   });
   EXPECT_EQ(calls, 0);  // nothing evaluated before materialize
   EXPECT_EQ(out.materialize().size(), 2u);

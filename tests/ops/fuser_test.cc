@@ -29,10 +29,9 @@ using testing::PathResult;
 using testing::run_fused;
 using testing::run_reference;
 using testing::seeded_randn;
+using testing::test_options;
 using testing::SplitSource;
 using testing::tensors_close;
-
-const at::TensorOptions kF64 = at::TensorOptions().dtype(at::kDouble);
 
 // ---- custom ops that misbehave on purpose -------------------------------------------------
 
@@ -233,7 +232,7 @@ TEST(Fuser, PersistentConstructionLocksAndTransientDoesNot) {
 
 TEST(Fuser, ExtraInputSurplusAndShortfallThrow) {
   OperationFuser fuser({std::make_shared<AddExtraInput>()}, FusionRegistry{}, Locking::kTransient);
-  const at::Tensor x = at::ones({2, 2}, kF64);
+  const at::Tensor x = at::ones({2, 2}, test_options());
   try {
     fuser.forward(x, {x, x});
     FAIL() << "surplus accepted";
@@ -262,7 +261,7 @@ TEST(Fuser, FusedOpSkippingAnOpIsPlanMismatch) {
   });
   OperationFuser fuser(ops, registry, Locking::kTransient);
   try {
-    fuser.forward(at::ones({2, 2}, kF64), {});
+    fuser.forward(at::ones({2, 2}, test_options()), {});
     FAIL() << "a plan skipping ReLU ran";
   } catch (const PlanMismatchError& e) {
     EXPECT_THAT(e.what(), StartsWith("plan-mismatch"));
@@ -295,7 +294,7 @@ TEST(Fuser, PublicOutputReturnedNoneThrows) {
   auto bad = std::make_shared<BadOutputsOp>(1, /*none=*/true);
   OperationFuser fuser({std::make_shared<Identity>(), bad}, FusionRegistry{}, Locking::kTransient);
   try {
-    fuser.forward(at::ones({2, 2}, kF64), {});
+    fuser.forward(at::ones({2, 2}, test_options()), {});
     FAIL() << "undefined public output accepted";
   } catch (const PublicOutputNoneError& e) {
     EXPECT_THAT(e.what(), StartsWith("public-output-returned-none"));
@@ -305,7 +304,7 @@ TEST(Fuser, PublicOutputReturnedNoneThrows) {
   auto bound_public = std::make_shared<BadOutputsOp>(1, true);
   bound_public->set_extra_output_channel(0, "c", /*output_to_caller=*/true);
   OperationFuser fuser2({bound_public}, FusionRegistry{}, Locking::kTransient);
-  EXPECT_THROW(fuser2.forward(at::ones({2, 2}, kF64), {}), PublicOutputNoneError);
+  EXPECT_THROW(fuser2.forward(at::ones({2, 2}, test_options()), {}), PublicOutputNoneError);
 }
 
 TEST(Fuser, HiddenOutputReturnedNoneForAConsumerOutsideTheGroupIsNeededOutsideItsFusion) {
@@ -320,7 +319,7 @@ TEST(Fuser, HiddenOutputReturnedNoneForAConsumerOutsideTheGroupIsNeededOutsideIt
   });
   OperationFuser fuser(ops, hiding, Locking::kTransient);
   try {
-    fuser.forward(at::ones({2, 2}, kF64), {});
+    fuser.forward(at::ones({2, 2}, test_options()), {});
     FAIL() << "undefined channel value needed by an outside consumer accepted";
   } catch (const NeededOutsideFusionError& e) {
     EXPECT_THAT(e.what(), StartsWith("needed-outside-its-fusion"));
@@ -334,7 +333,7 @@ TEST(Fuser, OpReturningTooManyExtraOutputsIsExtraCountError) {
   auto bad = std::make_shared<BadOutputsOp>(2, false);
   OperationFuser fuser({bad}, FusionRegistry{}, Locking::kTransient);
   try {
-    fuser.forward(at::ones({2, 2}, kF64), {});
+    fuser.forward(at::ones({2, 2}, test_options()), {});
     FAIL() << "two extra outputs from a one-output op accepted";
   } catch (const ExtraCountError& e) {
     EXPECT_THAT(e.what(), StartsWith("extra-count"));
@@ -342,14 +341,14 @@ TEST(Fuser, OpReturningTooManyExtraOutputsIsExtraCountError) {
   }
   auto none_at_all = std::make_shared<BadOutputsOp>(0, false);
   OperationFuser fuser2({none_at_all}, FusionRegistry{}, Locking::kTransient);
-  EXPECT_THROW(fuser2.forward(at::ones({2, 2}, kF64), {}), ExtraCountError);
+  EXPECT_THROW(fuser2.forward(at::ones({2, 2}, test_options()), {}), ExtraCountError);
 }
 
 TEST(Fuser, BackwardReturningTooManyExtraInputGradientsIsExtraCountError) {
   auto bad = std::make_shared<TooManyGradsOp>();
   OperationFuser fuser({bad}, FusionRegistry{}, Locking::kTransient);
-  const at::Tensor x = at::ones({2, 2}, kF64).requires_grad_(true);
-  const at::Tensor e = at::ones({2, 2}, kF64).requires_grad_(true);
+  const at::Tensor x = at::ones({2, 2}, test_options()).requires_grad_(true);
+  const at::Tensor e = at::ones({2, 2}, test_options()).requires_grad_(true);
   std::vector<at::Tensor> out = fuser.forward(x, {e});
   try {
     out[0].sum().backward();
@@ -364,12 +363,12 @@ TEST(Fuser, BackwardReturningTooManyExtraInputGradientsIsExtraCountError) {
 // ---- which ops need backward ---------------------------------------------------------------
 
 TEST(Fuser, FirstOpRequiringBackwardFollowsInputParamsAndPublicExtras) {
-  auto lin = std::make_shared<Linear>(LinearOptions(3, 3), kF64);
+  auto lin = std::make_shared<Linear>(LinearOptions(3, 3), test_options());
   auto srelu = std::make_shared<ScaledSReLU>();
   std::vector<BasicOpPtr> ops{std::make_shared<Identity>(), srelu, lin};
   OperationFuser fuser(ops, FusionRegistry{}, Locking::kTransient);
-  const at::Tensor x = at::ones({2, 3}, kF64);
-  const at::Tensor s = at::ones({2}, kF64);
+  const at::Tensor x = at::ones({2, 3}, test_options());
+  const at::Tensor s = at::ones({2}, test_options());
   EXPECT_EQ(fuser.first_op_requiring_backward(x, {s}), 2);  // only Linear's weight
   EXPECT_EQ(fuser.first_op_requiring_backward(x, {s.clone().requires_grad_(true)}), 1);
   EXPECT_EQ(fuser.first_op_requiring_backward(x.clone().requires_grad_(true), {s}), 0);
@@ -383,11 +382,11 @@ TEST(Fuser, FirstOpRequiringBackwardFollowsInputParamsAndPublicExtras) {
 TEST(Fuser, BackwardStopsBeforeOpsThatNeedNoGradient) {
   at::Generator gen = make_generator(21);
   auto spy0 = std::make_shared<CountingIdentity>();
-  auto frozen = std::make_shared<Linear>(LinearOptions(4, 4), kF64);
+  auto frozen = std::make_shared<Linear>(LinearOptions(4, 4), test_options());
   frozen->weight().requires_grad_(false);
-  auto bias = std::make_shared<Bias>(4, kF64);
+  auto bias = std::make_shared<Bias>(4, test_options());
   auto spy3 = std::make_shared<CountingIdentity>();
-  auto last = std::make_shared<Linear>(LinearOptions(4, 3), kF64);
+  auto last = std::make_shared<Linear>(LinearOptions(4, 3), test_options());
   Sequential seq({spy0, frozen, bias, spy3, last}, FusionRegistry{});
   const at::Tensor x = seeded_randn({5, 4}, gen);  // does not require grad
   EXPECT_EQ(seq.fusers()[0]->first_op_requiring_backward(x, {}), 2);
@@ -475,7 +474,7 @@ TEST(FuserFreshProducer, RowStatFreshOutputFeedsScaledSReLUGradient) {
   stat->set_extra_output_channel(0, "ms", false);
   auto act = std::make_shared<ScaledSReLU>();
   act->set_extra_input_channel(0, "ms");
-  Sequential seq({std::make_shared<Linear>(LinearOptions(4, 4), kF64), stat, act}, FusionRegistry{});
+  Sequential seq({std::make_shared<Linear>(LinearOptions(4, 4), test_options()), stat, act}, FusionRegistry{});
   const at::Tensor x = seeded_randn({5, 4}, gen, at::kDouble, true);
   EXPECT_TRUE(fused_matches_reference(seq, x, {}, kFloat64Tol));
 }
@@ -501,7 +500,7 @@ TEST(FuserContainers, GeneratorStyleOnChannelOpsWorksInBackward) {
   auto dual = std::make_shared<DualExtraOutput>();
   dual->set_extra_output_channel(0, "d", false);
   auto add2 = consumer("d");
-  std::vector<BasicOpPtr> ops{make, std::make_shared<Linear>(LinearOptions(3, 3), kF64), add, dual, add2};
+  std::vector<BasicOpPtr> ops{make, std::make_shared<Linear>(LinearOptions(3, 3), test_options()), add, dual, add2};
   for (const BasicOpPtr& op : ops) op->set_output_style(OutputStyle::kGenerator);
   Sequential seq(std::vector<Module>(ops.begin(), ops.end()), FusionRegistry{});
   const at::Tensor x = seeded_randn({4, 3}, gen, at::kDouble, true);
@@ -551,7 +550,7 @@ PublicThenBound public_then_bound(std::vector<int64_t> splits) {
   at::Generator gen = make_generator(47);
   auto stat = std::make_shared<RowStat>();
   stat->set_extra_output_channel(0, "scales", false);
-  auto grouped = std::make_shared<GroupedLinear>(GroupedLinearOptions(3, 4, 2).scale_bias(true), kF64);
+  auto grouped = std::make_shared<GroupedLinear>(GroupedLinearOptions(3, 4, 2).scale_bias(true), test_options());
   grouped->set_extra_input_channel(1, "scales");
   PublicThenBound c;
   c.seq = std::make_unique<Sequential>(std::vector<Module>{stat, grouped}, FusionRegistry{});
@@ -591,7 +590,7 @@ BoundThenPublic bound_then_public() {
   at::Generator gen = make_generator(53);
   auto source = std::make_shared<SplitSource>(std::vector<int64_t>{3, 2});
   source->set_extra_output_channel(0, "splits", false);
-  auto grouped = std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 3, 4).scale_bias(true), kF64);
+  auto grouped = std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 3, 4).scale_bias(true), test_options());
   grouped->set_extra_input_channel(0, "splits");
   BoundThenPublic c;
   c.seq = std::make_unique<Sequential>(std::vector<Module>{source, grouped}, FusionRegistry{});
@@ -628,8 +627,8 @@ TEST(FuserSlotOrder, SlotOrderFaultLeavesBoundThenPublicIntact) {
 TEST(FuserChannels, FanOutToThreeConsumersSumsEveryGradientPlusThePublicOne) {
   at::Generator gen = make_generator(59);
   auto make = producer("r", /*to_caller=*/true);
-  Sequential seq({make, std::make_shared<Linear>(LinearOptions(4, 4), kF64), consumer("r"),
-                  std::make_shared<GELU>(), consumer("r"), std::make_shared<Bias>(4, kF64), consumer("r")},
+  Sequential seq({make, std::make_shared<Linear>(LinearOptions(4, 4), test_options()), consumer("r"),
+                  std::make_shared<GELU>(), consumer("r"), std::make_shared<Bias>(4, test_options()), consumer("r")},
                  FusionRegistry{});
   const at::Tensor x = seeded_randn({5, 4}, gen, at::kDouble, true);
   const PathResult expected = run_reference(seq, x, {});
@@ -648,7 +647,7 @@ TEST(FuserChannels, TraceRecordsChannelValues) {
   dual->set_extra_output_channel(0, "a", false).set_extra_output_channel(1, "b", false);
   auto consume_a = consumer("a");
   Sequential seq({dual, consume_a}, FusionRegistry{});
-  const at::Tensor x = at::arange(6, kF64).reshape({3, 2});
+  const at::Tensor x = at::arange(6, test_options()).reshape({3, 2});
   const std::vector<at::Tensor> out = seq.forward(x, {});
   ASSERT_EQ(out.size(), 1u);  // hidden outputs are not returned; "b" has no consumer and is dropped
   EXPECT_TRUE(out[0].allclose(3 * x));
@@ -688,7 +687,8 @@ TEST(FuserAliasing, InPlaceMakeExtraOutputWritesNeitherTheCallersGradientNorTheS
   at::Generator gen = make_generator(67);
   auto make = std::make_shared<MakeExtraOutput>(InPlace::kYes);
   make->set_extra_output_channel(0, "c", /*output_to_caller=*/true);
-  Sequential seq({make, std::make_shared<Linear>(LinearOptions(4, 4), kF64), consumer("c")}, FusionRegistry{});
+  Sequential seq({make, std::make_shared<Linear>(LinearOptions(4, 4), test_options()), consumer("c")},
+                 FusionRegistry{});
   const at::Tensor x = seeded_randn({3, 4}, gen, at::kDouble, true);
   const std::vector<at::Tensor> out = seq.forward(x, {});
   ASSERT_EQ(out.size(), 2u);

@@ -9,12 +9,14 @@
 #include "ops/errors.h"
 #include "ops/fuser.h"
 #include "ops/fused/fused_ops.h"
+#include "tests/ops/test_util.h"
 
 namespace gradfuzz::ops {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using testing::test_options;
 
 /// A fused op over a whole run of groups, named by the fusion that made it.
 class TagFusedOp final : public FusedOp {
@@ -100,7 +102,7 @@ TEST(FusionRegistry, PlansAreRebuiltWhenFirstOpRequiringBackwardChanges) {
   FusionRegistry registry;
   registry.add("bwd", FusionPass::kBackward,
                recording_fusion("bwd", &seen, [](const FusionContext& c) { return c.first_op_requiring_backward == 0; }));
-  auto lin = std::make_shared<Linear>(LinearOptions(2, 2), at::TensorOptions().dtype(at::kDouble));
+  auto lin = std::make_shared<Linear>(LinearOptions(2, 2), test_options());
   OperationFuser fuser({lin, std::make_shared<ConstantScale>(0.5)}, registry, Locking::kTransient);
   EXPECT_EQ(fuser.backward_plan(0).size(), 1u);
   EXPECT_EQ(fuser.backward_plan(0).size(), 1u);
@@ -112,7 +114,7 @@ TEST(FusionRegistry, PlansAreRebuiltWhenFirstOpRequiringBackwardChanges) {
 
   // Through forward(): the input's requires_grad moves the index and the plan follows.
   lin->weight().requires_grad_(false);
-  const at::Tensor x = at::ones({3, 2}, at::kDouble);
+  const at::Tensor x = at::ones({3, 2}, test_options());
   fuser.forward(x, {});
   EXPECT_EQ(fuser.backward_plan(fuser.first_op_requiring_backward(x, {})).size(), 2u);
   fuser.forward(x.clone().requires_grad_(true), {});
@@ -121,7 +123,7 @@ TEST(FusionRegistry, PlansAreRebuiltWhenFirstOpRequiringBackwardChanges) {
 }
 
 TEST(FusionRegistry, CatalogBackwardFusionDeclinesWhenItsOpsNeedNoBackward) {
-  auto lin = std::make_shared<Linear>(LinearOptions(2, 2), at::TensorOptions().dtype(at::kDouble));
+  auto lin = std::make_shared<Linear>(LinearOptions(2, 2), test_options());
   OperationFuser fuser({lin, std::make_shared<ConstantScale>(0.5)}, FusionRegistry::catalog().only({"BackwardLinearScale"}),
                        Locking::kTransient);
   ASSERT_EQ(fuser.backward_plan(0).size(), 1u);

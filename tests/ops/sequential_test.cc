@@ -19,8 +19,7 @@ using testing::fused_matches_reference;
 using testing::kFloat64Tol;
 using testing::make_generator;
 using testing::seeded_randn;
-
-const at::TensorOptions kF64 = at::TensorOptions().dtype(at::kDouble);
+using testing::test_options;
 
 TEST(Sequential, ConsecutiveBasicOpsFormOneFuserPerRun) {
   Sequential seq({std::make_shared<Identity>(), std::make_shared<ReLU>(), make_boundary(),
@@ -61,7 +60,7 @@ TEST(Sequential, SuccessfulConstructionLocksEveryOp) {
 
 TEST(Sequential, ExtraInputSurplusThrows) {
   Sequential seq({std::make_shared<AddExtraInput>(), make_boundary(), std::make_shared<Identity>()}, FusionRegistry{});
-  const at::Tensor x = at::ones({2, 2}, kF64);
+  const at::Tensor x = at::ones({2, 2}, test_options());
   try {
     seq.forward(x, {x, x});
     FAIL() << "surplus extra input accepted (TE ignores it; we must not)";
@@ -76,7 +75,7 @@ TEST(Sequential, ExtraInputSurplusThrows) {
 TEST(Sequential, ExtraInputShortfallThrows) {
   Sequential seq({std::make_shared<AddExtraInput>(), make_boundary(), std::make_shared<AddExtraInput>()},
                  FusionRegistry{});
-  const at::Tensor x = at::ones({2, 2}, kF64);
+  const at::Tensor x = at::ones({2, 2}, test_options());
   try {
     seq.forward(x, {x});
     FAIL() << "shortfall accepted";
@@ -117,7 +116,7 @@ TEST(Sequential, SameChannelNameInTwoFusersIsTwoIndependentChannels) {
   make1->set_extra_output_channel(0, "c", false);
   auto add1 = std::make_shared<AddExtraInput>();
   add1->set_extra_input_channel(0, "c");
-  Sequential seq({make0, std::make_shared<Linear>(LinearOptions(3, 3), kF64), add0, make_boundary(), make1,
+  Sequential seq({make0, std::make_shared<Linear>(LinearOptions(3, 3), test_options()), add0, make_boundary(), make1,
                   std::make_shared<GELU>(), add1},
                  FusionRegistry{});
   EXPECT_TRUE(fused_matches_reference(seq, seeded_randn({4, 3}, gen, at::kDouble, true), {}, kFloat64Tol));

@@ -4,29 +4,97 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <cstdlib>
 #include <exception>
+#include <iostream>
 #include <sstream>
+#include <stdexcept>
 
 namespace gradfuzz::ops::testing {
+
+namespace {
+
+constexpr const char* kDeviceVariable = "GRADFUZZ_TEST_DEVICE";
+
+at::Device resolve_test_device() {
+  const char* raw = std::getenv(kDeviceVariable);
+  const std::string value = raw ? raw : "";
+  if (value.empty() || value == "cpu") return at::Device(at::kCPU);
+  if (value != "cuda") {
+    throw std::runtime_error(std::string(kDeviceVariable) + ": expected 'cpu' or 'cuda' (or unset for cpu), got '" +
+                             value + "'");
+  }
+  if (!at::hasCUDA()) {
+    throw std::runtime_error(std::string(kDeviceVariable) +
+                             "=cuda: no CUDA device available (this LibTorch build has no CUDA support or "
+                             "no GPU is visible); refusing to fall back to the CPU");
+  }
+  // A concrete device (cuda:N, the current device) so test_device() == t.device() holds for
+  // tensors placed there; allocating one also proves the device is usable, up front.
+  try {
+    return at::empty({0}, at::TensorOptions().device(at::kCUDA)).device();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(kDeviceVariable) + "=cuda: cannot allocate on the CUDA device: " + e.what());
+  }
+}
+
+/// Resolves test_device() before any test runs, so a bad GRADFUZZ_TEST_DEVICE is reported
+/// once, up front, and fails the run. Deliberately a non-fatal failure: a fatal one would
+/// mark every test "[  SKIPPED ]", which ctest (gtest_discover_tests' SKIP_REGULAR_EXPRESSION)
+/// counts as not failed. This way every ctest entry exits non-zero, and every test that
+/// touches a tensor also fails with the same message.
+class TestDeviceEnvironment final : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    try {
+      const at::Device device = test_device();
+      if (!device.is_cpu()) std::cout << "[ gradfuzz  ] ops tests run on " << device << std::endl;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const kTestDeviceEnvironment =
+    ::testing::AddGlobalTestEnvironment(new TestDeviceEnvironment);
+
+}  // namespace
+
+at::Device test_device() {
+  // Resolved once; a failed resolution throws again on every call (a static initializer that
+  // throws is retried), so no caller can ever see a fallback device.
+  static const at::Device device = resolve_test_device();
+  return device;
+}
+
+at::TensorOptions test_options(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(test_device()); }
+
+at::Tensor on_device(const at::Tensor& t) {
+  if (!t.defined() || t.device() == test_device()) return t;
+  return t.detach().to(test_device()).requires_grad_(t.requires_grad());
+}
 
 Tolerance tolerance_for(at::ScalarType dtype) { return dtype == at::kDouble ? kFloat64Tol : kFloat32Tol; }
 
 BasicOpPtr make_op(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& input_shape,
                    at::ScalarType dtype) {
-  return OpRegistry::catalog().create(name, attrs, input_shape, at::TensorOptions().dtype(dtype));
+  return OpRegistry::catalog().create(name, attrs, input_shape, test_options(dtype));
 }
 
 at::Generator make_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
 at::Tensor seeded_randn(at::IntArrayRef shape, at::Generator& gen, at::ScalarType dtype, bool requires_grad,
                         bool away_from_zero) {
+  // Drawn and cast on the CPU, then moved: identical values on every test device.
   at::Tensor t = at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble));
   if (away_from_zero) t = at::sign(t) * (t.abs() + 0.2);
-  return t.to(dtype).requires_grad_(requires_grad);
+  return t.to(dtype).to(test_device()).requires_grad_(requires_grad);
 }
 
-at::Tensor int_tensor(const std::vector<int64_t>& values) {
-  return at::tensor(values, at::TensorOptions().dtype(at::kLong));
+at::Tensor int_tensor(const std::vector<int64_t>& values) { return int_tensor(values, test_device()); }
+
+at::Tensor int_tensor(const std::vector<int64_t>& values, at::Device device) {
+  return at::tensor(values, at::TensorOptions().dtype(at::kLong)).to(device);
 }
 
 std::vector<at::Tensor> make_cotangents(const std::vector<at::Tensor>& outputs, uint64_t seed) {
@@ -37,7 +105,8 @@ std::vector<at::Tensor> make_cotangents(const std::vector<at::Tensor>& outputs, 
       out.emplace_back();
       continue;
     }
-    out.push_back(at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)));
+    // Drawn on the CPU generator, then placed next to the output it is the cotangent of.
+    out.push_back(at::randn(o.sizes(), gen, at::TensorOptions().dtype(at::kDouble)).to(o.device()));
   }
   return out;
 }
@@ -52,7 +121,7 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& outputs, const s
   for (size_t k = 0; k < outputs.size(); ++k) {
     if (!outputs[k].defined() || !outputs[k].requires_grad() || !cotangents[k].defined()) continue;
     outs.push_back(outputs[k]);
-    cots.push_back(cotangents[k].to(outputs[k].scalar_type()));
+    cots.push_back(cotangents[k].to(outputs[k].device(), outputs[k].scalar_type()));
   }
   if (outs.empty() || wrt.empty()) return std::vector<at::Tensor>(wrt.size());
   return torch::autograd::grad(outs, wrt, cots, /*retain_graph=*/false, /*create_graph=*/false,
@@ -202,7 +271,7 @@ const PlanEntry* find_entry(const std::vector<PlanEntry>& plan, const std::strin
 
 ForwardResult SplitSource::forward_impl(OpContext& /*ctx*/, const at::Tensor& input,
                                         const std::vector<at::Tensor>& /*extra_inputs*/) const {
-  return {input, pack({int_tensor(sizes_)})};
+  return {input, pack({int_tensor(sizes_, input.device())})};
 }
 
 BackwardResult SplitSource::backward_impl(OpContext& /*ctx*/, const at::Tensor& grad_output,
@@ -213,7 +282,7 @@ BackwardResult SplitSource::backward_impl(OpContext& /*ctx*/, const at::Tensor& 
 
 ReferenceResult SplitSource::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                             const std::vector<at::Tensor>& /*params*/) const {
-  return {input.view_as(input), {int_tensor(sizes_)}};
+  return {input.view_as(input), {int_tensor(sizes_, input.device())}};
 }
 
 ForwardResult CountingIdentity::forward_impl(OpContext& /*ctx*/, const at::Tensor& input,

@@ -2,7 +2,8 @@
 
 // Shared helpers of the ops/ test suite: ops by catalog name, seeded tensors, running a
 // Sequential through the fused path and through the ReferenceEvaluator with the same
-// cotangents, and tensor comparisons that report the worst element.
+// cotangents, and tensor comparisons that report the worst element. Every tensor handed to
+// the runtime lives on test_device() (GRADFUZZ_TEST_DEVICE=cuda runs the suite on the GPU).
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -38,17 +39,35 @@ inline constexpr Tolerance kFloat32Tol{1.3e-5, 1e-4};
 /// Tolerance for comparing a path run in `dtype` against the float64 reference.
 Tolerance tolerance_for(at::ScalarType dtype);
 
-/// Creates a catalog op by name for a main input of `input_shape` in `dtype` on the CPU.
+/// The device the suite runs the runtime on, read once from GRADFUZZ_TEST_DEVICE: unset,
+/// empty or "cpu" -> CPU (the default); "cuda" -> the current CUDA device, as a concrete
+/// cuda:N (one allocation there proves it usable). A gtest environment resolves it before
+/// any test and fails the run with the message when it throws. Throws
+/// std::runtime_error naming the variable for any other value, and for "cuda" when this
+/// LibTorch has no CUDA support or sees no CUDA device (never a silent CPU fallback).
+at::Device test_device();
+/// TensorOptions of `dtype` on test_device(): for op parameters and tensors a test builds.
+at::TensorOptions test_options(at::ScalarType dtype = at::kDouble);
+/// `t` on test_device(): `t` itself when already there, else a detached copy that keeps
+/// `t`'s requires_grad (a leaf, so gradients can be asked for it as for `t`).
+at::Tensor on_device(const at::Tensor& t);
+
+/// Creates a catalog op by name for a main input of `input_shape` in `dtype`, with its
+/// parameters on test_device().
 BasicOpPtr make_op(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& input_shape,
                    at::ScalarType dtype = at::kDouble);
 
-/// A seeded normal tensor; `away_from_zero` pushes values to |v| >= 0.2 (activation kinks).
+/// A seeded normal tensor on test_device(); `away_from_zero` pushes values to |v| >= 0.2
+/// (activation kinks). Drawn in float64 on the CPU generator and cast on the CPU, then
+/// moved, so the values are the same on every device.
 at::Tensor seeded_randn(at::IntArrayRef shape, at::Generator& gen, at::ScalarType dtype = at::kDouble,
                         bool requires_grad = false, bool away_from_zero = false);
 /// An explicit CPU generator with a fixed seed.
 at::Generator make_generator(uint64_t seed);
-/// int64 [values.size()] tensor.
+/// int64 [values.size()] tensor on test_device().
 at::Tensor int_tensor(const std::vector<int64_t>& values);
+/// int64 [values.size()] tensor on `device` (test ops: the device of their input).
+at::Tensor int_tensor(const std::vector<int64_t>& values, at::Device device);
 
 /// What one path produced: outputs and gradients (undefined where no gradient was asked
 /// for or none arrived).
@@ -63,7 +82,8 @@ struct PathResult {
   std::vector<std::map<std::string, at::Tensor>> channel_grads;
 };
 
-/// One cotangent per output: seeded normal for floating outputs, undefined for integer ones.
+/// One cotangent per output: seeded normal for floating outputs (float64, drawn on the CPU
+/// generator, then placed on that output's device), undefined for integer ones.
 std::vector<at::Tensor> make_cotangents(const std::vector<at::Tensor>& outputs, uint64_t seed);
 
 /// Runs the fused path: input and extras are used as given (their requires_grad decides
