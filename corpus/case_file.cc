@@ -181,7 +181,7 @@ nlohmann::json case_file_to_json(const CaseFile& file) {
 
 CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
   check_keys(j, {"schema_version", "spec", "verdict", "provenance", "wiring_error"}, "", file);
-  const auto& version = required(j, "schema_version", "", file);
+  const nlohmann::json version = required(j, "schema_version", "", file);
   if (!version.is_number_integer() || version.get<int64_t>() != kSchemaVersion) {
     throw CorpusError(file, "/schema_version",
                       "unsupported schema_version " + version.dump() + "; expected " + std::to_string(kSchemaVersion));
@@ -198,7 +198,7 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     throw CorpusError(file, "/spec" + inner, message);
   }
 
-  const auto& verdict = required(j, "verdict", "", file);
+  const nlohmann::json verdict = required(j, "verdict", "", file);
   check_keys(verdict, {"kind", "fault"}, "/verdict", file);
   {
     std::string kind = string_at(required(verdict, "kind", "/verdict", file), "/verdict/kind", file);
@@ -210,7 +210,7 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     if (verdict.contains("fault")) out.verdict.fault = fault_at(verdict.at("fault"), "/verdict/fault", file);
   }
 
-  const auto& provenance = required(j, "provenance", "", file);
+  const nlohmann::json provenance = required(j, "provenance", "", file);
   check_keys(provenance, {"campaign_seed", "tool_version", "date", "fault"}, "/provenance", file);
   if (provenance.contains("campaign_seed")) {
     const auto& seed = provenance.at("campaign_seed");

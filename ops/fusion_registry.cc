@@ -24,7 +24,7 @@ FusionRegistry& FusionRegistry::add(std::string name, FusionPass pass, FusionFn 
   return *this;
 }
 
-FusionRegistry FusionRegistry::catalog() {
+const FusionRegistry& FusionRegistry::catalog() {
   static const FusionRegistry registry = [] {
     FusionRegistry r;
     register_catalog_fusions(r);

@@ -37,7 +37,7 @@ class FusionRegistry {
   /// Adds a fusion; a name already present throws UnknownNameError-free logic_error.
   FusionRegistry& add(std::string name, FusionPass pass, FusionFn fn);
   /// Every catalog fusion of ops.md.
-  static FusionRegistry catalog();
+  static const FusionRegistry& catalog();
   /// The subset with exactly these names; an unknown name throws UnknownNameError that
   /// lists the known names.
   FusionRegistry only(const std::vector<std::string>& names) const;
