@@ -195,7 +195,11 @@ BenchOutcome run_bench(CampaignOptions options) {
   outcome.floor = measure_floor(specs);
 
   t0 = Clock::now();
-  for (const auto& spec : specs) remove_file(write_inflight_case(dir / "io", spec, options.seed, std::nullopt));
+  {
+    InflightFile inflight(dir / "io" / "inflight.json");
+    for (const auto& spec : specs) inflight.write(inflight_case_text(spec, options.seed, std::nullopt));
+    inflight.remove();
+  }
   outcome.io_s = std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
   for (const auto& spec : specs) {

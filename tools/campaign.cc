@@ -9,6 +9,8 @@
 #include <set>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "corpus/case_file.h"
 #include "generators/shrink.h"
 #include "reports/build_info.h"
@@ -73,17 +75,30 @@ class ProgressLine {
 
 }  // namespace
 
-std::filesystem::path write_inflight_case(const std::filesystem::path& dir, const harness::CaseSpec& spec,
-                                          uint64_t campaign_seed, const std::optional<std::string>& fault) {
-  const std::filesystem::path path = dir / corpus::case_file_name(spec);
+std::string inflight_case_text(const harness::CaseSpec& spec, uint64_t campaign_seed,
+                               const std::optional<std::string>& fault) {
   const corpus::CaseFile file =
       corpus::make_case_file(spec, corpus::ExpectedVerdict{}, campaign_seed, reports::build_tool_info().version, fault);
-  try {
-    write_file_atomic_no_sync(path, corpus::case_file_to_json(file).dump(2) + "\n");
-  } catch (const std::runtime_error& e) {
-    throw InputError(std::string("--corpus: ") + e.what());
+  return corpus::case_file_to_json(file).dump(2) + "\n";
+}
+
+std::vector<std::filesystem::path> recover_crashed_cases(const std::filesystem::path& corpus_dir,
+                                                         std::vector<std::string>& problems) {
+  std::vector<std::filesystem::path> recovered;
+  const std::filesystem::path inflight_dir = corpus_dir / kInflightDir;
+  if (count_regular_files(inflight_dir) == 0) return recovered;
+  for (const auto& path : corpus::list_case_files(inflight_dir)) {
+    try {
+      corpus::CaseFile file = corpus::load_case_file(path);
+      file.verdict.kind = harness::VerdictKind::kCrash;
+      file.verdict.fault = file.provenance.fault;
+      recovered.push_back(corpus::write_case_file(corpus_dir / kCrashingDir, file));
+      remove_file(path);
+    } catch (const std::exception& e) {
+      problems.push_back(path.string() + ": left in place, unreadable: " + e.what());
+    }
   }
-  return path;
+  return recovered;
 }
 
 uint64_t case_seed(uint64_t campaign_seed, int64_t index) {
@@ -153,6 +168,13 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
   std::set<std::string> seen_signatures;
   std::set<std::string> seen_unattributed;
   const bool attribute = options.fault && options.require_fault_attributable;
+  std::unique_ptr<InflightFile> inflight_file;
+  try {
+    inflight_file = std::make_unique<InflightFile>(inflight_dir / (std::to_string(::getpid()) + ".json"));
+  } catch (const std::runtime_error& e) {
+    throw InputError(std::string("--corpus: ") + e.what());
+  }
+  InflightFile& inflight = *inflight_file;
   ProgressLine line(progress);
   const auto start = Clock::now();
   for (int64_t i = 0;; ++i) {
@@ -161,10 +183,13 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 
     harness::CaseSpec spec = generators::generate_case(case_seed(options.seed, i), case_size(i), gen);
     // Written before the run: if the case kills the process, the repro is on disk.
-    const std::filesystem::path inflight = write_inflight_case(inflight_dir, spec, options.seed, fault);
+    try {
+      inflight.write(inflight_case_text(spec, options.seed, fault));
+    } catch (const std::runtime_error& e) {
+      throw InputError(std::string("--corpus: ") + e.what());
+    }
     reports::CaseRecord record;
-    record.result = run_guarded(spec, options.run_options, inflight);
-    remove_file(inflight);
+    record.result = run_guarded(spec, options.run_options, inflight.path());
 
     ++outcome.cases_run;
     bool stop = false;
@@ -207,6 +232,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
     line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));
     if (stop) break;
   }
+  inflight.remove();
   outcome.wall_s = seconds_since(start);
   line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()), /*force=*/true);
   line.finish();

@@ -21,6 +21,7 @@ inline constexpr const char* kDefaultCorpusDir = "gradfuzz-out/corpus";
 /// Sub-directories of a campaign corpus.
 inline constexpr const char* kInflightDir = "inflight";
 inline constexpr const char* kFindingsDir = "findings";
+inline constexpr const char* kCrashingDir = "crashing";
 
 /// One campaign (`gradfuzz fuzz`, and each fault of `gradfuzz selftest`).
 struct CampaignOptions {
@@ -77,13 +78,16 @@ struct CampaignOutcome {
   const CampaignFinding* first_attributable() const;
 };
 
-/// Writes `spec` as a case file (verdict pass, provenance of this build) to
-/// <dir>/<content hash>.json, atomically but without fsync: it guards against the process
-/// dying during the case, which leaves the page cache intact, and corpus::write_case_file's
-/// two fsyncs cost ~10 ms a case on a busy disk, more than the case itself. Findings are
-/// written durably with corpus::write_case_file. Throws InputError naming the file.
-std::filesystem::path write_inflight_case(const std::filesystem::path& dir, const harness::CaseSpec& spec,
-                                          uint64_t campaign_seed, const std::optional<std::string>& fault);
+/// The case file (verdict pass, provenance of this build) of `spec`, as written to the
+/// in-flight file before the case runs.
+std::string inflight_case_text(const harness::CaseSpec& spec, uint64_t campaign_seed,
+                               const std::optional<std::string>& fault);
+
+/// Moves case files left in <corpus>/inflight by runs that a case killed into
+/// <corpus>/crashing/<content hash>.json with verdict crash, and returns their new paths.
+/// A leftover that cannot be read is left in place and reported in `problems`.
+std::vector<std::filesystem::path> recover_crashed_cases(const std::filesystem::path& corpus_dir,
+                                                         std::vector<std::string>& problems);
 
 /// Seed of case `index` of a campaign: a SplitMix64 mix of (campaign_seed, index), so every
 /// case of a run can be regenerated alone and `--seed` reproduces the whole run.

@@ -152,6 +152,13 @@ int exit_for(int64_t failed) { return static_cast<int>(failed > 0 ? ExitCode::kF
 
 int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
   const CampaignOptions options = campaign_options(f, sub);
+  // Cases that killed an earlier run on this corpus: keep them where they are found again.
+  std::vector<std::string> problems;
+  for (const auto& path : recover_crashed_cases(options.corpus_dir, problems)) {
+    err << "gradfuzz: a case killed an earlier run; saved as " << path.string() << "\n  gradfuzz replay "
+        << path.string() << "\n";
+  }
+  for (const auto& problem : problems) err << "gradfuzz: " << problem << "\n";
   Reporters reporters(f.report, out, f.quiet);
   reporters.reporter().report_context(make_report_context(campaign_info("fuzz", options), options.device));
   const CampaignOutcome outcome = run_campaign(options, reporters.reporter(), progress_stream(err, terminal, f.quiet));

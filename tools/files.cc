@@ -53,29 +53,33 @@ void make_directories(const std::filesystem::path& dir) {
   }
 }
 
-void write_file_atomic_no_sync(const std::filesystem::path& path, const std::string& text) {
-  make_directories(path.parent_path());
-  const std::filesystem::path temp = path.parent_path() / ("." + path.filename().string() + ".tmp." +
-                                                           std::to_string(static_cast<long long>(::getpid())));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot write " + temp.string() + ": " + std::strerror(errno));
+InflightFile::InflightFile(std::filesystem::path path) : path_(std::move(path)) {
+  make_directories(path_.parent_path());
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot write " + path_.string() + ": " + std::strerror(errno));
+}
+
+InflightFile::~InflightFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InflightFile::write(const std::string& text) {
+  std::string padded = text;
+  if (padded.size() < length_) padded.append(length_ - padded.size(), ' ');
   size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+  while (written < padded.size()) {
+    const ssize_t n = ::pwrite(fd_, padded.data() + written, padded.size() - written, static_cast<off_t>(written));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      throw std::runtime_error("cannot write " + temp.string() + ": " + std::strerror(error));
-    }
+    if (n <= 0) throw std::runtime_error("cannot write " + path_.string() + ": " + std::strerror(errno));
     written += static_cast<size_t>(n);
   }
-  if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(error));
-  }
+  length_ = padded.size();
+}
+
+void InflightFile::remove() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(path_.c_str());
 }
 
 size_t count_regular_files(const std::filesystem::path& dir) {

@@ -25,11 +25,34 @@ std::filesystem::path make_temp_dir(const std::string& prefix);
 /// mkdir -p. Throws std::runtime_error naming the directory when the system refuses.
 void make_directories(const std::filesystem::path& dir);
 
-/// Writes `text` to `path` atomically (a temporary file in the same directory, then rename)
-/// without fsync: after the writing process dies, `path` holds either nothing or the whole
-/// text (the page cache survives the process), though not necessarily after a power loss.
-/// Creates the directory. Throws std::runtime_error naming the file when the system refuses.
-void write_file_atomic_no_sync(const std::filesystem::path& path, const std::string& text);
+/// The case a campaign is running, in one file per process that every case overwrites in
+/// place. A crash of the process running a case must leave that case on disk; a new file per
+/// case (temporary file, rename, unlink) did that too, but ext4's inode allocation made those
+/// three calls cost as much as running the case. Here each case is one pwrite at offset 0 of
+/// the whole JSON document padded with spaces to the longest document written so far, so the
+/// file holds exactly one complete, parseable case (JSON allows trailing whitespace) before
+/// and after every write; a process that dies after the write returned leaves it in the page
+/// cache. Durability against power loss is not the point: findings are written with fsync.
+class InflightFile {
+ public:
+  /// Creates the directory and opens (creates) the file. Throws std::runtime_error naming
+  /// the file when the system refuses.
+  explicit InflightFile(std::filesystem::path path);
+  ~InflightFile();
+  InflightFile(const InflightFile&) = delete;
+  InflightFile& operator=(const InflightFile&) = delete;
+
+  /// Replaces the file's content with `text` in one write. Throws std::runtime_error.
+  void write(const std::string& text);
+  /// Closes and deletes the file: the campaign ended without a case killing it.
+  void remove() noexcept;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  size_t length_ = 0;
+};
 
 /// Number of regular files directly in `dir` (0 when it does not exist).
 size_t count_regular_files(const std::filesystem::path& dir);
