@@ -12,7 +12,8 @@ namespace gradfuzz::harness {
 
 /// Knobs of run_case; the defaults are what the fuzzer uses.
 struct RunOptions {
-  /// Run the unfused path (runtime without fusions) and compare it too.
+  /// Run the unfused path (runtime without fusions) and compare it too. Skipped, as a repeat,
+  /// for a case whose fused path ran without error and without any fused group.
   bool run_unfused = true;
   /// Compare fused against unfused directly when both ran without error.
   bool compare_fused_unfused = true;

@@ -30,7 +30,7 @@ if ! "$venv/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "torch==$torch_version"
 fi
-prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
 if [ ! -f "$build/build.ninja" ]; then
   log "configuring $build"
