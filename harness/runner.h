@@ -22,7 +22,7 @@ struct RunOptions {
   bool finite_differences = true;
   /// Largest total element count (main input + parameters + public floating extra inputs)
   /// for which finite differences run.
-  int64_t finite_difference_max_elements = 256;
+  int64_t finite_difference_max_elements = 128;
   /// Random directions per finite-difference check (two reference forwards each). One
   /// direction drawn over every leaf at once already tests every gradient (a wrong one
   /// changes the directional derivative with probability 1); more cost two forwards each.
