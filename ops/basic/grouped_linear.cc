@@ -100,16 +100,22 @@ void GroupedLinear::save_context(OpContext& ctx, const at::Tensor& input, const 
   ctx.saved_sizes = split_sizes;
 }
 
-ForwardResult GroupedLinear::forward_impl(OpContext& ctx, const at::Tensor& input,
-                                          const std::vector<at::Tensor>& extra_inputs) const {
+GroupedLinear::CheckedInputs GroupedLinear::check_inputs(const at::Tensor& input,
+                                                         const std::vector<at::Tensor>& extra_inputs) const {
   check_input(type(), input, options_.in());
   const int64_t rows = input.size(0);
-  const std::vector<int64_t> splits = check_split_sizes(type(), extra_inputs.at(0), options_.groups(), rows);
-  at::Tensor scales;
+  CheckedInputs checked{check_split_sizes(type(), extra_inputs.at(0), options_.groups(), rows), at::Tensor()};
   if (options_.scale_bias()) {
-    scales = extra_inputs.at(1);
-    detail::check_row_vector(type(), 1, "scales", scales, rows);
+    checked.scales = extra_inputs.at(1);
+    detail::check_row_vector(type(), 1, "scales", checked.scales, rows);
   }
+  return checked;
+}
+
+ForwardResult GroupedLinear::forward_impl(OpContext& ctx, const at::Tensor& input,
+                                          const std::vector<at::Tensor>& extra_inputs) const {
+  auto [splits, scales] = check_inputs(input, extra_inputs);
+  const int64_t rows = input.size(0);
   save_context(ctx, input, splits, scales);
 
   at::Tensor output = at::empty({rows, options_.out()}, input.options());
@@ -194,14 +200,7 @@ BackwardResult GroupedLinear::backward_impl(OpContext& ctx, const at::Tensor& gr
 
 ReferenceResult GroupedLinear::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
                                               const std::vector<at::Tensor>& params) const {
-  check_input(type(), input, options_.in());
-  const int64_t rows = input.size(0);
-  const std::vector<int64_t> splits = check_split_sizes(type(), extra_inputs.at(0), options_.groups(), rows);
-  at::Tensor scales;
-  if (options_.scale_bias()) {
-    scales = extra_inputs.at(1);
-    detail::check_row_vector(type(), 1, "scales", scales, rows);
-  }
+  const auto [splits, scales] = check_inputs(input, extra_inputs);
   const at::Tensor& weight = params.at(0);
   const std::vector<at::Tensor> x_parts = at::split_with_sizes(input, splits, 0);
   std::vector<at::Tensor> s_parts;

@@ -78,6 +78,14 @@ class GroupedLinear final : public BasicOp {
                                  const std::vector<at::Tensor>& params) const override;
 
  private:
+  /// Validated extra inputs: split sizes read to the host, and the scales (undefined
+  /// without scale_bias). Both paths validate alike, so they raise the same errors.
+  struct CheckedInputs {
+    std::vector<int64_t> split_sizes;
+    at::Tensor scales;
+  };
+  CheckedInputs check_inputs(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) const;
+
   GroupedLinearOptions options_;
   at::Tensor weight_;
   at::Tensor bias_;
