@@ -1,7 +1,6 @@
 #include "ops/reference.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include "ops/errors.h"
@@ -42,8 +41,6 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input, con
     throw ExtraInputCountError("reference: expected " + std::to_string(sequential_.num_public_extra_inputs()) +
                                " public extra inputs, got " + std::to_string(extra_inputs_.size()));
   }
-  // The reference builds a graph even when the caller runs under no_grad.
-  const c10::AutoGradMode grad_mode(true);
   channel_values_.clear();
   std::vector<at::Tensor> public_outputs;
   at::Tensor x = input_;

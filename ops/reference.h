@@ -35,8 +35,9 @@ class ReferenceEvaluator {
   /// rounding error a case's dtype itself causes.
   explicit ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype = at::kDouble);
 
-  /// Main output then public extra outputs on the CPU. Inputs are copied to compute-dtype CPU
-  /// leaves with the same requires_grad (integer tensors stay integer).
+  /// Main output then public extra outputs on the CPU. Inputs are copied to compute-dtype
+  /// CPU leaves with the same requires_grad (integer tensors stay integer). Under grad mode
+  /// (the default) it records the graph backward() needs; under no_grad it only evaluates.
   std::vector<at::Tensor> forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs);
   /// Gradients of sum_i <outputs_i, cotangents_i>; call once after forward.
   ReferenceGradients backward(const std::vector<at::Tensor>& cotangents);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "corpus/case_file.h"
+#include "generators/invalid_gen.h"
 #include "generators/shrink.h"
 #include "reports/build_info.h"
 #include "tools/exit_codes.h"
@@ -114,7 +115,12 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options) {
 }
 
 harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index) {
-  return generators::generate_case(case_seed(options.seed, index), case_size(index), campaign_gen_options(options));
+  const uint64_t seed = case_seed(options.seed, index);
+  if (index % kInvalidCaseEvery == kInvalidCaseEvery - 1) {
+    // Invalid configurations: every path must raise the same error and lock nothing.
+    return generators::generate_invalid_case(seed, case_size(index), campaign_gen_options(options)).spec;
+  }
+  return generators::generate_case(seed, case_size(index), campaign_gen_options(options));
 }
 
 const CampaignFinding* CampaignOutcome::first_attributable() const {
@@ -157,7 +163,6 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
   const std::string tool_version = reports::build_tool_info().version;
   const std::filesystem::path inflight_dir = options.corpus_dir / kInflightDir;
   const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
-  const generators::GenOptions gen = campaign_gen_options(options);
   // A time-only budget leaves the count unbounded.
   const int64_t max_cases =
       options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
@@ -181,7 +186,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
     if (i >= max_cases) break;
     if (options.time_s && seconds_since(start) >= *options.time_s) break;
 
-    harness::CaseSpec spec = generators::generate_case(case_seed(options.seed, i), case_size(i), gen);
+    harness::CaseSpec spec = campaign_case(options, i);
     // Written before the run: if the case kills the process, the repro is on disk.
     try {
       inflight.write(inflight_case_text(spec, options.seed, fault));

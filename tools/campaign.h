@@ -100,11 +100,14 @@ int case_size(int64_t index);
 /// Generator options of a campaign (max_ops, dtypes, device; every catalog fusion).
 generators::GenOptions campaign_gen_options(const CampaignOptions& options);
 
+/// One case in this many is an invalid configuration (generators/invalid_gen.h).
+inline constexpr int64_t kInvalidCaseEvery = 10;
+
 /// The spec of case `index`, exactly as run_campaign generates it.
 harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index);
 
-/// Runs a seeded, budgeted campaign. Each case is written to <corpus>/inflight before it runs
-/// and removed after it finishes, so a crash leaves its repro; a failing case whose signature
+/// Runs a seeded, budgeted campaign. Each case is written to the process's in-flight file in
+/// <corpus>/inflight before it runs (InflightFile), so a crash leaves its repro; a failing case whose signature
 /// is new is shrunk (predicate: still fails with the same verdict kind, same fault on) and
 /// saved to <corpus>/findings with its verdict and fault. Every case goes to `reporter`
 /// (report_case only: the caller reports the context and finalizes). `progress`, when not
