@@ -16,7 +16,8 @@
 // - catalog-op count n uniform in [1, budget] (see case_gen.h); blocks are appended until n
 //   ops exist: each block is, with chance 1/2, one catalog op drawn uniformly from the
 //   registry (ops whose attrs cannot fit the current shape are skipped), else one motif
-//   drawn uniformly from those that fit the remaining budget and shape:
+//   drawn from those that fit the remaining budget and shape, weighted by how many fusion
+//   registrations its pattern forms (residual 3, the others 1):
 //     linear_bias_act   Linear, Bias[, ReLU|GELU]                      (1/3 each tail)
 //     linear_bias_add   Linear[, Bias], AddExtraInput
 //     linear_scale_add  Linear, ConstantScale, AddExtraInput
@@ -178,15 +179,18 @@ int64_t append_linear(Draft& d) { return append(d, "Linear", choose_attrs("Linea
 
 std::string pick_act() { return pick_of<std::string>({"ReLU", "GELU"}); }
 
-/// Names of the motifs and their largest op count.
+/// Names of the motifs, their largest op count, and their weight: the number of fusion
+/// registrations whose pattern the motif forms, so each registration gets about the same
+/// share of cases (the residual pattern is registered in all three passes).
 struct Motif {
   const char* name;
   int64_t max_ops;
+  int64_t weight;
 };
-const std::vector<Motif> kMotifs{{"linear_bias_act", 3}, {"linear_bias_add", 3}, {"linear_scale_add", 3},
-                                 {"linear_scale", 2},    {"extra_linear", 2},    {"bias_act", 2},
-                                 {"extra_rmsnorm", 2},   {"moe", 5},             {"residual", 3},
-                                 {"fresh_scale", 2}};
+const std::vector<Motif> kMotifs{{"linear_bias_act", 3, 1}, {"linear_bias_add", 3, 1}, {"linear_scale_add", 3, 1},
+                                 {"linear_scale", 2, 1},    {"extra_linear", 2, 1},    {"bias_act", 2, 1},
+                                 {"extra_rmsnorm", 2, 1},   {"moe", 5, 1},             {"residual", 3, 3},
+                                 {"fresh_scale", 2, 1}};
 
 void moe_block(Draft& d) {
   const int64_t groups = pick(1, 4);
@@ -253,7 +257,8 @@ void fresh_scale_block(Draft& d) {
 void motif_block(Draft& d, int64_t remaining) {
   std::vector<std::string> eligible;
   for (const auto& m : kMotifs) {
-    if (m.max_ops <= remaining) eligible.emplace_back(m.name);
+    if (m.max_ops > remaining) continue;
+    for (int64_t w = 0; w < m.weight; ++w) eligible.emplace_back(m.name);
   }
   if (eligible.empty()) {
     single_op_block(d);
