@@ -212,9 +212,12 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         }
       }
     }
+    // One call with every integer output: each call replaces the previous set.
+    variable_list non_differentiable;
     for (const at::Tensor& out : outputs) {
-      if (!is_floating(out)) autograd_ctx->mark_non_differentiable({out});
+      if (!is_floating(out)) non_differentiable.push_back(out);
     }
+    if (!non_differentiable.empty()) autograd_ctx->mark_non_differentiable(non_differentiable);
     (void)params;
     autograd_ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return outputs;
