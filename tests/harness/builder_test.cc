@@ -1,4 +1,5 @@
 #include "harness/builder.h"
+#include "tests/harness/test_specs.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -8,15 +9,7 @@
 namespace gradfuzz::harness {
 namespace {
 
-OpSpec op(std::string name, ops::OpAttrs attrs = {}, std::vector<std::optional<std::string>> inputs = {},
-          std::vector<OutputBindingSpec> outputs = {}) {
-  OpSpec o;
-  o.name = std::move(name);
-  o.attrs = std::move(attrs);
-  o.input_channels = std::move(inputs);
-  o.output_bindings = std::move(outputs);
-  return o;
-}
+using testing::op;
 
 /// Dispatch (public logits; probs bound hidden, split sizes public-and-bound, routing map
 /// public) -> GroupedLinear(scale_bias) with split sizes bound and scales public ->

@@ -7,6 +7,7 @@
 
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
+#include "tests/harness/test_specs.h"
 
 namespace gradfuzz::harness {
 namespace {
@@ -14,15 +15,7 @@ namespace {
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
-OpSpec op(std::string name, ops::OpAttrs attrs = {}, std::vector<std::optional<std::string>> inputs = {},
-          std::vector<OutputBindingSpec> outputs = {}) {
-  OpSpec o;
-  o.name = std::move(name);
-  o.attrs = std::move(attrs);
-  o.input_channels = std::move(inputs);
-  o.output_bindings = std::move(outputs);
-  return o;
-}
+using testing::op;
 
 OutputBindingSpec hidden(std::string channel) { return {std::move(channel), false}; }
 
