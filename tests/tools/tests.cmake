@@ -3,4 +3,5 @@ gradfuzz_add_test(tools_test
   SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/campaign_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/cli_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/files_test.cc
   LIBS gradfuzz::cli)
