@@ -31,6 +31,7 @@
 //     fresh_scale       RowStat|Dispatch, ScaledSReLU|ScaledSwiGLU|GroupedLinear(scale_bias)
 //                       (the fresh tensor suggested for the scales slot)
 //   Before every block after the first, a Boundary module with chance 1/5.
+// - RMSNorm and LayerNorm only where the features are >= 4 (see kMinNormFeatures);
 // - attrs: ConstantScale `scale` and DualExtraOutput `s0`,`s1` from {-2,-0.5,0.5,1.5,3};
 //   `in_place` 0/1; groups 1..4; `bias` 0/1 (1 when `scale_bias`); `scale_bias` 0/1;
 //   ScaledSwiGLU `interleave` 0 or any k with features % 2k == 0; eps {1e-5,1e-3}; Reshape
@@ -164,12 +165,25 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
 
 bool needs_even_features(const std::string& name) { return name == "SwiGLU" || name == "ScaledSwiGLU"; }
 
+/// Normalisations over fewer features are degenerate: RMSNorm over one feature and LayerNorm
+/// over two give an output that does not depend on the input (up to eps), so the true
+/// gradient is a cancellation of O(1) terms to ~0, and any two correct implementations
+/// disagree by their rounding noise amplified by 1/std. That judges arithmetic order, not
+/// gradient routing, so the generator keeps norms at 4 features or more.
+constexpr int64_t kMinNormFeatures = 4;
+bool is_norm(const std::string& name) { return name == "RMSNorm" || name == "LayerNorm"; }
+
+/// Whether op `name` may follow the draft's current shape.
+bool fits(const std::string& name, const Draft& d) {
+  if (needs_even_features(name) && d.features() % 2 != 0) return false;
+  return !is_norm(name) || d.features() >= kMinNormFeatures;
+}
+
 void single_op_block(Draft& d) {
   const auto names = ops::OpRegistry::catalog().names();
   std::vector<std::string> eligible;
   for (const auto& n : names) {
-    if (needs_even_features(n) && d.features() % 2 != 0) continue;
-    eligible.push_back(n);
+    if (fits(n, d)) eligible.push_back(n);
   }
   const auto name = pick_of(eligible);
   append(d, name, choose_attrs(name, d));
@@ -220,10 +234,13 @@ void moe_block(Draft& d) {
 void residual_block(Draft& d) {
   const int64_t f = d.features();
   const int64_t producer = append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
-  const std::string middle =
-      pick_of<std::string>({"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "ScaledSReLU", "RMSNorm",
-                            "LayerNorm", "Identity", "MakeExtraOutput", "AddExtraInput", "RowStat",
-                            "DualExtraOutput", "Dispatch", "Combine", "GroupedLinear"});
+  std::vector<std::string> middles;
+  for (const char* name : {"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "ScaledSReLU", "RMSNorm",
+                           "LayerNorm", "Identity", "MakeExtraOutput", "AddExtraInput", "RowStat", "DualExtraOutput",
+                           "Dispatch", "Combine", "GroupedLinear"}) {
+    if (fits(name, d)) middles.emplace_back(name);
+  }
+  const std::string middle = pick_of(middles);
   OpAttrs attrs = choose_attrs(middle, d);
   if (middle == "Linear" || middle == "GroupedLinear") attrs["out"] = static_cast<double>(f);
   append(d, middle, attrs);
@@ -258,6 +275,7 @@ void motif_block(Draft& d, int64_t remaining) {
   std::vector<std::string> eligible;
   for (const auto& m : kMotifs) {
     if (m.max_ops > remaining) continue;
+    if (std::string(m.name) == "extra_rmsnorm" && !fits("RMSNorm", d)) continue;
     for (int64_t w = 0; w < m.weight; ++w) eligible.emplace_back(m.name);
   }
   if (eligible.empty()) {

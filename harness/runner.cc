@@ -681,14 +681,14 @@ std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& p
 
 namespace {
 
-/// How many times the rounding baseline's own error a path may be off by. A fused kernel
-/// legitimately rounds differently (other summation order, fused multiply-adds, float
-/// accumulation) from a straightforward implementation, and one baseline run is a single
-/// sample of that rounding, so the factor is generous; the defects gradfuzz hunts are
+/// How many times the rounding baseline's own error a path may be off by. A hand-written
+/// backward legitimately rounds differently from autograd's chain (other summation order,
+/// fused multiply-adds, a closed-form formula that cancels where the chain does not: seen
+/// 19x on a float32 LayerNorm over two nearly equal features), and one baseline run is a
+/// single sample of that rounding, so the factor is generous. The defects gradfuzz hunts are
 /// structural (a dropped, doubled or misrouted gradient: errors the size of the tensor), far
-/// above it. Half-precision types round 2^13 to 2^16 times coarser than float32 and their
-/// errors compound through normalisations, hence the larger factor.
-double baseline_factor(at::ScalarType dtype) { return dtype == at::kFloat ? 8.0 : 16.0; }
+/// above 32 rounding errors.
+constexpr double kBaselineFactor = 32.0;
 
 /// Whether every output and gradient of a path is finite.
 bool all_finite(const PathRun& run) {
@@ -828,7 +828,7 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options) {
     result.details.clear();
     notes.clear();
     Comparer comparer(result.details, notes);
-    const double factor = baseline_factor(dtype);
+    const double factor = kBaselineFactor;
     compare_paths("fused~reference", spec, reference, fused, tolerance, comparer, baseline, factor);
     if (run_unfused) {
       compare_paths("unfused~reference", spec, reference, unfused, tolerance, comparer, baseline, factor);
