@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "harness/tolerances.h"
 #include "ops/errors.h"
@@ -33,10 +35,27 @@ bool input_bound(const OpSpec& op, size_t slot) {
 
 at::TensorOptions cpu_double() { return at::TensorOptions().dtype(at::kDouble).device(at::kCPU); }
 
+/// N(0, 1) float64 CPU values from `generator`, each passed through `transform`. Drawn in a
+/// host loop: a case's tensors hold tens of values, and a chain of ATen kernels per tensor
+/// (randn, sign, abs, add, mul) cost more in dispatch than the draws themselves.
+template <typename Transform>
+at::Tensor normal_values(at::IntArrayRef shape, at::Generator& generator, Transform&& transform) {
+  at::Tensor out = at::empty(shape, cpu_double());
+  double* data = out.data_ptr<double>();
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(generator);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  at::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t i = 0; i < out.numel(); ++i) data[i] = transform(normal(impl));
+  return out;
+}
+
+at::Tensor standard_normal(at::IntArrayRef shape, at::Generator& generator) {
+  return normal_values(shape, generator, [](double z) { return z; });
+}
+
 /// N(0, 1) values pushed away from zero: sign(z) * (kMinMagnitude + |z|).
 at::Tensor away_from_zero(const std::vector<int64_t>& shape, at::Generator& generator) {
-  at::Tensor z = at::randn(shape, generator, cpu_double());
-  return z.sign().mul_(z.abs().add_(kMinMagnitude));
+  return normal_values(shape, generator, [](double z) { return std::copysign(kMinMagnitude + std::abs(z), z); });
 }
 
 /// Random composition of `rows` into `groups` parts (zeros allowed).
@@ -158,7 +177,8 @@ CaseTensors draw_case_tensors(const CaseSpec& spec, const CasePlan& plan, const 
       if (shape.size() >= 2) {
         // Weights: unit-variance outputs for unit-variance inputs (std 1/sqrt(fan_in)), so
         // magnitudes stay O(1) through a chain and tolerances keep their meaning.
-        values = at::randn(shape, generator, cpu_double()).div_(std::sqrt(static_cast<double>(shape.back())));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(shape.back()));
+        values = normal_values(shape, generator, [scale](double z) { return z * scale; });
       } else {
         // Vectors (bias, gamma, beta): non-zero, so no routing bug hides behind a zero.
         values = away_from_zero(shape, generator);
@@ -189,10 +209,10 @@ CaseTensors draw_case_tensors(const CaseSpec& spec, const CasePlan& plan, const 
   }
 
   // Cotangents: N(0, 1), never all ones (a ones cotangent hides transposition bugs).
-  t.cotangents.push_back(round_to(at::randn(plan.output_shape, generator, cpu_double()), dtype));
+  t.cotangents.push_back(round_to(standard_normal(plan.output_shape, generator), dtype));
   for (const auto& slot : plan.public_outputs) {
     if (slot.slot_spec.kind == ops::TensorKind::kFloat) {
-      t.cotangents.push_back(round_to(at::randn(slot.slot_spec.shape, generator, cpu_double()), dtype));
+      t.cotangents.push_back(round_to(standard_normal(slot.slot_spec.shape, generator), dtype));
     } else {
       t.cotangents.emplace_back();
     }
