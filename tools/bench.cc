@@ -188,11 +188,19 @@ BenchOutcome run_bench(CampaignOptions options) {
     run_campaign(warm, null_reporter, nullptr);
   }
 
-  const CampaignOutcome campaign = run_campaign(options, null_reporter, nullptr);
-  outcome.cases = campaign.cases_run;
-  outcome.failed = campaign.failed;
-  outcome.campaign_s = campaign.wall_s;
-  outcome.floor = measure_floor(specs);
+  // Campaign and floor alternate kBenchRepeats times and each keeps its fastest run: on a
+  // shared 2-core machine the other load only ever adds time, so the minimum is the least
+  // disturbed estimate of either cost.
+  for (int repeat = 0; repeat < kBenchRepeats; ++repeat) {
+    const CampaignOutcome campaign = run_campaign(options, null_reporter, nullptr);
+    if (repeat == 0 || campaign.wall_s < outcome.campaign_s) {
+      outcome.cases = campaign.cases_run;
+      outcome.failed = campaign.failed;
+      outcome.campaign_s = campaign.wall_s;
+    }
+    FloorTimes floor = measure_floor(specs);
+    if (repeat == 0 || floor.total_s() < outcome.floor.total_s()) outcome.floor = floor;
+  }
 
   t0 = Clock::now();
   {
@@ -223,8 +231,8 @@ void print_bench(const BenchOutcome& o, std::ostream& out) {
   if (o.floor.errors) out << ", " << o.floor.errors << " cases raised";
   out << ")\n";
   if (o.floor.errors) {
-    // Every path raises the same error for these cases, so run_case counts them as passing
-    // invalid configurations; a valid-by-construction generator should not produce them.
+    // The campaign's invalid configurations (one case in kInvalidCaseEvery) raise while
+    // building, as intended; the floor counts that build time only.
     out << "first floor error        case " << o.floor.first_error_case << ": " << o.floor.first_error << '\n';
   }
   out << "  of which (separately)  generation " << o.generation_s << " s, case-file I/O " << o.io_s << " s, run_case "

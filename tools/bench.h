@@ -12,6 +12,8 @@ namespace gradfuzz::tools {
 
 /// Cases of `gradfuzz bench` when --cases is not given.
 inline constexpr int64_t kDefaultBenchCases = 200;
+/// Times the campaign and the floor are each measured; the fastest of each is reported.
+inline constexpr int kBenchRepeats = 3;
 
 /// Time of the bare work of a set of cases: the fused path (runtime with the case's fusions,
 /// case dtype and device) and the reference path (float64 CPU), each built, run forward and
