@@ -128,4 +128,16 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
 
 using BasicOpPtr = std::shared_ptr<BasicOp>;
 
+/// Declares, in a basic op's class body, the three hooks every basic op overrides:
+/// forward_impl, backward_impl and reference_impl, with BasicOp's exact signatures.
+#define GRADFUZZ_BASIC_OP_IMPL()                                                                               \
+  ::gradfuzz::ops::ForwardResult forward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& input,        \
+                                              const std::vector<at::Tensor>& extra_inputs) const override;     \
+  ::gradfuzz::ops::BackwardResult backward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& grad_output, \
+                                                const std::vector<at::Tensor>& grad_extra_outputs)              \
+      const override;                                                                                          \
+  ::gradfuzz::ops::ReferenceResult reference_impl(const at::Tensor& input,                                     \
+                                                  const std::vector<at::Tensor>& extra_inputs,                 \
+                                                  const std::vector<at::Tensor>& params) const override
+
 }  // namespace gradfuzz::ops

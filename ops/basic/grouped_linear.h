@@ -70,12 +70,7 @@ class GroupedLinear final : public BasicOp {
                     const at::Tensor& scales) const;
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   /// Validated extra inputs: split sizes read to the host, and the scales (undefined

@@ -64,12 +64,7 @@ class Linear final : public BasicOp {
   static void save_context(OpContext& ctx, const at::Tensor& input);
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t in_;
@@ -89,12 +84,7 @@ class Bias final : public BasicOp {
   int64_t features() const { return features_; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t features_;
@@ -110,12 +100,7 @@ class ConstantScale final : public BasicOp {
   double scale() const { return scale_; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   double scale_;
@@ -129,12 +114,7 @@ class Identity final : public BasicOp {
   Identity() : BasicOp("Identity") {}
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 };
 
 /// `y = x.reshape({-1, features})` (catalog attr "features"). Throws InvalidArgumentError
@@ -148,12 +128,7 @@ class Reshape final : public BasicOp {
   int64_t features() const { return features_; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t features_;

@@ -30,12 +30,7 @@ class Dispatch final : public BasicOp {
   int64_t groups() const { return groups_; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t groups_;
@@ -52,12 +47,7 @@ class Combine final : public BasicOp {
   int64_t num_extra_inputs() const override { return 1; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 };
 
 }  // namespace gradfuzz::ops

@@ -34,12 +34,7 @@ class RMSNorm final : public BasicOp {
                                                           const at::Tensor& grad_output);
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t features_;
@@ -63,12 +58,7 @@ class LayerNorm final : public BasicOp {
   int64_t features() const { return features_; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t features_;

@@ -119,12 +119,7 @@ class SplitSource final : public BasicOp {
   int64_t num_extra_outputs() const override { return 1; }
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   std::vector<int64_t> sizes_;
@@ -139,12 +134,7 @@ class CountingIdentity final : public BasicOp {
   mutable int backward_calls = 0;
 
  protected:
-  ForwardResult forward_impl(OpContext& ctx, const at::Tensor& input,
-                             const std::vector<at::Tensor>& extra_inputs) const override;
-  BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
-                               const std::vector<at::Tensor>& grad_extra_outputs) const override;
-  ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
-                                 const std::vector<at::Tensor>& params) const override;
+  GRADFUZZ_BASIC_OP_IMPL();
 };
 
 }  // namespace gradfuzz::ops::testing
