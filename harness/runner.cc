@@ -214,10 +214,9 @@ std::string shape_text(at::IntArrayRef shape) {
   return os.str();
 }
 
-/// Collects the comparisons of a case and evaluates them in one batch per path pair: the
-/// common case (everything within tolerance) costs a fixed number of kernels and one host
-/// sync per path pair, however many tensors a case has. Only a failing batch is re-examined
-/// tensor by tensor to fill the details.
+/// Compares the tensors of a case and records every failure with its full detail. The common
+/// case (within tolerance) is a plain loop over float64 host copies; only a failing tensor
+/// pays for the detailed examination.
 class Comparer {
  public:
   Comparer(std::vector<TensorMismatch>& details, std::vector<std::string>& notes)
@@ -225,7 +224,7 @@ class Comparer {
 
   /// Compares `got` against `expected`. For gradients an undefined tensor means "none":
   /// none where the expected gradient is non-zero is a missing gradient; a gradient where
-  /// none is expected must be zero. Same-shape pairs are queued until flush().
+  /// none is expected must be zero.
   ///
   /// `baseline` (optional) is the same tensor from the rounding baseline: the reference run in
   /// the case's dtype. Its distance to `expected`, times `floor_factor`, is added to atol:
@@ -236,62 +235,29 @@ class Comparer {
     if (!expected.defined() && !got.defined()) return;
     const double floor = rounding_floor(expected, baseline, floor_factor);
     if (!got.defined() || (!expected.defined() && !gradient) || got.sizes() != expected.sizes() ||
-        got.numel() == 0 || floor > 0) {
+        got.numel() == 0 || floor > 0 || !within_tolerance(expected, got, tolerance)) {
       compare_now(path_pair, tensor, role, expected, got, gradient, tolerance, floor);
-      return;
     }
-    auto it = std::find_if(batches_.begin(), batches_.end(), [&](const Batch& b) { return b.path_pair == path_pair; });
-    if (it == batches_.end()) {
-      batches_.push_back(Batch{path_pair, tolerance, {}});
-      it = std::prev(batches_.end());
-    }
-    it->entries.push_back(Entry{tensor, role, expected, got, gradient});
-  }
-
-  /// Evaluates every queued comparison.
-  void flush() {
-    for (const Batch& batch : batches_) {
-      if (batch_within_tolerance(batch)) continue;
-      for (const Entry& e : batch.entries) {
-        compare_now(batch.path_pair, e.tensor, e.role, e.expected, e.got, e.gradient, batch.tolerance);
-      }
-    }
-    batches_.clear();
   }
 
  private:
-  struct Entry {
-    std::string tensor;
-    std::string role;
-    at::Tensor expected;  // may be undefined for a gradient (= zeros)
-    at::Tensor got;
-    bool gradient;
-  };
-  struct Batch {
-    std::string path_pair;
-    Tolerance tolerance;
-    std::vector<Entry> entries;
-  };
-
-  /// |got - expected| <= atol + rtol * rms(expected) + rtol * |expected| for every element of
-  /// every entry, all finite: the same test as compare_now. Case tensors are small (tens to
-  /// hundreds of elements), so a plain loop over float64 host copies beats a chain of ATen
-  /// kernels, whose per-call dispatch dominated the harness's own time.
-  static bool batch_within_tolerance(const Batch& batch) {
-    for (const Entry& entry : batch.entries) {
-      const at::Tensor got = as_double_cpu(entry.got).contiguous();
-      const at::Tensor expected = entry.expected.defined() ? as_double_cpu(entry.expected).contiguous() : at::Tensor();
-      const double* g = got.data_ptr<double>();
-      const double* e = expected.defined() ? expected.data_ptr<double>() : nullptr;
-      const int64_t n = got.numel();
-      double sum_squares = 0;
-      for (int64_t k = 0; k < n && e; ++k) sum_squares += e[k] * e[k];
-      const double atol = effective_atol(batch.tolerance, n > 0 ? std::sqrt(sum_squares / static_cast<double>(n)) : 0.0);
-      for (int64_t k = 0; k < n; ++k) {
-        const double want = e ? e[k] : 0.0;
-        if (!std::isfinite(g[k]) || !std::isfinite(want)) return false;
-        if (std::abs(g[k] - want) - batch.tolerance.rtol * std::abs(want) - atol > 0) return false;
-      }
+  /// |got - expected| <= atol + rtol * rms(expected) + rtol * |expected| for every element,
+  /// all finite: the same test as compare_now. Case tensors are small (tens to hundreds of
+  /// elements), so a plain loop over float64 host copies beats a chain of ATen kernels, whose
+  /// per-call dispatch dominated the harness's own time. `expected` may be undefined (zeros).
+  static bool within_tolerance(const at::Tensor& expected_in, const at::Tensor& got_in, const Tolerance& tolerance) {
+    const at::Tensor got = as_double_cpu(got_in).contiguous();
+    const at::Tensor expected = expected_in.defined() ? as_double_cpu(expected_in).contiguous() : at::Tensor();
+    const double* g = got.data_ptr<double>();
+    const double* e = expected.defined() ? expected.data_ptr<double>() : nullptr;
+    const int64_t n = got.numel();
+    double sum_squares = 0;
+    for (int64_t k = 0; k < n && e; ++k) sum_squares += e[k] * e[k];
+    const double atol = effective_atol(tolerance, n > 0 ? std::sqrt(sum_squares / static_cast<double>(n)) : 0.0);
+    for (int64_t k = 0; k < n; ++k) {
+      const double want = e ? e[k] : 0.0;
+      if (!std::isfinite(g[k]) || !std::isfinite(want)) return false;
+      if (std::abs(g[k] - want) - tolerance.rtol * std::abs(want) - atol > 0) return false;
     }
     return true;
   }
@@ -375,7 +341,6 @@ class Comparer {
 
   std::vector<TensorMismatch>& details_;
   std::vector<std::string>& notes_;
-  std::vector<Batch> batches_;
 };
 
 std::string channel_label(size_t fuser, const std::string& channel) {
@@ -840,7 +805,6 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options) {
         compare_paths("fused~unfused", spec, unfused, fused, path_pair_tolerance(dtype, context), comparer);
       }
     }
-    comparer.flush();
   };
   compare_all(nullptr);
   if (!result.details.empty() && dtype != at::kDouble) {

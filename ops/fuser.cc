@@ -311,7 +311,10 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
           acc = acc.defined() ? acc + cast : cast.clone();
         }
         const std::vector<at::Tensor>& pgrads = result.grad_params[i - entry.begin];
-        for (size_t p = 0; p < pgrads.size() && p < op.parameters().size(); ++p) {
+        const size_t num_params = (i + 1 < static_cast<int64_t>(ops.size()) ? state->param_offsets[i + 1]
+                                                                            : state->num_params) -
+                                  state->param_offsets[i];
+        for (size_t p = 0; p < pgrads.size() && p < num_params; ++p) {
           grads[kInputArg + 1 + state->param_offsets[i] + p] = pgrads[p];
         }
       }

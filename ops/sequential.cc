@@ -11,8 +11,8 @@ std::shared_ptr<FunctionModule> make_boundary() {
 }
 
 Sequential::Sequential(std::vector<Module> modules, const FusionRegistry& fusions) : modules_(std::move(modules)) {
-  // Group maximal runs of basic ops; validate every run before any fuser locks its ops, so a
-  // construction that fails leaves every op unlocked.
+  // Group maximal runs of basic ops into fusers; a construction that fails leaves every op
+  // unlocked.
   std::vector<std::vector<BasicOpPtr>> runs;
   bool in_run = false;
   for (const Module& module : modules_) {
@@ -30,8 +30,12 @@ Sequential::Sequential(std::vector<Module> modules, const FusionRegistry& fusion
       in_run = false;
     }
   }
-  for (const auto& run : runs) build_routing_tables(run);
-  for (auto& run : runs) fusers_.push_back(std::make_shared<OperationFuser>(std::move(run), fusions, Locking::kPersistent));
+  // Fusers built without locking validate their runs; only when every run is valid does the
+  // Sequential lock what they cover.
+  for (auto& run : runs) fusers_.push_back(std::make_shared<OperationFuser>(std::move(run), fusions, Locking::kTransient));
+  for (const auto& fuser : fusers_) {
+    for (const BasicOpPtr& op : fuser->ops()) op->lock();
+  }
 }
 
 int64_t Sequential::num_public_extra_inputs() const {
