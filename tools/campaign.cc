@@ -93,7 +93,7 @@ std::vector<std::filesystem::path> recover_crashed_cases(const std::filesystem::
       corpus::CaseFile file = corpus::load_case_file(path);
       file.verdict.kind = harness::VerdictKind::kCrash;
       file.verdict.fault = file.provenance.fault;
-      recovered.push_back(corpus::write_case_file(corpus_dir / kCrashingDir, file));
+      recovered.push_back(corpus::write_case_file(corpus_dir / corpus::kCrashingDir, file));
       remove_file(path);
     } catch (const std::exception& e) {
       problems.push_back(path.string() + ": left in place, unreadable: " + e.what());

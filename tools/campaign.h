@@ -21,7 +21,6 @@ inline constexpr const char* kDefaultCorpusDir = "gradfuzz-out/corpus";
 /// Sub-directories of a campaign corpus.
 inline constexpr const char* kInflightDir = "inflight";
 inline constexpr const char* kFindingsDir = "findings";
-inline constexpr const char* kCrashingDir = "crashing";
 
 /// One campaign (`gradfuzz fuzz`, and each fault of `gradfuzz selftest`).
 struct CampaignOptions {

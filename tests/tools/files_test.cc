@@ -74,7 +74,7 @@ TEST(RecoverCrashedCases, MovesALeftoverInflightCaseToCrashingWithVerdictCrash) 
   const auto recovered = recover_crashed_cases(dir.path(), problems);
   ASSERT_EQ(recovered.size(), 1u);
   EXPECT_TRUE(problems.empty());
-  EXPECT_EQ(recovered[0].parent_path().filename(), kCrashingDir);
+  EXPECT_EQ(recovered[0].parent_path().filename(), corpus::kCrashingDir);
   const corpus::CaseFile saved = corpus::load_case_file(recovered[0]);
   EXPECT_EQ(saved.spec, small_case(5));
   EXPECT_EQ(saved.verdict.kind, harness::VerdictKind::kCrash);
