@@ -1,5 +1,8 @@
 #include "corpus/case_file.h"
 
+#include "harness/backend.h"
+#include "ops/fusion_registry.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -167,6 +170,7 @@ nlohmann::json case_file_to_json(const CaseFile& file) {
   to_json(spec, file.spec);
   nlohmann::json j = {
       {"schema_version", kSchemaVersion},
+      {"backend", file.backend},
       {"spec", std::move(spec)},
       {"verdict", {{"kind", harness::verdict_name(file.verdict.kind)}, {"fault", optional_string(file.verdict.fault)}}},
       {"provenance",
@@ -180,7 +184,7 @@ nlohmann::json case_file_to_json(const CaseFile& file) {
 }
 
 CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
-  check_keys(j, {"schema_version", "spec", "verdict", "provenance", "wiring_error"}, "", file);
+  check_keys(j, {"schema_version", "backend", "spec", "verdict", "provenance", "wiring_error"}, "", file);
   const nlohmann::json version = required(j, "schema_version", "", file);
   if (!version.is_number_integer() || version.get<int64_t>() != kSchemaVersion) {
     throw CorpusError(file, "/schema_version",
@@ -196,6 +200,25 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     const std::string prefix = e.json_path() + ": ";
     if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
     throw CorpusError(file, "/spec" + inner, message);
+  }
+
+  if (j.contains("backend")) {
+    out.backend = string_at(j.at("backend"), "/backend", file);
+    const auto& known = harness::backend_names();
+    if (std::find(known.begin(), known.end(), out.backend) == known.end()) {
+      throw CorpusError(file, "/backend", "unknown backend '" + out.backend + "'; known backends: model, te, torch");
+    }
+  }
+  if (out.backend == "model") {
+    const auto catalog = ops::FusionRegistry::catalog().names();
+    for (size_t k = 0; k < out.spec.fusions.size(); ++k) {
+      if (std::find(catalog.begin(), catalog.end(), out.spec.fusions[k]) == catalog.end()) {
+        std::string known;
+        for (const auto& name : catalog) known += (known.empty() ? "" : ", ") + name;
+        throw CorpusError(file, "/spec/fusions/" + std::to_string(k),
+                          "unknown fusion '" + out.spec.fusions[k] + "'; known fusions: " + known);
+      }
+    }
   }
 
   const nlohmann::json verdict = required(j, "verdict", "", file);

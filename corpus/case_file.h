@@ -40,7 +40,7 @@ struct Provenance {
   }
 };
 
-/// One case file: {schema_version, spec, verdict{kind, fault}, provenance{campaign_seed,
+/// One case file: {schema_version, backend, spec, verdict{kind, fault}, provenance{campaign_seed,
 /// tool_version, date, fault}} plus, for intentionally invalid wiring, wiring_error (the
 /// error kind the static check predicts; a file whose spec has a static wiring problem
 /// without declaring it is rejected as malformed).
@@ -49,8 +49,13 @@ struct CaseFile {
   ExpectedVerdict verdict;
   Provenance provenance;
   std::optional<std::string> wiring_error;
+  /// Backend the case was recorded on ("model", "te", "torch"; absent in a file: "model").
+  /// Fusion names are checked against the model's catalog for model files; the other
+  /// backends' names are checked when a backend runs the case.
+  std::string backend = "model";
   bool operator==(const CaseFile& o) const {
-    return spec == o.spec && verdict == o.verdict && provenance == o.provenance && wiring_error == o.wiring_error;
+    return spec == o.spec && verdict == o.verdict && provenance == o.provenance && wiring_error == o.wiring_error &&
+           backend == o.backend;
   }
 };
 

@@ -85,16 +85,51 @@ struct Draft {
   /// consumer slot -> suggested producer slot (motif wiring).
   std::map<SlotAt, SlotAt> suggested;
   int64_t num_catalog_ops = 0;
+  /// The backend under test; null for the model's catalog.
+  const harness::BackendCapabilities* caps = nullptr;
 
   int64_t features() const { return shape[1]; }
   int64_t rows() const { return shape[0]; }
+  /// Whether the backend can build op `name`.
+  bool has(const std::string& name) const { return !caps || caps->op(name) != nullptr; }
+  bool has_all(std::initializer_list<const char*> names) const {
+    return std::all_of(names.begin(), names.end(), [&](const char* n) { return has(n); });
+  }
+  /// Whether op `name` can hand back its extra outputs as a generator in this backend.
+  bool allows_generator(const std::string& name) const {
+    if (!caps) return true;
+    const auto* op = caps->op(name);
+    return op && std::find(op->output_styles.begin(), op->output_styles.end(), ops::OutputStyle::kGenerator) !=
+                     op->output_styles.end();
+  }
 };
 
-/// Appends a catalog op; returns its module index, or -1 when the attrs do not fit.
+/// `attrs` plus, for a backend with option domains for op `name`, one value of each option
+/// the caller left unset (drawn uniformly).
+OpAttrs with_backend_options(const Draft& d, const std::string& name, OpAttrs attrs) {
+  if (!d.caps) return attrs;
+  const auto* op = d.caps->op(name);
+  if (!op) return attrs;
+  for (const auto& [attr, values] : op->options) {
+    if (!values.empty() && !attrs.count(attr)) attrs[attr] = pick_of(values);
+  }
+  return attrs;
+}
+
+/// Appends a catalog op; returns its module index, or -1 when the attrs do not fit or the
+/// backend lacks the op.
 int64_t append(Draft& d, const std::string& name, OpAttrs attrs) {
+  if (!d.has(name)) return -1;
   ops::OpSignature sig;
   try {
-    sig = ops::OpRegistry::catalog().signature(name, attrs, d.shape);
+    OpAttrs full = with_backend_options(d, name, attrs);
+    try {
+      sig = ops::OpRegistry::catalog().signature(name, full, d.shape);
+      attrs = std::move(full);
+    } catch (const std::exception&) {
+      // A backend option value that does not fit this shape: the catalog's choice instead.
+      sig = ops::OpRegistry::catalog().signature(name, attrs, d.shape);
+    }
   } catch (const std::exception&) {
     return -1;
   }
@@ -183,7 +218,7 @@ void single_op_block(Draft& d) {
   const auto names = ops::OpRegistry::catalog().names();
   std::vector<std::string> eligible;
   for (const auto& n : names) {
-    if (fits(n, d)) eligible.push_back(n);
+    if (fits(n, d) && d.has(n)) eligible.push_back(n);
   }
   const auto name = pick_of(eligible);
   append(d, name, choose_attrs(name, d));
@@ -191,7 +226,10 @@ void single_op_block(Draft& d) {
 
 int64_t append_linear(Draft& d) { return append(d, "Linear", choose_attrs("Linear", d)); }
 
-std::string pick_act() { return pick_of<std::string>({"ReLU", "GELU"}); }
+std::string pick_act(const Draft& d) {
+  const std::string act = pick_of<std::string>({"ReLU", "GELU"});
+  return d.has(act) ? act : (act == "ReLU" ? "GELU" : "ReLU");
+}
 
 /// Names of the motifs, their largest op count, and their weight: the number of fusion
 /// registrations whose pattern the motif forms, so each registration gets about the same
@@ -238,7 +276,7 @@ void residual_block(Draft& d) {
   for (const char* name : {"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "ScaledSReLU", "RMSNorm",
                            "LayerNorm", "Identity", "MakeExtraOutput", "AddExtraInput", "RowStat", "DualExtraOutput",
                            "Dispatch", "Combine", "GroupedLinear"}) {
-    if (fits(name, d)) middles.emplace_back(name);
+    if (fits(name, d) && d.has(name)) middles.emplace_back(name);
   }
   const std::string middle = pick_of(middles);
   OpAttrs attrs = choose_attrs(middle, d);
@@ -271,11 +309,30 @@ void fresh_scale_block(Draft& d) {
   }
 }
 
+/// Whether the backend has every op motif `name` needs (alternatives: at least one).
+bool motif_available(const std::string& name, const Draft& d) {
+  const bool act = d.has("ReLU") || d.has("GELU");
+  if (name == "linear_bias_act") return d.has_all({"Linear", "Bias"});
+  if (name == "linear_bias_add") return d.has_all({"Linear", "AddExtraInput"});
+  if (name == "linear_scale_add") return d.has_all({"Linear", "ConstantScale", "AddExtraInput"});
+  if (name == "linear_scale") return d.has_all({"Linear", "ConstantScale"});
+  if (name == "extra_linear") return d.has_all({"MakeExtraOutput", "Linear"});
+  if (name == "bias_act") return d.has("Bias") && act;
+  if (name == "extra_rmsnorm") return d.has_all({"MakeExtraOutput", "RMSNorm"});
+  if (name == "moe") {
+    return d.has_all({"Dispatch", "GroupedLinear", "Combine", "ScaledSwiGLU", "ScaledSReLU"});
+  }
+  if (name == "residual") return d.has_all({"MakeExtraOutput", "AddExtraInput"});
+  if (name == "fresh_scale") return d.has_all({"RowStat", "Dispatch", "ScaledSReLU", "GroupedLinear"});
+  return true;
+}
+
 void motif_block(Draft& d, int64_t remaining) {
   std::vector<std::string> eligible;
   for (const auto& m : kMotifs) {
     if (m.max_ops > remaining) continue;
     if (std::string(m.name) == "extra_rmsnorm" && !fits("RMSNorm", d)) continue;
+    if (!motif_available(m.name, d)) continue;
     for (int64_t w = 0; w < m.weight; ++w) eligible.emplace_back(m.name);
   }
   if (eligible.empty()) {
@@ -304,7 +361,7 @@ void motif_block(Draft& d, int64_t remaining) {
     append_linear(d);
   } else if (motif == "bias_act") {
     append(d, "Bias", {});
-    append(d, pick_act(), {});
+    append(d, pick_act(d), {});
   } else if (motif == "extra_rmsnorm") {
     append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
     append(d, "RMSNorm", choose_attrs("RMSNorm", d));
@@ -391,6 +448,7 @@ CaseSpec draw_case(const GenOptions& options) {
   const int64_t budget = std::max<int64_t>(1, scaled);
 
   Draft d;
+  d.caps = options.capabilities.get();
   d.shape = {pick(1, 8), draw_features()};
   CaseSpec spec;
   spec.input_shape = d.shape;
@@ -409,7 +467,7 @@ CaseSpec draw_case(const GenOptions& options) {
   for (int64_t i = 0; i < static_cast<int64_t>(d.ops.size()); ++i) {
     auto& op = d.ops[i];
     if (op.name == harness::kBoundaryOp) continue;
-    if (chance(1, 2)) op.output_style = ops::OutputStyle::kGenerator;
+    if (chance(1, 2) && d.allows_generator(op.name)) op.output_style = ops::OutputStyle::kGenerator;
     if (chance(1, 6)) spec.call_then_bind.push_back({i, !chance(1, 2)});
     const int64_t n_params = param_count(op);
     if (n_params > 0 && chance(1, 4)) {
@@ -431,8 +489,19 @@ CaseSpec draw_case(const GenOptions& options) {
   spec.ops = std::move(d.ops);
   spec.input_requires_grad = !chance(1, 4);
 
-  const std::vector<std::string> allowed =
-      options.fusions ? *options.fusions : ops::FusionRegistry::catalog().names();
+  // Fusion registrations with their passes: the backend's, or the model's catalog.
+  std::vector<std::pair<std::string, ops::FusionPass>> registrations;
+  if (options.capabilities) {
+    for (const auto& f : options.capabilities->fusions) registrations.emplace_back(f.name, f.pass);
+  } else {
+    for (const auto& entry : ops::FusionRegistry::catalog().entries()) registrations.emplace_back(entry.name, entry.pass);
+  }
+  std::vector<std::string> allowed;
+  if (options.fusions) {
+    allowed = *options.fusions;
+  } else {
+    for (const auto& [name, pass] : registrations) allowed.push_back(name);
+  }
   // A joint registration hides the forward- and backward-only registrations of the same
   // pattern, so one mode in three enables a single pass: each pass then runs on its own.
   const int64_t fusion_mode = pick(0, 2);
@@ -444,9 +513,9 @@ CaseSpec draw_case(const GenOptions& options) {
     }
   } else {
     const auto pass = static_cast<ops::FusionPass>(pick(0, 2));
-    for (const auto& entry : ops::FusionRegistry::catalog().entries()) {
-      if (entry.pass == pass && std::find(allowed.begin(), allowed.end(), entry.name) != allowed.end()) {
-        spec.fusions.push_back(entry.name);
+    for (const auto& [name, entry_pass] : registrations) {
+      if (entry_pass == pass && std::find(allowed.begin(), allowed.end(), name) != allowed.end()) {
+        spec.fusions.push_back(name);
       }
     }
   }

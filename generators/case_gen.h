@@ -3,10 +3,12 @@
 #include <rapidcheck.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "harness/backend.h"
 #include "harness/case_spec.h"
 
 namespace gradfuzz::generators {
@@ -19,8 +21,12 @@ struct GenOptions {
   std::vector<std::string> dtypes{"float64", "float32"};
   /// Device of every case ("cpu" or "cuda").
   std::string device = "cpu";
-  /// Fusions a case may enable; nullopt means every catalog fusion.
+  /// Fusions a case may enable; nullopt means every fusion the backend has.
   std::optional<std::vector<std::string>> fusions;
+  /// The backend under test (harness/backend.h): only its ops, output styles and fusions
+  /// (with their passes) are drawn, backend-only options from their domains, and no invalid
+  /// configuration that a documented deviation makes valid. Null: the model's catalog.
+  std::shared_ptr<const harness::BackendCapabilities> capabilities;
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -37,6 +43,10 @@ struct GenOptions {
   }
   GenOptions& set_fusions(std::vector<std::string> v) {
     fusions = std::move(v);
+    return *this;
+  }
+  GenOptions& set_capabilities(std::shared_ptr<const harness::BackendCapabilities> v) {
+    capabilities = std::move(v);
     return *this;
   }
 };

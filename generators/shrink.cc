@@ -113,12 +113,25 @@ void halve_attr(std::vector<CaseSpec>& out, const CaseSpec& spec, size_t op, con
 
 }  // namespace
 
+namespace {
+
+/// Validity for shrinking: fusion names are the backend's business (a te case names TE's
+/// fusions, which the model's catalog does not know) and shrinking only ever drops them.
+bool valid_for_shrinking(const CaseSpec& spec) {
+  if (spec.fusions.empty()) return is_valid_case(spec);
+  CaseSpec copy = spec;
+  copy.fusions.clear();
+  return is_valid_case(copy);
+}
+
+}  // namespace
+
 std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
   std::vector<CaseSpec> raw;
-  const bool spec_valid = is_valid_case(spec);
+  const bool spec_valid = valid_for_shrinking(spec);
   // Shape-changing edits also get a variant with the bindings they broke unbound.
   auto add_with_repair = [&](CaseSpec c) {
-    if (spec_valid && !is_valid_case(c)) {
+    if (spec_valid && !valid_for_shrinking(c)) {
       auto repaired = unbind_broken(c);
       raw.push_back(std::move(c));
       if (repaired) raw.push_back(std::move(*repaired));
@@ -224,7 +237,7 @@ ShrinkResult shrink(const CaseSpec& failing, const std::function<bool(const Case
                     const ShrinkOptions& options) {
   ShrinkResult result;
   result.minimal = failing;
-  const bool require_valid = options.require_valid && is_valid_case(failing);
+  const bool require_valid = options.require_valid && valid_for_shrinking(failing);
   size_t resume = 0;
   while (true) {
     const auto candidates = shrink_candidates(result.minimal);
@@ -233,7 +246,7 @@ ShrinkResult shrink(const CaseSpec& failing, const std::function<bool(const Case
     for (size_t k = 0; k < n; ++k) {
       const size_t idx = (resume + k) % n;
       const CaseSpec& candidate = candidates[idx];
-      if (require_valid && !is_valid_case(candidate)) continue;
+      if (require_valid && !valid_for_shrinking(candidate)) continue;
       if (result.predicate_calls >= options.max_predicate_calls) return result;
       ++result.predicate_calls;
       if (still_fails(candidate)) {

@@ -136,7 +136,7 @@ int64_t count_public_inputs(const CaseSpec& spec, const CaseLayout& layout) {
   return count;
 }
 
-std::vector<ValidationProblem> validate_case(const CaseSpec& spec) {
+std::vector<ValidationProblem> validate_case(const CaseSpec& spec, const std::vector<std::string>* known_fusions) {
   std::vector<ValidationProblem> problems;
   auto report = [&](std::string kind, std::string path, std::string message) {
     problems.push_back({std::move(kind), std::move(path), std::move(message)});
@@ -268,7 +268,7 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec) {
              "expected the index of a catalog op, got " + std::to_string(op));
     }
   }
-  const auto known = ops::FusionRegistry::catalog().names();
+  const auto known = known_fusions ? *known_fusions : ops::FusionRegistry::catalog().names();
   std::set<std::string> seen;
   for (size_t k = 0; k < spec.fusions.size(); ++k) {
     const auto& name = spec.fusions[k];
@@ -332,7 +332,9 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec) {
   return problems;
 }
 
-bool is_valid_case(const CaseSpec& spec) { return validate_case(spec).empty(); }
+bool is_valid_case(const CaseSpec& spec, const std::vector<std::string>* known_fusions) {
+  return validate_case(spec, known_fusions).empty();
+}
 
 void canonicalize(CaseSpec& spec) {
   for (auto& op : spec.ops) {

@@ -77,10 +77,13 @@ std::vector<ChannelInfo> case_channels(const harness::CaseSpec& spec, const Case
 /// fuser duplicate producers and bound inputs (missing-producer, producer-not-earlier), slot
 /// shape/kind mismatches (invalid-argument), late binds, extra-input count, split sizes.
 /// Empty means the case is valid and must run without error on every path.
-std::vector<ValidationProblem> validate_case(const harness::CaseSpec& spec);
+/// `known_fusions`: the fusion names of the backend the case is for (null: the model's
+/// catalog).
+std::vector<ValidationProblem> validate_case(const harness::CaseSpec& spec,
+                                             const std::vector<std::string>* known_fusions = nullptr);
 
 /// validate_case(spec).empty().
-bool is_valid_case(const harness::CaseSpec& spec);
+bool is_valid_case(const harness::CaseSpec& spec, const std::vector<std::string>* known_fusions = nullptr);
 
 /// Number of public extra input slots of the whole case (what the caller passes).
 int64_t count_public_inputs(const harness::CaseSpec& spec, const CaseLayout& layout);

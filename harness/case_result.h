@@ -1,5 +1,7 @@
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -7,9 +9,22 @@
 
 namespace gradfuzz::harness {
 
-/// Verdict kinds of fuzzer.md "Paths and oracle".
-enum class VerdictKind { kPass, kMismatch, kMissingGradient, kUnexpectedError, kCrash, kTimeout };
-/// "pass", "mismatch", "missing_gradient", "unexpected_error", "crash", "timeout".
+/// Verdict kinds of fuzzer.md "Paths and oracle", plus:
+/// - kModifiedInput: a path changed a caller-owned tensor (input, extra input, cotangent);
+/// - kUnsupported: the backend declined a valid case it documents as unsupported (counted,
+///   not a finding).
+enum class VerdictKind {
+  kPass,
+  kMismatch,
+  kMissingGradient,
+  kUnexpectedError,
+  kCrash,
+  kTimeout,
+  kModifiedInput,
+  kUnsupported
+};
+/// "pass", "mismatch", "missing_gradient", "unexpected_error", "crash", "timeout",
+/// "modified_input", "unsupported".
 const char* verdict_name(VerdictKind kind);
 /// Inverse of verdict_name; throws std::invalid_argument listing the known names.
 VerdictKind verdict_from_name(const std::string& name);
@@ -31,6 +46,8 @@ struct TensorMismatch {
   double max_rel_err = 0;
   double atol = 0;
   double rtol = 0;
+  /// Largest |expected| of the tensor (0 when unknown): how big a structural error there is.
+  double scale = 0;
 };
 
 /// The outcome of one case: a value, never a bare bool.
@@ -45,16 +62,33 @@ struct CaseResult {
   uint64_t seed = 0;
   /// Catalog op types of the case, in order (Boundary excluded).
   std::vector<std::string> op_types;
-  /// Fusion registrations that fired in the fused path's plans.
+  /// Backend the case ran on ("model", "te", "torch").
+  std::string backend = "model";
+  /// Fusion registrations that fired in the fused path's plans (either pass).
   std::vector<std::string> fusions_fired;
+  /// Fused ops that ran in the fused path's forward and backward plans, by name.
+  std::vector<std::string> fused_forward;
+  std::vector<std::string> fused_backward;
   /// Coverage features the case exercised (fuzzer.md coverage.features names).
   std::vector<std::string> features;
 
   bool passed() const { return verdict == VerdictKind::kPass; }
+  /// A finding: neither a pass nor a case the backend declined.
+  bool failed() const { return verdict != VerdictKind::kPass && verdict != VerdictKind::kUnsupported; }
   /// Deduplication key: kind, sorted unique op types, tensor role of the first detail.
   std::string signature() const;
+  /// The signature's last part: the tensor role of the first detail of the verdict's kind,
+  /// or, without tensor details, the per-path error kinds.
+  std::string signature_role() const;
 };
 
 std::ostream& operator<<(std::ostream& os, const CaseResult& result);
+
+/// Lossless JSON form (workers send results to the supervisor this way). from_json throws
+/// std::invalid_argument on an unknown verdict name and nlohmann errors on a bad shape.
+void to_json(nlohmann::json& j, const TensorMismatch& d);
+void from_json(const nlohmann::json& j, TensorMismatch& d);
+void to_json(nlohmann::json& j, const CaseResult& result);
+void from_json(const nlohmann::json& j, CaseResult& result);
 
 }  // namespace gradfuzz::harness

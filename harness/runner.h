@@ -1,12 +1,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "harness/backend.h"
 #include "harness/builder.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
+#include "harness/finite_difference.h"
+#include "harness/oracle.h"
 
 namespace gradfuzz::harness {
 
@@ -17,28 +21,59 @@ struct RunOptions {
   bool run_unfused = true;
   /// Compare fused against unfused directly when both ran without error.
   bool compare_fused_unfused = true;
+  /// When the fused path ran forward-only and backward-only fused ops together, also run
+  /// each pass's fusions alone ("forward_fused", "backward_fused").
+  bool single_pass_paths = true;
   /// Check the reference gradient against central finite differences for small float64
   /// cases ("reference~finite_difference").
   bool finite_differences = true;
-  /// Largest total element count (main input + parameters + public floating extra inputs)
-  /// for which finite differences run.
-  int64_t finite_difference_max_elements = 128;
-  /// Random directions per finite-difference check (two reference forwards each). One
-  /// direction drawn over every leaf at once already tests every gradient (a wrong one
-  /// changes the directional derivative with probability 1); more cost two forwards each.
-  int64_t finite_difference_directions = 1;
+  FiniteDifferenceOptions finite_difference;
+  /// Per-element rounding allowance of low-precision cases (oracle.h).
+  RoundingAllowance allowance;
+  /// Confirm a low-precision mismatch by running the same values in the backend's widest
+  /// dtype before reporting it (see run_case).
+  bool confirm_in_wide_dtype = true;
 };
 
 /// Whether the case asks for an error (invalid-configuration knobs or a static wiring
 /// problem): only then is "every path raised the same error" a pass.
 bool intends_error(const CaseSpec& spec);
 
-/// Runs `spec` through the fused, unfused and reference paths (fuzzer.md "Paths and
-/// oracle") and compares outputs, public extra outputs and every gradient. Runtime errors
-/// (gradfuzz::Error, c10::Error, std::exception) become verdicts; only internal assertion
-/// failures (std::logic_error, std::invalid_argument for a CUDA case without CUDA)
-/// propagate. Invalid configurations that raise the same error kind in every path pass.
+/// Runs `spec` through `backend`'s paths (fused, unfused, and the single-pass ones when
+/// they differ) and the float64 reference, and compares outputs, public extra outputs and
+/// every gradient (fuzzer.md "Paths and oracle"). Runtime errors become verdicts; a backend
+/// crash or time-out becomes a `crash` / `timeout` verdict; a valid case the backend
+/// declines is `unsupported`. Only internal assertion failures (std::logic_error,
+/// std::invalid_argument for a CUDA case without CUDA) and BackendUnavailable propagate.
+/// Invalid configurations that raise the same error kind in every path pass; one that
+/// raises nowhere is an unexpected_error.
+///
+/// A low-precision case that fails the per-element oracle is run again with the same
+/// values in the backend's widest dtype: a failure that persists there is reported (with
+/// the low-precision details); one that does not is a rounding effect (a ReLU kink crossed
+/// in one path only, a zero-by-symmetry gradient) and passes, unless an element is off by
+/// more than the tensor's largest magnitude or is not finite where the reference is.
+CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& options = {});
+/// run_case on the model backend (one per thread).
 CaseResult run_case(const CaseSpec& spec, const RunOptions& options = {});
+
+/// A case's plan, drawn values and float64 reference ops (holding those values), exactly as
+/// run_case makes them.
+struct PreparedCase {
+  CasePlan plan;
+  CaseTensors tensors;
+  BuiltCase reference_ops;
+  /// The case's generator, positioned after the last value drawn (finite differences go on
+  /// drawing from it).
+  at::Generator generator;
+};
+/// Throws what plan_case and create_ops throw (gradfuzz::Error for an op that cannot be
+/// made for its shape: every path's error).
+PreparedCase prepare_case(const CaseSpec& spec);
+
+/// What the float64 reference does with `spec`: nullopt when it runs, else the error kind
+/// it raises (building or running).
+std::optional<std::string> reference_error_kind(const CaseSpec& spec);
 
 /// Coverage features that `spec` exercises statically (fuzzer.md coverage.features names,
 /// all but same_fusion_channel, which needs the fused plans).

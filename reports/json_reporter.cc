@@ -31,7 +31,7 @@ void count_all(std::map<std::string, int64_t>& counts, const std::vector<std::st
 
 }  // namespace
 
-Json finding_to_json(const Finding& finding) {
+Json finding_to_json(const Finding& finding, int64_t count, const std::vector<std::string>& examples) {
   const harness::CaseResult& r = finding.result;
   Json details = Json::array();
   for (const auto& d : r.details) {
@@ -48,12 +48,18 @@ Json finding_to_json(const Finding& finding) {
   }
   Json j{{"signature", r.signature()},
          {"kind", harness::verdict_name(r.verdict)},
+         {"fault", optional_json(finding.fault)},
+         {"backend", r.backend},
          {"case_file", finding.case_file},
          {"ops", r.op_types},
          {"details", std::move(details)}};
   if (!r.error_detail.empty()) j["error"] = r.error_detail;
   j["seed"] = r.seed;
   j["reproduce"] = finding.reproduce;
+  if (count > 0) {
+    j["count"] = count;
+    j["examples"] = examples;
+  }
   return j;
 }
 
@@ -76,13 +82,21 @@ void JsonReporter::report_case(const CaseRecord& record) {
   ++cases_run_;
   if (record.result.passed()) {
     ++passed_;
+  } else if (record.result.verdict == harness::VerdictKind::kUnsupported) {
+    ++unsupported_;
   } else {
     ++failed_;
   }
+  count_all(fused_forward_counts_, record.result.fused_forward);
+  count_all(fused_backward_counts_, record.result.fused_backward);
   count_all(op_counts_, record.result.op_types);
   count_all(fusion_counts_, record.result.fusions_fired);
   count_all(feature_counts_, record.result.features);
   if (record.finding) findings_.push_back(*record.finding);
+  if (record.cluster) {
+    ++cluster_counts_[*record.cluster];
+    if (record.example_file) cluster_examples_[*record.cluster].push_back(*record.example_file);
+  }
 }
 
 Json JsonReporter::document(const RunSummary& summary) const {
@@ -93,23 +107,42 @@ Json JsonReporter::document(const RunSummary& summary) const {
   doc["date"] = c.date;
   doc["environment"] = Json{{"torch_version", c.environment.torch_version},
                             {"device", c.environment.device},
-                            {"device_name", c.environment.device_name}};
+                            {"device_name", c.environment.device_name},
+                            {"backend", c.environment.backend},
+                            {"backend_versions", c.environment.backend_versions}};
   doc["campaign"] = Json{{"command", c.campaign.command},
                          {"seed", c.campaign.seed},
                          {"cases_requested", optional_json(c.campaign.cases_requested)},
                          {"time_budget_s", optional_json(c.campaign.time_budget_s)},
                          {"dtypes", c.campaign.dtypes},
                          {"devices", c.campaign.devices},
-                         {"fault", optional_json(c.campaign.fault)}};
+                         {"fault", optional_json(c.campaign.fault)},
+                         {"workers", c.campaign.workers}};
   // A run that finished in no measurable time reports 0 cases/s rather than infinity.
   double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
-  doc["summary"] = Json{{"cases_run", cases_run_},      {"passed", passed_},        {"failed", failed_},
-                        {"findings", findings_.size()}, {"wall_s", summary.wall_s}, {"cases_per_s", cases_per_s}};
+  doc["summary"] = Json{{"cases_run", cases_run_},
+                        {"passed", passed_},
+                        {"failed", failed_},
+                        {"unsupported", unsupported_},
+                        {"findings", findings_.size()},
+                        {"wall_s", summary.wall_s},
+                        {"cases_per_s", cases_per_s},
+                        {"complete", summary.complete}};
   doc["coverage"] = Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
                          {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
-                         {"features", counts_json(c.coverage_names.features, feature_counts_)}};
+                         {"features", counts_json(c.coverage_names.features, feature_counts_)},
+                         {"fused_ops",
+                          Json{{"forward", counts_json({}, fused_forward_counts_)},
+                               {"backward", counts_json({}, fused_backward_counts_)}}}};
   Json findings = Json::array();
-  for (const auto& f : findings_) findings.push_back(finding_to_json(f));
+  for (const auto& f : findings_) {
+    const std::string key = f.cluster.empty() ? f.result.signature() : f.cluster;
+    auto count = cluster_counts_.find(key);
+    auto examples = cluster_examples_.find(key);
+    findings.push_back(finding_to_json(f, count == cluster_counts_.end() ? 0 : count->second,
+                                       examples == cluster_examples_.end() ? std::vector<std::string>{}
+                                                                           : examples->second));
+  }
   doc["findings"] = std::move(findings);
   if (summary.selftest) {
     Json entries = Json::array();

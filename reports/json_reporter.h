@@ -25,6 +25,8 @@ class JsonReporter final : public Reporter {
   void report_case(const CaseRecord& record) override;
   void finalize(const RunSummary& summary) override;
 
+  /// Findings reported so far.
+  size_t findings_count() const { return findings_.size(); }
   /// The document finalize() writes (for callers that want to inspect it).
   nlohmann::ordered_json document(const RunSummary& summary) const;
 
@@ -34,15 +36,23 @@ class JsonReporter final : public Reporter {
   int64_t cases_run_ = 0;
   int64_t passed_ = 0;
   int64_t failed_ = 0;
+  int64_t unsupported_ = 0;
+  std::map<std::string, int64_t> fused_forward_counts_;
+  std::map<std::string, int64_t> fused_backward_counts_;
   std::map<std::string, int64_t> op_counts_;
   std::map<std::string, int64_t> fusion_counts_;
   std::map<std::string, int64_t> feature_counts_;
   std::vector<Finding> findings_;
+  /// Per cluster key: failing cases counted in it, and example case files.
+  std::map<std::string, int64_t> cluster_counts_;
+  std::map<std::string, std::vector<std::string>> cluster_examples_;
 };
 
-/// JSON form of one finding: {signature, kind, case_file, ops, details[...], reproduce} (plus
-/// error when the result carries an error detail).
-nlohmann::ordered_json finding_to_json(const Finding& finding);
+/// JSON form of one finding: {signature, kind, fault, backend, case_file, ops, details[...],
+/// seed, reproduce} (plus error when the result carries an error detail; plus count and
+/// examples when given: the failing cases counted in its cluster).
+nlohmann::ordered_json finding_to_json(const Finding& finding, int64_t count = 0,
+                                       const std::vector<std::string>& examples = {});
 
 /// JSON form of one selftest entry (absent values written as null).
 nlohmann::ordered_json selftest_entry_to_json(const SelftestEntry& entry);

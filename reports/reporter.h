@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct EnvironmentInfo {
   std::string device = "cpu";
   /// Human name of the device ("cpu", "NVIDIA H200").
   std::string device_name = "cpu";
+  /// Backend under test ("model", "te", "torch") and the versions it reported (python,
+  /// torch, transformer_engine).
+  std::string backend = "model";
+  std::map<std::string, std::string> backend_versions;
 };
 
 /// What the run was asked to do.
@@ -43,6 +48,8 @@ struct CampaignInfo {
   std::vector<std::string> devices;
   /// Fault switched on for the run (ops::fault_name), nullopt when none.
   std::optional<std::string> fault;
+  /// Worker processes (0: cases ran in the supervisor's process).
+  int workers = 0;
 };
 
 /// Names listed in `coverage` even when their count is zero.
@@ -71,6 +78,10 @@ struct Finding {
   std::string case_file;
   /// One line that reproduces the finding: `gradfuzz replay <case_file> [--fault NAME]`.
   std::string reproduce;
+  /// Fault that was switched on when it was found, if any.
+  std::optional<std::string> fault;
+  /// Cluster key (CaseRecord::cluster of the cases counted in it); empty: its signature.
+  std::string cluster;
 };
 
 /// Builds the reproduce line of fuzzer.md: `gradfuzz replay <case_file>` plus
@@ -82,6 +93,10 @@ std::string reproduce_line(const std::string& case_file, const std::optional<std
 struct CaseRecord {
   harness::CaseResult result;
   std::optional<Finding> finding;
+  /// For a failing case: the signature of the finding (cluster) it was counted in, and the
+  /// case file saved as one of that cluster's examples, if it was.
+  std::optional<std::string> cluster;
+  std::optional<std::string> example_file;
 };
 
 /// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").
@@ -109,6 +124,9 @@ struct RunSummary {
   double wall_s = 0;
   /// Present for selftest runs only.
   std::optional<std::vector<SelftestEntry>> selftest;
+  /// False while the run goes on (a snapshot of the report) and for a run ended by a
+  /// signal before its budget.
+  bool complete = true;
 };
 
 /// A sink for run results over an injected std::ostream (google/benchmark's

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <deque>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -17,6 +19,7 @@
 #include "reports/build_info.h"
 #include "tools/exit_codes.h"
 #include "tools/files.h"
+#include "tools/worker_pool.h"
 
 namespace gradfuzz::tools {
 
@@ -36,17 +39,6 @@ uint64_t splitmix64(uint64_t x) {
 std::optional<std::string> fault_text(const std::optional<ops::Fault>& fault) {
   if (!fault) return std::nullopt;
   return ops::fault_name(*fault);
-}
-
-/// Runs one case; internal assertions (the only exceptions run_case lets through) become
-/// InternalError naming the repro file.
-harness::CaseResult run_guarded(const harness::CaseSpec& spec, const harness::RunOptions& run_options,
-                                const std::filesystem::path& repro) {
-  try {
-    return harness::run_case(spec, run_options);
-  } catch (const std::exception& e) {
-    throw InternalError(std::string("run_case raised: ") + e.what(), repro.string());
-  }
 }
 
 class ProgressLine {
@@ -77,29 +69,33 @@ class ProgressLine {
 }  // namespace
 
 std::string inflight_case_text(const harness::CaseSpec& spec, uint64_t campaign_seed,
-                               const std::optional<std::string>& fault) {
-  const corpus::CaseFile file =
+                               const std::optional<std::string>& fault, const std::string& backend) {
+  corpus::CaseFile file =
       corpus::make_case_file(spec, corpus::ExpectedVerdict{}, campaign_seed, reports::build_tool_info().version, fault);
+  file.backend = backend;
   return corpus::case_file_to_json(file).dump(2) + "\n";
 }
 
-std::vector<std::filesystem::path> recover_crashed_cases(const std::filesystem::path& corpus_dir,
-                                                         std::vector<std::string>& problems) {
-  std::vector<std::filesystem::path> recovered;
-  const std::filesystem::path inflight_dir = corpus_dir / kInflightDir;
-  if (count_regular_files(inflight_dir) == 0) return recovered;
-  for (const auto& path : corpus::list_case_files(inflight_dir)) {
+std::vector<LeftoverCase> find_leftover_cases(const std::filesystem::path& corpus_dir,
+                                              std::vector<std::string>& problems) {
+  std::vector<LeftoverCase> found;
+  for (const auto& path : regular_files(corpus_dir / kInflightDir)) {
+    if (path.extension() != ".json" || !owner_is_gone(path)) continue;  // a live campaign's file
     try {
       corpus::CaseFile file = corpus::load_case_file(path);
-      file.verdict.kind = harness::VerdictKind::kCrash;
-      file.verdict.fault = file.provenance.fault;
-      recovered.push_back(corpus::write_case_file(corpus_dir / corpus::kCrashingDir, file));
-      remove_file(path);
+      found.push_back({path, std::move(file.spec), file.provenance.fault});
     } catch (const std::exception& e) {
-      problems.push_back(path.string() + ": left in place, unreadable: " + e.what());
+      // Kept for a person to read, out of the way of the next runs.
+      const std::filesystem::path dest = corpus_dir / corpus::kCrashingDir / ("unreadable-" + path.filename().string());
+      make_directories(dest.parent_path());
+      if (::rename(path.c_str(), dest.c_str()) == 0) {
+        problems.push_back(path.string() + ": unreadable in-flight case moved to " + dest.string() + ": " + e.what());
+      } else {
+        problems.push_back(path.string() + ": unreadable in-flight case left in place: " + e.what());
+      }
     }
   }
-  return recovered;
+  return found;
 }
 
 uint64_t case_seed(uint64_t campaign_seed, int64_t index) {
@@ -108,19 +104,23 @@ uint64_t case_seed(uint64_t campaign_seed, int64_t index) {
 
 int case_size(int64_t index) { return static_cast<int>(std::min<int64_t>(100, 10 + std::max<int64_t>(0, index))); }
 
-generators::GenOptions campaign_gen_options(const CampaignOptions& options) {
+generators::GenOptions campaign_gen_options(const CampaignOptions& options,
+                                            std::shared_ptr<const harness::BackendCapabilities> capabilities) {
   generators::GenOptions gen;
   gen.set_max_ops(options.max_ops).set_dtypes(options.dtypes).set_device(options.device);
+  gen.set_capabilities(std::move(capabilities));
   return gen;
 }
 
-harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index) {
+harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
+                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities) {
   const uint64_t seed = case_seed(options.seed, index);
   if (index % kInvalidCaseEvery == kInvalidCaseEvery - 1) {
     // Invalid configurations: every path must raise the same error and lock nothing.
-    return generators::generate_invalid_case(seed, case_size(index), campaign_gen_options(options)).spec;
+    return generators::generate_invalid_case(seed, case_size(index), campaign_gen_options(options, capabilities))
+        .spec;
   }
-  return generators::generate_case(seed, case_size(index), campaign_gen_options(options));
+  return generators::generate_case(seed, case_size(index), campaign_gen_options(options, capabilities));
 }
 
 const CampaignFinding* CampaignOutcome::first_attributable() const {
@@ -156,88 +156,271 @@ harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::Verdict
   return generators::shrink(spec, still_fails, shrink_options).minimal;
 }
 
+harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
+                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
+                                 const std::function<bool()>& keep_going) {
+  auto still_fails = [&](const harness::CaseSpec& candidate) {
+    if (keep_going && !keep_going()) return false;
+    try {
+      if (runner.run_now(candidate, fault).verdict != kind) return false;
+      return !require_passes_without || runner.run_now(candidate, "").passed();
+    } catch (const WorkerInternalError&) {
+      return false;  // a different problem than the one being shrunk
+    } catch (const InternalError&) {
+      return false;
+    }
+  };
+  generators::ShrinkOptions shrink_options;
+  shrink_options.set_max_predicate_calls(max_calls);
+  return generators::shrink(spec, still_fails, shrink_options).minimal;
+}
+
+namespace {
+
+/// The in-flight files of one campaign: one per case it may have out at once, each locked
+/// by this process, named <pid>-<n>.json.
+class InflightFiles {
+ public:
+  InflightFiles(const std::filesystem::path& dir, int count) {
+    for (int i = 0; i < count; ++i) {
+      try {
+        files_.push_back(std::make_unique<InflightFile>(dir / (std::to_string(::getpid()) + "-" +
+                                                               std::to_string(i) + ".json")));
+      } catch (const std::runtime_error& e) {
+        throw InputError(std::string("--corpus: ") + e.what());
+      }
+      free_.push_back(i);
+    }
+  }
+  /// Writes `text` to a free file and returns its number.
+  int take(const std::string& text) {
+    const int i = free_.back();
+    free_.pop_back();
+    try {
+      files_[static_cast<size_t>(i)]->write(text);
+    } catch (const std::runtime_error& e) {
+      throw InputError(std::string("--corpus: ") + e.what());
+    }
+    return i;
+  }
+  void give_back(int i) { free_.push_back(i); }
+  const std::filesystem::path& path(int i) const { return files_[static_cast<size_t>(i)]->path(); }
+  void remove_all() {
+    for (auto& f : files_) f->remove();
+  }
+
+ private:
+  std::vector<std::unique_ptr<InflightFile>> files_;
+  std::vector<int> free_;
+};
+
+}  // namespace
+
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress) {
-  std::unique_ptr<ops::FaultScope> fault_scope;
-  if (options.fault) fault_scope = std::make_unique<ops::FaultScope>(*options.fault);
+  InProcessRunner runner(harness::make_backend({}), options.run_options);
+  return run_campaign(options, runner, reporter, progress);
+}
+
+CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner, reports::Reporter& reporter,
+                             std::ostream* progress, std::vector<LeftoverCase> leftovers) {
   const std::optional<std::string> fault = fault_text(options.fault);
+  const std::string fault_name = fault.value_or("");
   const std::string tool_version = reports::build_tool_info().version;
-  const std::filesystem::path inflight_dir = options.corpus_dir / kInflightDir;
   const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
+  const std::filesystem::path crashing_dir = options.corpus_dir / corpus::kCrashingDir;
   // A time-only budget leaves the count unbounded.
   const int64_t max_cases =
       options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
+  const auto capabilities = std::make_shared<const harness::BackendCapabilities>(runner.capabilities());
 
   CampaignOutcome outcome;
   // Fault-attributable findings and failures that persist without the fault are
   // deduplicated separately, so a real bug cannot hide the fault's finding of the same shape.
-  std::set<std::string> seen_signatures;
-  std::set<std::string> seen_unattributed;
+  struct Cluster {
+    std::string key;  // the shrunk case's signature (and whether it persists without the fault)
+    harness::VerdictKind kind;
+    std::string role;
+    std::set<std::string> ops;
+    bool attributable = true;
+    int64_t count = 0;
+    int64_t examples = 0;
+  };
+  // Stable addresses: clusters are only appended.
+  std::deque<Cluster> clusters;
   const bool attribute = options.fault && options.require_fault_attributable;
-  std::unique_ptr<InflightFile> inflight_file;
-  try {
-    inflight_file = std::make_unique<InflightFile>(inflight_dir / (std::to_string(::getpid()) + ".json"));
-  } catch (const std::runtime_error& e) {
-    throw InputError(std::string("--corpus: ") + e.what());
-  }
-  InflightFile& inflight = *inflight_file;
+  InflightFiles inflight(options.corpus_dir / kInflightDir, std::max(1, runner.slots()));
   ProgressLine line(progress);
   const auto start = Clock::now();
-  for (int64_t i = 0;; ++i) {
-    if (i >= max_cases) break;
-    if (options.time_s && seconds_since(start) >= *options.time_s) break;
+  const std::optional<Clock::time_point> budget_end =
+      options.time_s ? std::optional<Clock::time_point>(
+                           start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*options.time_s)))
+                     : std::nullopt;
+  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.time_grace_s));
+  auto stopped = [&] { return options.stop && options.stop->load(); };
+  auto time_up = [&] { return budget_end && Clock::now() >= *budget_end; };
+  // Shrinking stops with the run: the best case so far is saved.
+  auto keep_going = [&] { return !stopped() && !(budget_end && Clock::now() >= *budget_end + grace); };
 
-    harness::CaseSpec spec = campaign_case(options, i);
-    // Written before the run: if the case kills the process, the repro is on disk.
-    try {
-      inflight.write(inflight_case_text(spec, options.seed, fault));
-    } catch (const std::runtime_error& e) {
-      throw InputError(std::string("--corpus: ") + e.what());
+  struct Pending {
+    harness::CaseSpec spec;
+    int file = 0;
+    int64_t number = 0;  // 1-based case number (0 for a leftover)
+    std::optional<std::filesystem::path> leftover;
+    std::string fault;
+  };
+  std::map<uint64_t, Pending> pending;
+  uint64_t next_id = 1;
+  int64_t next_index = 0;
+  bool stop_now = false;
+
+  auto submit_next = [&]() -> bool {
+    Pending p;
+    if (!leftovers.empty()) {
+      LeftoverCase left = std::move(leftovers.front());
+      leftovers.erase(leftovers.begin());
+      p.spec = std::move(left.spec);
+      p.leftover = left.path;
+      p.fault = left.fault.value_or("");
+    } else {
+      if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
+      p.spec = campaign_case(options, next_index, options.backend == "model" ? nullptr : capabilities);
+      p.number = ++next_index;
+      p.fault = fault_name;
     }
-    reports::CaseRecord record;
-    record.result = run_guarded(spec, options.run_options, inflight.path());
+    // Written before the case is handed out: if it kills the whole run, the repro is on disk.
+    p.file = inflight.take(inflight_case_text(p.spec, options.seed, p.fault.empty() ? std::nullopt : std::optional<std::string>(p.fault), options.backend));
+    const uint64_t id = next_id++;
+    Job job{id, p.spec, p.fault};
+    pending.emplace(id, std::move(p));
+    try {
+      runner.submit(std::move(job));
+    } catch (const std::exception& e) {
+      throw InternalError(std::string("running a case raised: ") + e.what(),
+                          inflight.path(pending.at(id).file).string());
+    }
+    return true;
+  };
 
+  auto handle = [&](JobResult done) {
+    Pending p = std::move(pending.at(done.id));
+    pending.erase(done.id);
+    reports::CaseRecord record;
+    record.result = std::move(done.result);
     ++outcome.cases_run;
-    bool stop = false;
     if (record.result.passed()) {
       ++outcome.passed;
+    } else if (record.result.verdict == harness::VerdictKind::kUnsupported) {
+      ++outcome.unsupported;
     } else {
       ++outcome.failed;
       const double seconds = seconds_since(start);
-      const bool attributable = !attribute || passes_without_fault(spec, *options.fault, options.run_options);
-      std::set<std::string>& seen = attributable ? seen_signatures : seen_unattributed;
-      if (seen.insert(record.result.signature()).second) {
-        const std::optional<ops::Fault> passes_without =
-            attribute && attributable ? options.fault : std::optional<ops::Fault>();
-        harness::CaseSpec minimal = options.shrink ? shrink_failure(spec, record.result.verdict, passes_without,
-                                                                    options.run_options, options.max_shrink_calls)
-                                                   : spec;
-        CampaignFinding found;
-        found.finding.result = run_guarded(minimal, options.run_options, /*repro=*/{});
-        if (found.finding.result.verdict != record.result.verdict) {
-          // Shrinking is only trusted when the minimal case reproduces: keep the original.
-          minimal = spec;
-          found.finding.result = record.result;
+      const std::string& case_fault = p.fault;
+      const std::optional<std::string> fault_opt =
+          case_fault.empty() ? std::nullopt : std::optional<std::string>(case_fault);
+      const bool attributable = !attribute || runner.run_now(p.spec, "").passed();
+      const harness::VerdictKind kind = record.result.verdict;
+      const std::string role = record.result.signature_role();
+      const std::set<std::string> ops(record.result.op_types.begin(), record.result.op_types.end());
+      // A failure whose ops include a known cluster's shrunk ops, with the same kind and
+      // tensor role, is that cluster again: counted, not shrunk (one bug would otherwise
+      // give a finding per op set it shows up in).
+      Cluster* cluster = nullptr;
+      for (auto& c : clusters) {
+        if (c.kind == kind && c.role == role && c.attributable == attributable &&
+            std::includes(ops.begin(), ops.end(), c.ops.begin(), c.ops.end())) {
+          cluster = &c;
+          break;
         }
-        seen.insert(found.finding.result.signature());
-        const corpus::ExpectedVerdict verdict{found.finding.result.verdict, fault};
-        const std::filesystem::path saved = corpus::write_case_file(
-            findings_dir, corpus::make_case_file(minimal, verdict, options.seed, tool_version, fault));
-        found.finding.case_file = saved.string();
-        found.finding.reproduce = reports::reproduce_line(found.finding.case_file, fault);
-        found.shrunk_ops = minimal.num_ops();
-        found.case_number = i + 1;
-        found.seconds = seconds;
-        found.fault_attributable = attributable;
-        record.finding = found.finding;
-        outcome.findings.push_back(std::move(found));
-        stop = options.stop_at_first_finding && attributable;
+      }
+      harness::CaseSpec minimal = p.spec;
+      harness::CaseResult minimal_result = record.result;
+      if (!cluster) {
+        const int64_t calls = kind == harness::VerdictKind::kCrash     ? options.max_crash_shrink_calls
+                              : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
+                                                                       : options.max_shrink_calls;
+        if (options.shrink) {
+          minimal = shrink_failure(runner, p.spec, kind, case_fault, attribute && attributable, calls, keep_going);
+        }
+        if (!(minimal == p.spec)) {
+          minimal_result = runner.run_now(minimal, case_fault);
+          if (minimal_result.verdict != kind) {
+            // Shrinking is only trusted when the minimal case reproduces: keep the original.
+            minimal = p.spec;
+            minimal_result = record.result;
+          }
+        }
+        const std::string key = minimal_result.signature() + (attributable ? "" : "|persists-without-fault");
+        for (auto& c : clusters) {
+          if (c.key == key) cluster = &c;
+        }
+        if (!cluster) {
+          clusters.push_back(Cluster{key, kind, minimal_result.signature_role(),
+                                     std::set<std::string>(minimal_result.op_types.begin(), minimal_result.op_types.end()),
+                                     attributable});
+          cluster = &clusters.back();
+          CampaignFinding found;
+          found.finding.result = minimal_result;
+          corpus::CaseFile file = corpus::make_case_file(minimal, corpus::ExpectedVerdict{kind, fault_opt}, options.seed,
+                                                         tool_version, fault_opt);
+          file.backend = options.backend;
+          const bool kills = kind == harness::VerdictKind::kCrash || kind == harness::VerdictKind::kTimeout;
+          const std::filesystem::path saved = corpus::write_case_file(kills ? crashing_dir : findings_dir, file);
+          found.finding.case_file = saved.string();
+          found.finding.reproduce = reports::reproduce_line(found.finding.case_file, fault_opt);
+          if (options.backend != "model") found.finding.reproduce += " --backend " + options.backend;
+          found.finding.fault = fault_opt;
+          found.finding.cluster = key;
+          found.shrunk_ops = minimal.num_ops();
+          found.case_number = p.number;
+          found.seconds = seconds;
+          found.fault_attributable = attributable;
+          record.finding = found.finding;
+          outcome.findings.push_back(std::move(found));
+          if (options.stop_at_first_finding && attributable) stop_now = true;
+        }
+      }
+      record.cluster = cluster->key;
+      ++cluster->count;
+      if (cluster->examples < kExamplesPerCluster && !record.finding) {
+        // A few unshrunk members of each cluster, as they were generated.
+        corpus::CaseFile file = corpus::make_case_file(p.spec, corpus::ExpectedVerdict{kind, fault_opt}, options.seed,
+                                                       tool_version, fault_opt);
+        file.backend = options.backend;
+        record.example_file = corpus::write_case_file(findings_dir / kExamplesDir, file).string();
+        ++cluster->examples;
       }
     }
     reporter.report_case(record);
+    inflight.give_back(p.file);
+    if (p.leftover) remove_file(*p.leftover);  // its outcome is recorded now
     line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));
-    if (stop) break;
+    if (options.on_case) options.on_case(seconds_since(start));
+  };
+
+  while (true) {
+    while (runner.idle() > 0 && submit_next()) {
+      // An in-process runner has the result at once: collect it before the next case.
+      if (auto r = runner.wait(Clock::now())) handle(std::move(*r));
+    }
+    if (runner.in_flight() == 0) break;
+    if (stopped() || (budget_end && Clock::now() >= *budget_end + grace)) {
+      runner.cancel_in_flight();  // their cases are not counted; nothing was found in them
+      pending.clear();
+      break;
+    }
+    // Wake up a few times a second to honour a stop or the time budget.
+    auto until = Clock::now() + std::chrono::milliseconds(250);
+    std::optional<JobResult> r;
+    try {
+      r = runner.wait(until);
+    } catch (const WorkerInternalError& e) {
+      auto it = pending.find(e.job());
+      throw InternalError(std::string("a worker raised: ") + e.what(),
+                          it == pending.end() ? std::string() : inflight.path(it->second.file).string());
+    }
+    if (r) handle(std::move(*r));
   }
-  inflight.remove();
+  inflight.remove_all();
   outcome.wall_s = seconds_since(start);
   line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()), /*force=*/true);
   line.finish();

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -11,6 +13,7 @@
 #include "harness/runner.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
+#include "tools/case_runner.h"
 
 namespace gradfuzz::tools {
 
@@ -21,6 +24,9 @@ inline constexpr const char* kDefaultCorpusDir = "gradfuzz-out/corpus";
 /// Sub-directories of a campaign corpus.
 inline constexpr const char* kInflightDir = "inflight";
 inline constexpr const char* kFindingsDir = "findings";
+/// Under findings/: a few unshrunk members of each cluster.
+inline constexpr const char* kExamplesDir = "examples";
+inline constexpr int64_t kExamplesPerCluster = 3;
 
 /// One campaign (`gradfuzz fuzz`, and each fault of `gradfuzz selftest`).
 struct CampaignOptions {
@@ -46,9 +52,21 @@ struct CampaignOptions {
   bool require_fault_attributable = false;
   /// Shrink each new finding before saving it.
   bool shrink = true;
-  /// Predicate-call cap of each shrink.
+  /// Predicate-call cap of each shrink (crash and timeout findings get fewer: each
+  /// candidate that still fails costs a worker restart or a whole case time limit).
   int64_t max_shrink_calls = 2000;
+  int64_t max_crash_shrink_calls = 64;
+  int64_t max_timeout_shrink_calls = 4;
   harness::RunOptions run_options;
+  /// Backend the cases run on (recorded in case files).
+  std::string backend = "model";
+  /// Set (by a signal handler) to end the run cleanly: no new case starts, the cases in
+  /// flight are dropped, findings saved so far stay.
+  const std::atomic<bool>* stop = nullptr;
+  /// Seconds the cases in flight may still take after the time budget ran out.
+  double time_grace_s = 2;
+  /// Called after every case (the campaign's outcome so far), e.g. to rewrite the report.
+  std::function<void(double wall_s)> on_case;
 };
 
 /// One new finding of a campaign, shrunk and saved.
@@ -70,7 +88,10 @@ struct CampaignOutcome {
   int64_t cases_run = 0;
   int64_t passed = 0;
   int64_t failed = 0;
-  /// New findings (deduplicated by CaseResult::signature()), in the order found.
+  /// Valid cases the backend declined (not findings).
+  int64_t unsupported = 0;
+  /// New findings, one per cluster (the shrunk case's kind, ops and tensor role; a failure
+  /// whose ops include a cluster's, with its kind and role, joins it), in the order found.
   std::vector<CampaignFinding> findings;
   double wall_s = 0;
   /// The first finding with fault_attributable set, if any.
@@ -80,13 +101,23 @@ struct CampaignOutcome {
 /// The case file (verdict pass, provenance of this build) of `spec`, as written to the
 /// in-flight file before the case runs.
 std::string inflight_case_text(const harness::CaseSpec& spec, uint64_t campaign_seed,
-                               const std::optional<std::string>& fault);
+                               const std::optional<std::string>& fault, const std::string& backend = "model");
 
-/// Moves case files left in <corpus>/inflight by runs that a case killed into
-/// <corpus>/crashing/<content hash>.json with verdict crash, and returns their new paths.
-/// A leftover that cannot be read is left in place and reported in `problems`.
-std::vector<std::filesystem::path> recover_crashed_cases(const std::filesystem::path& corpus_dir,
-                                                         std::vector<std::string>& problems);
+/// A case left in <corpus>/inflight by a run that ended abruptly (killed, or killed by a
+/// case when it ran cases in process).
+struct LeftoverCase {
+  std::filesystem::path path;
+  harness::CaseSpec spec;
+  std::optional<std::string> fault;
+};
+
+/// In-flight files of <corpus>/inflight whose owner is gone (each owner holds an exclusive
+/// lock on its files while it lives, so a concurrent campaign's files are left alone). A
+/// leftover that cannot be read is moved to <corpus>/crashing/unreadable-<name> and reported
+/// in `problems`. run_campaign runs the leftovers first and deletes each once its outcome
+/// is recorded.
+std::vector<LeftoverCase> find_leftover_cases(const std::filesystem::path& corpus_dir,
+                                              std::vector<std::string>& problems);
 
 /// Seed of case `index` of a campaign: a SplitMix64 mix of (campaign_seed, index), so every
 /// case of a run can be regenerated alone and `--seed` reproduces the whole run.
@@ -96,23 +127,31 @@ uint64_t case_seed(uint64_t campaign_seed, int64_t index);
 /// then stays at 100 (case_gen.h: the op budget scales with min(size, 100)).
 int case_size(int64_t index);
 
-/// Generator options of a campaign (max_ops, dtypes, device; every catalog fusion).
-generators::GenOptions campaign_gen_options(const CampaignOptions& options);
+/// Generator options of a campaign (max_ops, dtypes, device, the backend's capabilities).
+generators::GenOptions campaign_gen_options(const CampaignOptions& options,
+                                            std::shared_ptr<const harness::BackendCapabilities> capabilities = nullptr);
 
 /// One case in this many is an invalid configuration (generators/invalid_gen.h).
 inline constexpr int64_t kInvalidCaseEvery = 10;
 
-/// The spec of case `index`, exactly as run_campaign generates it.
-harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index);
+/// The spec of case `index`, exactly as run_campaign generates it (for `capabilities`'
+/// backend; null: the model).
+harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
+                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities = nullptr);
 
-/// Runs a seeded, budgeted campaign. Each case is written to the process's in-flight file in
-/// <corpus>/inflight before it runs (InflightFile), so a crash leaves its repro; a failing case whose signature
-/// is new is shrunk (predicate: still fails with the same verdict kind, same fault on) and
-/// saved to <corpus>/findings with its verdict and fault. Every case goes to `reporter`
-/// (report_case only: the caller reports the context and finalizes). `progress`, when not
-/// null, receives a carriage-return progress line (cases, findings, cases/s) a few times a
-/// second. Throws InternalError (the inflight file kept) when run_case raises an internal
-/// assertion, and InputError or corpus::CorpusError when the corpus cannot be written.
+/// Runs a seeded, budgeted campaign on `runner`, `leftovers` first. Each case is written to
+/// one of this process's in-flight files in <corpus>/inflight before it is handed out, so a
+/// crash of the whole run leaves its repro; a failing case whose signature is new is shrunk
+/// (predicate: still fails with the same verdict kind, same fault on) and saved to
+/// <corpus>/findings, or <corpus>/crashing for crash and timeout verdicts, with its verdict
+/// and fault. Every case goes to `reporter` (report_case only: the caller reports the
+/// context and finalizes). `progress`, when not null, receives a carriage-return progress
+/// line (cases, findings, cases/s) a few times a second. Throws InternalError (the in-flight
+/// file kept) when a case trips an internal assertion, and InputError or
+/// corpus::CorpusError when the corpus cannot be written.
+CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner, reports::Reporter& reporter,
+                             std::ostream* progress, std::vector<LeftoverCase> leftovers = {});
+/// run_campaign in this process on the model backend (selftest, bench, tests).
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress);
 
 /// Shrinks a failing `spec` (verdict `kind` under the current fault switchboard) to a
@@ -122,6 +161,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
                                  const std::optional<ops::Fault>& passes_without,
                                  const harness::RunOptions& run_options, int64_t max_calls);
+/// The same on `runner`, with `fault` on for every candidate; `keep_going` (when set) ends
+/// the shrink early when it returns false (the best case so far is returned).
+harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
+                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
+                                 const std::function<bool()>& keep_going = {});
 
 /// Whether `spec` passes with `fault` switched off (other faults as they are). Raising
 /// counts as not passing.

@@ -2,7 +2,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <signal.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -26,6 +30,9 @@
 #include "tools/exit_codes.h"
 #include "tools/replay.h"
 #include "tools/selftest.h"
+#include "tools/worker_pool.h"
+#include "harness/remote_backend.h"
+#include "harness/tolerances.h"
 
 namespace gradfuzz::tools {
 
@@ -47,7 +54,109 @@ struct Flags {
   std::vector<std::string> paths;
   std::string what;
   bool json = false;
+  std::string backend = "model";
+  int workers = 1;
+  double case_timeout_s = 60;
+  std::string python_exe;
+  std::string adapter_dir;
+  std::vector<std::string> devices;
+  std::string output;
+  bool python_format = false;
+  bool no_finite_differences = false;
 };
+
+/// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
+std::atomic<bool> g_stop{false};
+extern "C" void on_stop_signal(int /*signal*/) { g_stop.store(true); }
+
+/// Installs the stop handlers for the lifetime of a campaign (without SA_RESTART, so a
+/// blocking wait returns at once).
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop.store(false);
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGTERM, &action, &previous_term_);
+    ::sigaction(SIGINT, &action, &previous_int_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &previous_term_, nullptr);
+    ::sigaction(SIGINT, &previous_int_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction previous_term_ {};
+  struct sigaction previous_int_ {};
+};
+
+harness::BackendOptions backend_options(const Flags& f) {
+  harness::BackendOptions o;
+  const auto& known = harness::backend_names();
+  if (std::find(known.begin(), known.end(), f.backend) == known.end()) {
+    throw InputError("--backend: expected model, te or torch, got '" + f.backend + "'");
+  }
+  o.name = f.backend;
+  o.python = f.python_exe;
+  o.adapter_dir = f.adapter_dir;
+  if (!(f.case_timeout_s > 0) || f.case_timeout_s > 86400) {
+    throw InputError("--case-timeout: expected seconds in (0, 86400], got " + std::to_string(f.case_timeout_s));
+  }
+  o.case_timeout_s = f.case_timeout_s;
+  return o;
+}
+
+/// The runner of a campaign: worker processes, or this process with --workers 0.
+std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOptions& run_options) {
+  const harness::BackendOptions backend = backend_options(f);
+  if (f.workers < 0 || f.workers > 1024) {
+    throw InputError("--workers: expected 0 (run in this process) to 1024, got " + std::to_string(f.workers));
+  }
+  try {
+    if (f.workers == 0) {
+      auto runner = std::make_unique<InProcessRunner>(harness::make_backend(backend), run_options);
+      runner->capabilities();  // starts a remote backend now: a missing TE is a usage error
+      return runner;
+    }
+    WorkerPoolOptions pool;
+    pool.workers = f.workers;
+    pool.backend = backend;
+    pool.devices = f.devices;
+    pool.case_timeout_s = backend.case_timeout_s;
+    pool.run_options = run_options;
+    return std::make_unique<WorkerPool>(pool);
+  } catch (const harness::BackendUnavailable& e) {
+    throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
+  }
+}
+
+/// Checks the campaign's dtypes and device against what the backend runs; dtypes the user
+/// did not choose are narrowed to those the backend has.
+void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps, bool dtypes_given) {
+  auto has = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  std::string supported;
+  for (const auto& d : caps.dtypes) supported += (supported.empty() ? "" : ", ") + d;
+  std::vector<std::string> kept;
+  for (const auto& d : o.dtypes) {
+    if (has(caps.dtypes, d)) {
+      kept.push_back(d);
+    } else if (dtypes_given) {
+      throw InputError("--dtypes " + d + ": the " + o.backend + " backend runs " + supported);
+    }
+  }
+  if (kept.empty() && !caps.dtypes.empty()) kept.push_back(has(caps.dtypes, "float32") ? "float32" : caps.dtypes.front());
+  o.dtypes = kept;
+  if (!has(caps.devices, o.device)) {
+    std::string devices;
+    for (const auto& d : caps.devices) devices += (devices.empty() ? "" : ", ") + d;
+    throw InputError("--device " + o.device + ": the " + o.backend + " backend runs on " + devices);
+  }
+}
 
 std::optional<ops::Fault> parse_fault(const std::string& name) {
   if (name.empty()) return std::nullopt;
@@ -85,29 +194,75 @@ void check_dtypes(const std::vector<std::string>& dtypes) {
   }
 }
 
-/// Opened up front so a bad path is a usage error before any case runs.
-std::unique_ptr<std::ofstream> open_report(const std::string& path) {
-  if (path.empty()) return nullptr;
-  auto file = std::make_unique<std::ofstream>(path);
-  if (!*file) throw InputError("--report: cannot open '" + path + "' for writing");
-  return file;
-}
+/// The JSON report, valid at every moment: each write goes to a temporary file beside it and
+/// is renamed over it, so a reader (or a run killed mid-write) never sees half a document.
+class ReportFile {
+ public:
+  /// Checks up front that the directory takes a file, so a bad path is a usage error
+  /// before any case runs.
+  explicit ReportFile(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) throw InputError("--report: expected a file name, got an empty one");
+    write_text("{}\n");
+  }
+  void write(const nlohmann::ordered_json& document) { write_text(document.dump(2) + "\n"); }
+  void write_raw(const std::string& text) { write_text(text); }
+
+ private:
+  void write_text(const std::string& text) {
+    const std::string tmp = path_ + ".tmp-" + std::to_string(::getpid());
+    {
+      std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+      if (!file) throw InputError("--report: cannot write '" + path_ + "' (cannot create " + tmp + ")");
+      file << text;
+      file.flush();
+      if (!file) throw InputError("--report: cannot write '" + path_ + "'");
+    }
+    if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw InputError("--report: cannot write '" + path_ + "' (rename failed)");
+    }
+  }
+  std::string path_;
+};
 
 /// The reporters of one command: JSON to --report (when given) and console lines to `out`
 /// (unless quiet).
 struct Reporters {
-  std::unique_ptr<std::ofstream> report_file;
+  std::unique_ptr<ReportFile> report_file;
+  std::ostringstream json_sink;
   std::unique_ptr<reports::JsonReporter> json;
   std::unique_ptr<reports::ConsoleReporter> console;
   std::unique_ptr<reports::MultiReporter> all;
+  std::chrono::steady_clock::time_point last_snapshot{};
 
   Reporters(const std::string& report_path, std::ostream& out, bool quiet) {
-    report_file = open_report(report_path);
-    if (report_file) json = std::make_unique<reports::JsonReporter>(*report_file);
+    if (!report_path.empty()) {
+      report_file = std::make_unique<ReportFile>(report_path);
+      json = std::make_unique<reports::JsonReporter>(json_sink);
+    }
     if (!quiet) console = std::make_unique<reports::ConsoleReporter>(out);
     all = std::make_unique<reports::MultiReporter>(std::vector<reports::Reporter*>{json.get(), console.get()});
   }
   reports::Reporter& reporter() { return *all; }
+  void context(const reports::ReportContext& c) {
+    all->report_context(c);
+    snapshot(0, /*force=*/true);
+  }
+  /// Rewrites the report with the cases so far (at most once a second unless forced).
+  void snapshot(double wall_s, bool force = false) {
+    if (!report_file) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!force && now - last_snapshot < std::chrono::seconds(1)) return;
+    last_snapshot = now;
+    reports::RunSummary partial;
+    partial.wall_s = wall_s;
+    partial.complete = false;
+    report_file->write(json->document(partial));
+  }
+  void finalize(const reports::RunSummary& summary) {
+    all->finalize(summary);
+    if (report_file) report_file->write(json->document(summary));
+  }
 };
 
 CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
@@ -127,7 +282,12 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   if (f.max_ops < 1) throw InputError("--max-ops: expected at least 1, got " + std::to_string(f.max_ops));
   o.max_ops = f.max_ops;
   o.fault = parse_fault(f.fault);
-  if (!f.corpus.empty()) o.corpus_dir = f.corpus;
+  if (sub.get_option_no_throw("--corpus") && sub.count("--corpus")) {
+    if (f.corpus.empty()) throw InputError("--corpus: expected a directory, got an empty name");
+    o.corpus_dir = f.corpus;
+  }
+  o.backend = f.backend;
+  o.run_options.finite_differences = !f.no_finite_differences;
   return o;
 }
 
@@ -144,6 +304,20 @@ reports::CampaignInfo campaign_info(const std::string& command, const CampaignOp
   return info;
 }
 
+/// The report context of a run on `caps`' backend.
+reports::ReportContext backend_context(const reports::CampaignInfo& info, const std::string& device,
+                                       const harness::BackendCapabilities& caps) {
+  reports::ReportContext context = make_report_context(info, device);
+  context.environment.backend = caps.backend;
+  context.environment.backend_versions = caps.versions;
+  if (caps.backend != "model") {
+    context.coverage_names.ops = caps.op_names();
+    context.coverage_names.fusions = caps.fusion_names();
+    if (!caps.device_name.empty()) context.environment.device_name = caps.device_name;
+  }
+  return context;
+}
+
 std::ostream* progress_stream(std::ostream& err, bool terminal, bool quiet) {
   return terminal && !quiet ? &err : nullptr;
 }
@@ -151,28 +325,59 @@ std::ostream* progress_stream(std::ostream& err, bool terminal, bool quiet) {
 int exit_for(int64_t failed) { return static_cast<int>(failed > 0 ? ExitCode::kFindings : ExitCode::kOk); }
 
 int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
-  const CampaignOptions options = campaign_options(f, sub);
-  // Cases that killed an earlier run on this corpus: keep them where they are found again.
-  std::vector<std::string> problems;
-  for (const auto& path : recover_crashed_cases(options.corpus_dir, problems)) {
-    err << "gradfuzz: a case killed an earlier run; saved as " << path.string() << "\n  gradfuzz replay "
-        << path.string() << "\n";
-  }
-  for (const auto& problem : problems) err << "gradfuzz: " << problem << "\n";
+  CampaignOptions options = campaign_options(f, sub);
   Reporters reporters(f.report, out, f.quiet);
-  reporters.reporter().report_context(make_report_context(campaign_info("fuzz", options), options.device));
-  const CampaignOutcome outcome = run_campaign(options, reporters.reporter(), progress_stream(err, terminal, f.quiet));
-  reporters.reporter().finalize(reports::RunSummary{outcome.wall_s, std::nullopt});
+  std::unique_ptr<CaseRunner> runner = make_runner(f, options.run_options);
+  fit_to_backend(options, runner->capabilities(), sub.count("--dtypes") > 0);
+  // Cases in flight when an earlier run on this corpus ended abruptly run first.
+  std::vector<std::string> problems;
+  std::vector<LeftoverCase> leftovers = find_leftover_cases(options.corpus_dir, problems);
+  for (const auto& problem : problems) err << "gradfuzz: " << problem << "\n";
+  if (!leftovers.empty()) {
+    err << "gradfuzz: " << leftovers.size() << " case(s) in flight when an earlier run ended abruptly run first\n";
+  }
+  reports::CampaignInfo info = campaign_info("fuzz", options);
+  info.workers = f.workers;
+  reporters.context(backend_context(info, options.device, runner->capabilities()));
+  StopSignals signals;
+  options.stop = &g_stop;
+  size_t findings_seen = 0;
+  options.on_case = [&](double wall_s) {
+    const size_t findings = reporters.json ? reporters.json->findings_count() : 0;
+    reporters.snapshot(wall_s, findings != findings_seen);
+    findings_seen = findings;
+  };
+  const CampaignOutcome outcome = run_campaign(options, *runner, reporters.reporter(),
+                                               progress_stream(err, terminal, f.quiet), std::move(leftovers));
+  reports::RunSummary summary{outcome.wall_s, std::nullopt};
+  summary.complete = !g_stop.load();
+  reporters.finalize(summary);
+  if (g_stop.load()) err << "gradfuzz: stopped by a signal after " << outcome.cases_run << " cases\n";
   return exit_for(outcome.failed);
 }
 
-int cmd_replay(const Flags& f, std::ostream& out, std::ostream& err) {
+int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
   const std::optional<ops::Fault> fault = parse_fault(f.fault);
   const std::vector<LoadedCase> cases = load_case_paths(f.paths);
+  Flags flags = f;
+  if (!sub.count("--backend")) {
+    // The backend the cases were recorded on, when they agree.
+    std::set<std::string> recorded;
+    for (const auto& c : cases) recorded.insert(c.file.backend);
+    if (recorded.size() > 1) {
+      throw InputError("replay: the cases were recorded on several backends (" + *recorded.begin() + ", " +
+                       *recorded.rbegin() + "); choose one with --backend");
+    }
+    flags.backend = *recorded.begin();
+  }
   Reporters reporters(f.report, out, /*quiet=*/true);
+  harness::RunOptions run_options;
+  run_options.finite_differences = !f.no_finite_differences;
+  std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
   reports::CampaignInfo info;
   info.command = "replay";
   info.cases_requested = static_cast<int64_t>(cases.size());
+  info.workers = flags.workers;
   std::set<std::string> dtypes;
   std::set<std::string> devices;
   for (const auto& c : cases) {
@@ -182,11 +387,11 @@ int cmd_replay(const Flags& f, std::ostream& out, std::ostream& err) {
   info.dtypes.assign(dtypes.begin(), dtypes.end());
   info.devices.assign(devices.begin(), devices.end());
   if (fault) info.fault = ops::fault_name(*fault);
-  reporters.reporter().report_context(make_report_context(info, devices.count("cuda") ? "cuda" : "cpu"));
+  reporters.context(backend_context(info, devices.count("cuda") ? "cuda" : "cpu", runner->capabilities()));
   const auto start = std::chrono::steady_clock::now();
-  const ReplayOutcome outcome = replay_cases(cases, fault, harness::RunOptions{}, &reporters.reporter(), &out);
+  const ReplayOutcome outcome = replay_cases(cases, fault, *runner, &reporters.reporter(), &out);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  reporters.reporter().finalize(reports::RunSummary{wall_s, std::nullopt});
+  reporters.finalize(reports::RunSummary{wall_s, std::nullopt});
   out << "replay: " << outcome.cases_run << " cases, " << outcome.failed << " failed\n";
   (void)err;
   return exit_for(outcome.failed);
@@ -201,19 +406,56 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   Reporters reporters(f.report, out, /*quiet=*/false);
   reports::CampaignInfo info = campaign_info("selftest", options.campaign);
   info.fault.reset();
-  reporters.reporter().report_context(make_report_context(info, options.campaign.device));
+  reporters.context(make_report_context(info, options.campaign.device));
   const auto start = std::chrono::steady_clock::now();
   std::vector<reports::SelftestEntry> entries =
       run_selftest(options, reporters.reporter(), progress_stream(err, terminal, false));
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bool all_ok = true;
   for (const auto& e : entries) all_ok = all_ok && e.ok();
-  reporters.reporter().finalize(reports::RunSummary{wall_s, std::move(entries)});
+  reporters.finalize(reports::RunSummary{wall_s, std::move(entries)});
   return static_cast<int>(all_ok ? ExitCode::kOk : ExitCode::kFindings);
 }
 
 int cmd_list(const Flags& f, std::ostream& out) {
   nlohmann::ordered_json j = nlohmann::ordered_json::array();
+  if (f.backend != "model" && f.what != "faults") {
+    std::unique_ptr<harness::Backend> backend;
+    const harness::BackendCapabilities* caps = nullptr;
+    try {
+      backend = harness::make_backend(backend_options(f));
+      caps = &backend->capabilities();
+    } catch (const harness::BackendUnavailable& e) {
+      throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
+    }
+    if (f.what == "ops") {
+      for (const auto& op : caps->ops) {
+        nlohmann::ordered_json options = nlohmann::ordered_json::object();
+        for (const auto& [attr, values] : op.options) options[attr] = values;
+        std::vector<std::string> styles;
+        for (auto style : op.output_styles) styles.emplace_back(style == ops::OutputStyle::kGenerator ? "generator" : "vector");
+        j.push_back({{"name", op.name}, {"implementation", op.implementation}, {"options", options},
+                     {"output_styles", styles}});
+        if (!f.json) {
+          out << op.name << '\t' << op.implementation;
+          for (const auto& [attr, values] : op.options) {
+            out << "  " << attr << "=";
+            for (size_t i = 0; i < values.size(); ++i) out << (i ? "|" : "") << values[i];
+          }
+          out << '\n';
+        }
+      }
+    } else {
+      for (const auto& fusion : caps->fusions) {
+        j.push_back({{"name", fusion.name},
+                     {"pass", ops::fusion_pass_name(fusion.pass)},
+                     {"implementation", fusion.implementation}});
+        if (!f.json) out << fusion.name << '\t' << ops::fusion_pass_name(fusion.pass) << '\t' << fusion.implementation << '\n';
+      }
+    }
+    if (f.json) out << j.dump(2) << '\n';
+    return static_cast<int>(ExitCode::kOk);
+  }
   if (f.what == "ops") {
     const auto& registry = ops::OpRegistry::catalog();
     for (const auto& name : registry.names()) {
@@ -264,6 +506,76 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
   sub.add_option("--max-ops", f.max_ops, "upper bound on catalog ops per case")->default_str("8");
 }
 
+void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
+  sub.add_option("--backend", f.backend, "model, te or torch (docs/BACKENDS.md)")->default_str("model");
+  sub.add_option("--python-exe", f.python_exe, "Python of the te/torch adapter (default $GRADFUZZ_PYTHON)");
+  sub.add_option("--adapter-dir", f.adapter_dir, "folder holding gradfuzz_adapter (default the source tree's)");
+  sub.add_option("--case-timeout", f.case_timeout_s, "seconds one case may run before it is a timeout")
+      ->default_str("60");
+  if (with_workers) {
+    sub.add_option("--workers", f.workers, "worker processes (0: run cases in this process)")->default_str("1");
+    sub.add_option("--devices", f.devices, "CUDA devices handed to workers round-robin (e.g. 0,1)")->delimiter(',');
+  }
+  sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
+}
+
+int cmd_worker(const Flags& f) {
+  harness::BackendOptions backend = backend_options(f);
+  harness::RunOptions run_options;
+  run_options.finite_differences = !f.no_finite_differences;
+  return run_worker(backend, run_options);
+}
+
+int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
+  if (!f.python_format) throw InputError("export: choose a format: --python (a pytest file)");
+  const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
+  const LoadedCase& c = cases.front();
+  std::string target = sub.count("--backend") ? f.backend : (c.file.backend == "model" ? "te" : c.file.backend);
+  if (target != "te" && target != "torch") {
+    throw InputError("--backend: export writes te or torch scripts, got '" + target + "'");
+  }
+  const harness::CaseSpec& spec = c.file.spec;
+  harness::PreparedCase prepared;
+  try {
+    prepared = harness::prepare_case(spec);
+  } catch (const std::exception& e) {
+    throw InputError(c.path.string() + ": the case cannot be built: " + e.what());
+  }
+  harness::ExportRequest request;
+  request.backend = target;
+  request.case_file = c.path.string();
+  if (const auto kind = harness::reference_error_kind(spec)) {
+    request.expect = "error";
+    request.error_kind = *kind;
+  }
+  const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
+  request.tolerance = harness::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
+  if (dtype != at::kDouble) {
+    const harness::RoundingAllowance allowance;
+    request.baseline_factor = allowance.factor;
+    request.baseline_cap = allowance.cap;
+  }
+  // Generating a script is plain code generation: the torch adapter does it for both
+  // targets, so a te script can be written where TE does not import.
+  Flags adapter = f;
+  adapter.backend = "torch";
+  harness::RemoteBackend backend(backend_options(adapter));
+  std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
+  std::string script;
+  try {
+    script = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);
+  } catch (const harness::BackendUnavailable& e) {
+    throw InputError(std::string("export: ") + e.what());
+  }
+  if (f.output.empty() || f.output == "-") {
+    out << script;
+  } else {
+    ReportFile(f.output).write_raw(script);
+    out << "wrote " << f.output << " (" << target << ", " << (request.expect == "error" ? "expects " + request.error_kind : "expects a pass") << ")\n";
+  }
+  return static_cast<int>(ExitCode::kOk);
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, bool terminal) {
@@ -280,11 +592,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_option("--corpus", f.corpus, "corpus directory (default gradfuzz-out/corpus)");
   fuzz->add_option("--report", f.report, "write the JSON report here");
   fuzz->add_flag("--quiet", f.quiet, "print nothing but errors");
+  add_backend_flags(*fuzz, f);
 
   CLI::App* replay = app.add_subcommand("replay", "run case files or directories of case files");
   replay->add_option("paths", f.paths, "case files or directories")->required();
   replay->add_option("--fault", f.fault, "switch one known defect on");
   replay->add_option("--report", f.report, "write the JSON report here");
+  add_backend_flags(*replay, f);
 
   CLI::App* selftest = app.add_subcommand("selftest", "check that the default campaign finds every known fault");
   selftest->add_option("--faults", f.faults, "comma-separated fault names or 'all'")->default_str("all");
@@ -298,6 +612,17 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       ->required()
       ->check(CLI::IsMember({"ops", "fusions", "faults"}));
   list->add_flag("--json", f.json, "print JSON");
+  add_backend_flags(*list, f, /*with_workers=*/false);
+
+  CLI::App* exporter = app.add_subcommand("export", "write a case as a standalone test for the real framework");
+  exporter->add_flag("--python", f.python_format, "a pytest file (te.ops or PyTorch build, values, float64 reference)");
+  exporter->add_option("case", f.paths, "the case file")->required()->expected(1);
+  exporter->add_option("--output,-o", f.output, "write the script here (default: stdout)");
+  add_backend_flags(*exporter, f, /*with_workers=*/false);
+
+  CLI::App* worker = app.add_subcommand("worker", "");  // internal: a campaign's worker process
+  worker->group("");
+  add_backend_flags(*worker, f, /*with_workers=*/false);
 
   CLI::App* bench = app.add_subcommand("bench", "campaign throughput against the bare fused+reference floor");
   bench->add_option("--cases", f.cases, "number of cases (default 200)");
@@ -317,9 +642,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   try {
     if (!list->parsed()) use_single_intra_op_thread();
     if (fuzz->parsed()) return cmd_fuzz(f, *fuzz, out, err, terminal);
-    if (replay->parsed()) return cmd_replay(f, out, err);
+    if (replay->parsed()) return cmd_replay(f, *replay, out, err);
     if (selftest->parsed()) return cmd_selftest(f, *selftest, out, err, terminal);
     if (list->parsed()) return cmd_list(f, out);
+    if (exporter->parsed()) return cmd_export(f, *exporter, out);
+    if (worker->parsed()) return cmd_worker(f);
     if (bench->parsed()) return cmd_bench(f, *bench, out);
     err << "gradfuzz: error: no command given\n";
     return static_cast<int>(ExitCode::kUsage);

@@ -1,11 +1,13 @@
 #include "tools/files.h"
 
 #include <dirent.h>
+#include <sys/file.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +59,9 @@ InflightFile::InflightFile(std::filesystem::path path) : path_(std::move(path)) 
   make_directories(path_.parent_path());
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw std::runtime_error("cannot write " + path_.string() + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    throw std::runtime_error("cannot lock " + path_.string() + ": " + std::strerror(errno));
+  }
 }
 
 InflightFile::~InflightFile() {
@@ -80,6 +85,28 @@ void InflightFile::remove() noexcept {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   ::unlink(path_.c_str());
+}
+
+bool owner_is_gone(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool gone = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);  // releases the lock, if taken
+  return gone;
+}
+
+std::vector<std::filesystem::path> regular_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  DIR* handle = ::opendir(dir.c_str());
+  if (!handle) return out;
+  while (const dirent* entry = ::readdir(handle)) {
+    struct stat info {};
+    const std::filesystem::path child = dir / entry->d_name;
+    if (::stat(child.c_str(), &info) == 0 && S_ISREG(info.st_mode)) out.push_back(child);
+  }
+  ::closedir(handle);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 size_t count_regular_files(const std::filesystem::path& dir) {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace gradfuzz::tools {
 
@@ -35,8 +36,9 @@ void make_directories(const std::filesystem::path& dir);
 /// cache. Durability against power loss is not the point: findings are written with fsync.
 class InflightFile {
  public:
-  /// Creates the directory and opens (creates) the file. Throws std::runtime_error naming
-  /// the file when the system refuses.
+  /// Creates the directory, opens (creates) the file and takes an exclusive lock on it for
+  /// the object's lifetime (the kernel drops it when the process dies: owner_is_gone()).
+  /// Throws std::runtime_error naming the file when the system refuses.
   explicit InflightFile(std::filesystem::path path);
   ~InflightFile();
   InflightFile(const InflightFile&) = delete;
@@ -53,6 +55,13 @@ class InflightFile {
   int fd_ = -1;
   size_t length_ = 0;
 };
+
+/// Whether no live process holds the lock of the in-flight file at `path` (its owner ended).
+/// False when the file cannot be opened.
+bool owner_is_gone(const std::filesystem::path& path);
+
+/// Regular files directly in `dir`, sorted by name (none when it does not exist).
+std::vector<std::filesystem::path> regular_files(const std::filesystem::path& dir);
 
 /// Number of regular files directly in `dir` (0 when it does not exist).
 size_t count_regular_files(const std::filesystem::path& dir);

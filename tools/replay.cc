@@ -1,5 +1,7 @@
 #include "tools/replay.h"
 
+#include <algorithm>
+
 #include <memory>
 #include <ostream>
 
@@ -19,6 +21,11 @@ std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
   } catch (const corpus::CorpusError& e) {
     throw InputError(e.what());
   }
+  if (loaded.empty()) {
+    std::string joined;
+    for (const auto& p : paths) joined += (joined.empty() ? "" : ", ") + p;
+    throw InputError("replay: no case files (*.json) under " + joined);
+  }
   for (const auto& c : loaded) {
     if (c.file.spec.device == "cuda" && !cuda_available()) {
       throw InputError(c.path.string() + ": /spec/device: the case needs cuda, but this process has no CUDA device");
@@ -29,26 +36,48 @@ std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
 
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
                            const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out) {
-  std::unique_ptr<ops::FaultScope> fault_scope;
-  if (fault) fault_scope = std::make_unique<ops::FaultScope>(*fault);
+  InProcessRunner runner(harness::make_backend({}), run_options);
+  return replay_cases(cases, fault, runner, reporter, out);
+}
+
+ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
+                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out) {
   const std::optional<std::string> fault_text =
       fault ? std::optional<std::string>(ops::fault_name(*fault)) : std::nullopt;
+  const harness::BackendCapabilities& caps = runner.capabilities();
+  const auto known = caps.fusion_names();
 
   ReplayOutcome outcome;
   for (const auto& c : cases) {
+    harness::CaseSpec spec = c.file.spec;
+    std::vector<std::string> kept;
+    for (size_t k = 0; k < spec.fusions.size(); ++k) {
+      if (std::find(known.begin(), known.end(), spec.fusions[k]) != known.end()) {
+        kept.push_back(spec.fusions[k]);
+      } else if (c.file.backend == caps.backend) {
+        throw InputError(c.path.string() + ": /spec/fusions/" + std::to_string(k) + ": the " + caps.backend +
+                         " backend has no fusion '" + spec.fusions[k] + "'");
+      } else if (out) {
+        *out << "note: " << c.path.string() << " was recorded on " << c.file.backend << "; the " << caps.backend
+             << " backend has no fusion '" << spec.fusions[k] << "', left out\n";
+      }
+    }
+    spec.fusions = std::move(kept);
     reports::CaseRecord record;
     try {
-      record.result = harness::run_case(c.file.spec, run_options);
+      record.result = runner.run_now(spec, fault_text.value_or(""));
     } catch (const std::exception& e) {
-      throw InternalError(c.path.string() + ": run_case raised: " + e.what(), c.path.string());
+      throw InternalError(c.path.string() + ": running the case raised: " + e.what(), c.path.string());
     }
     ++outcome.cases_run;
-    if (!record.result.passed()) {
+    if (record.result.failed()) {
       ++outcome.failed;
       reports::Finding finding;
       finding.result = record.result;
       finding.case_file = c.path.string();
       finding.reproduce = reports::reproduce_line(finding.case_file, fault_text);
+      if (caps.backend != "model") finding.reproduce += " --backend " + caps.backend;
+      finding.fault = fault_text;
       if (out) {
         *out << "FAIL " << harness::verdict_name(record.result.verdict) << ' ' << finding.case_file << " ["
              << record.result.signature() << "]: " << finding.reproduce << '\n';

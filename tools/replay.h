@@ -10,6 +10,7 @@
 #include "harness/runner.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
+#include "tools/case_runner.h"
 
 namespace gradfuzz::tools {
 
@@ -33,12 +34,17 @@ struct ReplayOutcome {
   std::vector<reports::Finding> failures;
 };
 
-/// Runs each case's spec under the current runtime with `fault` on (when given). A case
-/// fails when run_case's verdict is not pass; the recorded verdict does not change that
-/// (a finding file replayed without its fault passes once the runtime is right). For each
-/// failing case one line "FAIL <kind> <file> [<signature>]: <reproduce line>" goes to
-/// `out` (when not null). Every case goes to `reporter` (when not null) with a Finding for
-/// failures. Throws InternalError when run_case raises.
+/// Runs each case's spec on `runner` with `fault` on (when given). A case fails when its
+/// verdict is neither pass nor unsupported; the recorded verdict does not change that (a
+/// finding file replayed without its fault passes once the runtime is right). Fusions the
+/// runner's backend lacks: an error naming the file and the JSON path when the case was
+/// recorded on that backend, dropped with a note on `out` when it was recorded on another.
+/// For each failing case one line "FAIL <kind> <file> [<signature>]: <reproduce line>" goes
+/// to `out` (when not null). Every case goes to `reporter` (when not null) with a Finding
+/// for failures. Throws InternalError when a case trips an internal assertion.
+ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
+                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out);
+/// The same in this process on the model backend.
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
                            const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out);
 

@@ -147,6 +147,22 @@ TEST_F(CaseFileTest, RejectsUnknownOpWithItsPath) {
   EXPECT_THAT(e.what(), HasSubstr("unknown_op.json: /spec/ops/1/name: unknown op 'ScaledSRelu'"));
 }
 
+TEST_F(CaseFileTest, ChecksFusionNamesAgainstTheBackendItWasRecordedOn) {
+  nlohmann::json j = sample_json();
+  j["spec"]["fusions"] = {"ForwardLinearBiasActivation", "GroupedMLP_CuTeGEMMGLU"};
+  // A model file names the model's fusions only.
+  const CorpusError e = load_error(j, "model.json");
+  EXPECT_EQ(e.json_path(), "/spec/fusions/1");
+  EXPECT_THAT(e.what(), HasSubstr("unknown fusion 'GroupedMLP_CuTeGEMMGLU'"));
+  // A te file may name TE's; the te backend checks them when it runs the case.
+  j["backend"] = "te";
+  const CaseFile te = case_file_from_json(j, "te.json");
+  EXPECT_EQ(te.backend, "te");
+  EXPECT_EQ(te.spec.fusions.size(), 2u);
+  j["backend"] = "jax";
+  EXPECT_EQ(load_error(j).json_path(), "/backend");
+}
+
 TEST_F(CaseFileTest, RejectsUndeclaredMissingProducer) {
   nlohmann::json j = sample_json();
   j["spec"]["ops"][1]["input_channels"][0] = "t";

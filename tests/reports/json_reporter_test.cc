@@ -97,7 +97,19 @@ CaseRecord finding_record(const std::optional<std::string>& fault) {
   f.result = mismatch_result();
   f.case_file = "gradfuzz-out/corpus/findings/0123456789abcdef.json";
   f.reproduce = reproduce_line(f.case_file, fault);
+  f.fault = fault;
   record.finding = f;
+  // The failing case is the first of its cluster, which one more member joins below.
+  record.cluster = f.result.signature();
+  return record;
+}
+
+/// A later failing case counted in the finding's cluster, saved as an example.
+CaseRecord cluster_member() {
+  CaseRecord record;
+  record.result = mismatch_result();
+  record.cluster = record.result.signature();
+  record.example_file = "gradfuzz-out/corpus/findings/examples/fedcba9876543210.json";
   return record;
 }
 
@@ -107,6 +119,7 @@ TEST(JsonReporter, FuzzReportMatchesGolden) {
   reporter.report_context(fixed_context("fuzz", std::string("internal-requires-grad")));
   reporter.report_case(CaseRecord{passing_result(), std::nullopt});
   reporter.report_case(finding_record(std::string("internal-requires-grad")));
+  reporter.report_case(cluster_member());
   reporter.finalize(RunSummary{2.5, std::nullopt});
   expect_golden("fuzz_report.json", out.str());
 }

@@ -63,34 +63,43 @@ TEST(InflightFile, RemoveDeletesTheFile) {
   EXPECT_EQ(count_regular_files(dir.path() / "inflight"), 0u);
 }
 
-TEST(RecoverCrashedCases, MovesALeftoverInflightCaseToCrashingWithVerdictCrash) {
+TEST(FindLeftoverCases, FindsTheCaseOfARunThatEndedAndItsFault) {
   TempDir dir;
   {
-    // A run that died: its in-flight file was written and never removed.
-    InflightFile file(dir.path() / kInflightDir / "4242.json");
+    // A run that died: its in-flight file was written and never removed (its lock went with it).
+    InflightFile file(dir.path() / kInflightDir / "4242-0.json");
     file.write(inflight_case_text(small_case(5), 3, std::string("slot-order")));
   }
   std::vector<std::string> problems;
-  const auto recovered = recover_crashed_cases(dir.path(), problems);
-  ASSERT_EQ(recovered.size(), 1u);
+  const auto leftovers = find_leftover_cases(dir.path(), problems);
+  ASSERT_EQ(leftovers.size(), 1u);
   EXPECT_TRUE(problems.empty());
-  EXPECT_EQ(recovered[0].parent_path().filename(), corpus::kCrashingDir);
-  const corpus::CaseFile saved = corpus::load_case_file(recovered[0]);
-  EXPECT_EQ(saved.spec, small_case(5));
-  EXPECT_EQ(saved.verdict.kind, harness::VerdictKind::kCrash);
-  EXPECT_EQ(saved.verdict.fault, std::optional<std::string>("slot-order"));
-  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 0u);
+  EXPECT_EQ(leftovers[0].spec, small_case(5));
+  EXPECT_EQ(leftovers[0].fault, std::optional<std::string>("slot-order"));
+  // Found, not consumed: the campaign deletes it once the case's outcome is recorded.
+  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 1u);
 }
 
-TEST(RecoverCrashedCases, LeavesAnUnreadableLeftoverInPlaceAndSaysWhy) {
+TEST(FindLeftoverCases, LeavesTheFilesOfALiveCampaignAlone) {
+  TempDir dir;
+  InflightFile live(dir.path() / kInflightDir / "77-0.json");  // held (locked) by its owner
+  live.write(inflight_case_text(small_case(2), 1, std::nullopt));
+  std::vector<std::string> problems;
+  EXPECT_TRUE(find_leftover_cases(dir.path(), problems).empty());
+  EXPECT_TRUE(problems.empty());
+  EXPECT_FALSE(owner_is_gone(live.path()));
+}
+
+TEST(FindLeftoverCases, MovesAnUnreadableLeftoverAsideAndSaysWhy) {
   TempDir dir;
   make_directories(dir.path() / kInflightDir);
   std::ofstream(dir.path() / kInflightDir / "9.json") << "{ not json";
   std::vector<std::string> problems;
-  EXPECT_TRUE(recover_crashed_cases(dir.path(), problems).empty());
+  EXPECT_TRUE(find_leftover_cases(dir.path(), problems).empty());
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_THAT(problems[0], ::testing::HasSubstr("9.json"));
-  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 1u);
+  EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 0u);
+  EXPECT_EQ(count_regular_files(dir.path() / corpus::kCrashingDir), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,215 @@
+#include "harness/backend.h"
+
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "harness/model_backend.h"
+#include "harness/remote_backend.h"
+#include "harness/wire.h"
+
+namespace gradfuzz::harness {
+
+namespace {
+
+using nlohmann::json;
+
+const char* style_name(ops::OutputStyle style) { return style == ops::OutputStyle::kGenerator ? "generator" : "vector"; }
+
+ops::OutputStyle style_from(const std::string& name) {
+  if (name == "vector") return ops::OutputStyle::kVector;
+  if (name == "generator") return ops::OutputStyle::kGenerator;
+  throw std::invalid_argument("unknown output style '" + name + "'; known: vector, generator");
+}
+
+ops::FusionPass pass_from(const std::string& name) {
+  for (ops::FusionPass pass : {ops::FusionPass::kJoint, ops::FusionPass::kForward, ops::FusionPass::kBackward}) {
+    if (name == ops::fusion_pass_name(pass)) return pass;
+  }
+  throw std::invalid_argument("unknown fusion pass '" + name + "'; known: joint, forward, backward");
+}
+
+const char* kind_name(ops::TensorKind kind) {
+  switch (kind) {
+    case ops::TensorKind::kFloat:
+      return "float";
+    case ops::TensorKind::kSplitSizes:
+      return "split_sizes";
+    case ops::TensorKind::kRoutingMap:
+      return "routing_map";
+  }
+  return "float";
+}
+
+json slots_json(const std::vector<ops::SlotSpec>& slots) {
+  json out = json::array();
+  for (const auto& s : slots) out.push_back({{"kind", kind_name(s.kind)}, {"shape", s.shape}});
+  return out;
+}
+
+/// Floating values travel as float64 (docs/BACKENDS.md): already rounded to the case dtype.
+at::Tensor wire_value(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor cpu = t.detach().to(at::kCPU);
+  return cpu.is_floating_point() ? cpu.to(at::kDouble) : cpu.to(at::kLong);
+}
+
+}  // namespace
+
+const OpCapability* BackendCapabilities::op(const std::string& name) const {
+  auto it = std::find_if(ops.begin(), ops.end(), [&](const OpCapability& o) { return o.name == name; });
+  return it == ops.end() ? nullptr : &*it;
+}
+
+bool BackendCapabilities::has_deviation(const std::string& name) const {
+  return std::find(deviations.begin(), deviations.end(), name) != deviations.end();
+}
+
+std::vector<std::string> BackendCapabilities::op_names() const {
+  std::vector<std::string> out;
+  for (const auto& o : ops) out.push_back(o.name);
+  return out;
+}
+
+std::vector<std::string> BackendCapabilities::fusion_names() const {
+  std::vector<std::string> out;
+  for (const auto& f : fusions) out.push_back(f.name);
+  return out;
+}
+
+void to_json(json& j, const BackendCapabilities& caps) {
+  json ops_json = json::object();
+  for (const auto& o : caps.ops) {
+    json styles = json::array();
+    for (auto s : o.output_styles) styles.push_back(style_name(s));
+    ops_json[o.name] = {{"implementation", o.implementation}, {"options", o.options}, {"output_styles", styles}};
+  }
+  json fusions = json::array();
+  for (const auto& f : caps.fusions) {
+    fusions.push_back({{"name", f.name}, {"pass", ops::fusion_pass_name(f.pass)}, {"implementation", f.implementation}});
+  }
+  j = json{{"backend", caps.backend}, {"devices", caps.devices},   {"dtypes", caps.dtypes},
+           {"ops", ops_json},         {"fusions", fusions},        {"deviations", caps.deviations},
+           {"versions", caps.versions}, {"device_name", caps.device_name}};
+}
+
+void from_json(const json& j, BackendCapabilities& caps) {
+  caps = BackendCapabilities{};
+  if (j.contains("backend")) caps.backend = j["backend"].get<std::string>();
+  caps.devices = j.at("devices").get<std::vector<std::string>>();
+  caps.dtypes = j.at("dtypes").get<std::vector<std::string>>();
+  for (const auto& [name, o] : j.at("ops").items()) {
+    OpCapability op;
+    op.name = name;
+    op.implementation = o.value("implementation", "");
+    if (o.contains("options")) {
+      for (const auto& [attr, values] : o["options"].items()) op.options[attr] = values.get<std::vector<double>>();
+    }
+    if (o.contains("output_styles")) {
+      op.output_styles.clear();
+      for (const auto& s : o["output_styles"]) op.output_styles.push_back(style_from(s.get<std::string>()));
+    }
+    caps.ops.push_back(std::move(op));
+  }
+  for (const auto& f : j.at("fusions")) {
+    caps.fusions.push_back(
+        {f.at("name").get<std::string>(), pass_from(f.at("pass").get<std::string>()), f.value("implementation", "")});
+  }
+  if (j.contains("deviations")) caps.deviations = j["deviations"].get<std::vector<std::string>>();
+  if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
+  if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
+}
+
+const std::vector<std::string>& backend_names() {
+  static const std::vector<std::string> names{"model", "te", "torch"};
+  return names;
+}
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+  if (options.name == "model") return std::make_unique<ModelBackend>();
+  if (options.name == "te" || options.name == "torch") return std::make_unique<RemoteBackend>(options);
+  throw std::invalid_argument("unknown backend '" + options.name + "'; known backends: model, te, torch");
+}
+
+BackendCapabilities model_capabilities() {
+  BackendCapabilities caps;
+  caps.backend = "model";
+  caps.devices = {"cpu"};
+  if (at::hasCUDA()) caps.devices.push_back("cuda");
+  caps.dtypes = {"float64", "float32", "bfloat16", "float16"};
+  const auto& registry = ops::OpRegistry::catalog();
+  for (const auto& name : registry.names()) {
+    OpCapability op;
+    op.name = name;
+    op.implementation = "gradfuzz::ops (" + registry.info(name).summary + ")";
+    op.output_styles = {ops::OutputStyle::kVector, ops::OutputStyle::kGenerator};
+    caps.ops.push_back(std::move(op));
+  }
+  for (const auto& entry : ops::FusionRegistry::catalog().entries()) {
+    caps.fusions.push_back({entry.name, entry.pass, "gradfuzz::ops fused op"});
+  }
+  return caps;
+}
+
+json case_request_json(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                       std::vector<at::Tensor>& out) {
+  const auto& registry = ops::OpRegistry::catalog();
+  json plan_ops = json::array();
+  json params = json::array();
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    const OpPlan& op = plan.ops[i];
+    json entry{{"fuser", op.fuser},
+               {"input_shape", op.input_shape},
+               {"output_shape", op.signature.output_shape},
+               {"extra_inputs", slots_json(op.signature.extra_inputs)},
+               {"extra_outputs", slots_json(op.signature.extra_outputs)}};
+    json shapes = json::array();
+    json refs = json::array();
+    if (i < tensors.params.size()) {
+      for (const auto& p : tensors.params[i]) {
+        shapes.push_back(p.sizes().vec());
+        refs.push_back(wire::add_tensor(out, wire_value(p)));
+      }
+    }
+    entry["param_shapes"] = shapes;
+    if (!op.boundary) {
+      ops::OpAttrs attrs = registry.info(spec.ops[i].name).defaults;
+      for (const auto& [k, v] : spec.ops[i].attrs) attrs[k] = v;
+      entry["attrs"] = attrs;
+    } else {
+      entry["attrs"] = json::object();
+    }
+    plan_ops.push_back(std::move(entry));
+    params.push_back(std::move(refs));
+  }
+  json public_inputs = json::array();
+  for (const auto& s : plan.public_inputs) public_inputs.push_back({s.op, s.slot});
+  json public_outputs = json::array();
+  for (const auto& s : plan.public_outputs) public_outputs.push_back({s.op, s.slot});
+
+  json values;
+  values["input"] = wire::add_tensor(out, wire_value(tensors.input));
+  values["params"] = std::move(params);
+  json extras = json::array();
+  for (const auto& t : tensors.extra_inputs) extras.push_back(wire::add_tensor(out, wire_value(t)));
+  values["extra_inputs"] = std::move(extras);
+  values["extra_input_requires_grad"] = tensors.extra_input_requires_grad;
+  json cotangents = json::array();
+  for (const auto& t : tensors.cotangents) cotangents.push_back(wire::add_tensor(out, wire_value(t)));
+  values["cotangents"] = std::move(cotangents);
+  json calls = json::array();
+  for (const auto& call : tensors.call_inputs) {
+    json call_extras = json::array();
+    for (const auto& t : call.extra_inputs) call_extras.push_back(wire::add_tensor(out, wire_value(t)));
+    calls.push_back({{"input", wire::add_tensor(out, wire_value(call.input))}, {"extra_inputs", call_extras}});
+  }
+  values["call_inputs"] = std::move(calls);
+
+  return json{{"spec", spec},
+              {"plan", {{"ops", plan_ops}, {"public_inputs", public_inputs}, {"public_outputs", public_outputs}}},
+              {"values", values}};
+}
+
+}  // namespace gradfuzz::harness

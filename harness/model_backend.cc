@@ -1,0 +1,203 @@
+#include "harness/model_backend.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+
+#include "harness/tolerances.h"
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+
+namespace gradfuzz::harness {
+
+namespace {
+
+/// Spec op indices of each fuser's basic ops, in order.
+std::vector<std::vector<int64_t>> fuser_members(const CasePlan& plan) {
+  std::vector<std::vector<int64_t>> members(static_cast<size_t>(plan.num_fusers));
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    if (plan.ops[i].fuser >= 0) members[static_cast<size_t>(plan.ops[i].fuser)].push_back(static_cast<int64_t>(i));
+  }
+  return members;
+}
+
+std::vector<PlanGroup> to_spec_indices(const std::vector<ops::PlanEntry>& entries, const std::vector<int64_t>& members) {
+  std::vector<PlanGroup> out;
+  for (const auto& e : entries) {
+    PlanGroup g;
+    g.name = e.name;
+    g.fused = e.fused;
+    g.begin = e.begin < static_cast<int64_t>(members.size()) ? members[static_cast<size_t>(e.begin)] : e.begin;
+    g.end = e.end > 0 && e.end <= static_cast<int64_t>(members.size()) ? members[static_cast<size_t>(e.end - 1)] + 1
+                                                                        : e.end;
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+/// Copies of the caller-owned tensors a path receives, taken before it runs, and the check
+/// that they still hold the same values afterwards.
+class CallerTensors {
+ public:
+  void add(std::string name, const at::Tensor& given) {
+    if (!given.defined()) return;
+    names_.push_back(std::move(name));
+    given_.push_back(given);
+    pristine_.push_back(given.detach().clone());
+  }
+
+  std::vector<std::string> modified() const {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < given_.size(); ++i) {
+      if (!at::equal(given_[i].detach(), pristine_[i])) out.push_back(names_[i]);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> given_;
+  std::vector<at::Tensor> pristine_;
+};
+
+/// Loss cotangents: only floating outputs that require grad take part; each gets its own
+/// copy (so no path can change what the next one sees).
+void collect_loss_terms(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& cotangents,
+                        std::vector<at::Tensor>& loss_outputs, std::vector<at::Tensor>& loss_cotangents,
+                        CallerTensors& caller) {
+  for (size_t i = 0; i < outputs.size() && i < cotangents.size(); ++i) {
+    const at::Tensor& out = outputs[i];
+    const at::Tensor& cot = cotangents[i];
+    if (!out.defined() || !cot.defined() || !out.is_floating_point() || !out.requires_grad()) continue;
+    if (out.sizes() != cot.sizes()) continue;  // a shape bug; reported by the output comparison
+    loss_outputs.push_back(out);
+    loss_cotangents.push_back(cot.to(out.options(), /*non_blocking=*/false, /*copy=*/true));
+    caller.add("cotangent[" + std::to_string(i) + "]", loss_cotangents.back());
+  }
+}
+
+PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const CasePlan& plan,
+                       const CaseTensors& tensors) {
+  PathRun run;
+  run.name = request.name;
+  BuildOptions build;
+  build.dtype = scalar_type_from_name(spec.dtype);
+  build.device = spec.device == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  // Names the model lacks (a case recorded on another backend) are left out.
+  const auto known = ops::FusionRegistry::catalog().names();
+  std::vector<std::string> fusions;
+  for (const auto& f : request.fusions) {
+    if (std::find(known.begin(), known.end(), f) != known.end()) fusions.push_back(f);
+  }
+  build.fusions = ops::FusionRegistry::catalog().only(fusions);
+  BuiltCase built;
+  run_guarded(run, [&] {
+    run.error_stage = build_stage_name(BuildStage::kCreate);
+    create_ops(spec, plan, &tensors, build, built);
+    try {
+      build_case(spec, plan, tensors, build, built);
+    } catch (...) {
+      run.error_stage = build_stage_name(built.stage);
+      throw;
+    }
+    run.error_stage = "forward";
+    const auto options = at::TensorOptions().dtype(build.dtype).device(build.device);
+    at::Tensor input = tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
+    std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
+    CallerTensors caller;
+    caller.add("input", input);
+    for (size_t k = 0; k < extras.size(); ++k) caller.add("extra_input[" + std::to_string(k) + "]", extras[k]);
+    run.outputs = built.sequential->forward(input, extras);
+
+    run.error_stage = "backward";
+    // Autograd inputs: main input, parameters, public extra inputs that require grad.
+    std::vector<at::Tensor> leaves;
+    std::vector<std::pair<int64_t, int64_t>> where;  // (-1,0) input, (op, j) param, (-2, k) extra
+    if (input.requires_grad()) {
+      leaves.push_back(input);
+      where.emplace_back(-1, 0);
+    }
+    run.grad_params.resize(spec.ops.size());
+    for (size_t i = 0; i < built.ops.size(); ++i) {
+      if (!built.ops[i]) continue;
+      auto params = built.ops[i]->parameters();
+      run.grad_params[i].resize(params.size());
+      for (size_t j = 0; j < params.size(); ++j) {
+        if (!params[j].requires_grad()) continue;
+        leaves.push_back(params[j]);
+        where.emplace_back(static_cast<int64_t>(i), static_cast<int64_t>(j));
+      }
+    }
+    run.grad_extra_inputs.resize(extras.size());
+    for (size_t k = 0; k < extras.size(); ++k) {
+      if (!extras[k].defined() || !extras[k].requires_grad()) continue;
+      leaves.push_back(extras[k]);
+      where.emplace_back(-2, static_cast<int64_t>(k));
+    }
+    std::vector<at::Tensor> loss_outputs;
+    std::vector<at::Tensor> loss_cotangents;
+    collect_loss_terms(run.outputs, tensors.cotangents, loss_outputs, loss_cotangents, caller);
+    if (!leaves.empty() && !loss_outputs.empty()) {
+      // Gradients of sum_i <output_i, cotangent_i>, without building the scalar loss.
+      auto grads = torch::autograd::grad(loss_outputs, leaves, loss_cotangents, /*retain_graph=*/false,
+                                         /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t n = 0; n < grads.size(); ++n) {
+        const auto [kind, index] = where[n];
+        if (kind == -1) {
+          run.grad_input = grads[n];
+        } else if (kind == -2) {
+          run.grad_extra_inputs[static_cast<size_t>(index)] = grads[n];
+        } else {
+          run.grad_params[static_cast<size_t>(kind)][static_cast<size_t>(index)] = grads[n];
+        }
+      }
+    }
+    run.modified = caller.modified();
+  });
+  // Plans and channel gradients of whatever ran (a failed backward still leaves its forward plan).
+  if (built.sequential) {
+    const auto members = fuser_members(plan);
+    const auto& fusers = built.sequential->fusers();
+    for (size_t f = 0; f < fusers.size() && f < members.size(); ++f) {
+      auto trace = fusers[f]->last_trace();
+      FuserPlans plans;
+      if (trace) {
+        plans.forward = to_spec_indices(trace->forward_plan, members[f]);
+        plans.backward = to_spec_indices(trace->backward_plan, members[f]);
+      }
+      run.plans.push_back(std::move(plans));
+      run.channel_grads.push_back(trace && run.ok() ? trace->channel_grads : std::map<std::string, at::Tensor>{});
+    }
+  }
+  // Ops that a failed Sequential construction left locked (they were unlocked before it).
+  if (!run.ok() && built.stage == BuildStage::kConstruct) {
+    for (size_t i = 0; i < built.ops.size(); ++i) {
+      const bool before = i < built.locked_before_construct.size() && built.locked_before_construct[i];
+      if (built.ops[i] && built.ops[i]->locked() && !before) run.left_locked.push_back(static_cast<int64_t>(i));
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+ModelBackend::ModelBackend() : capabilities_(model_capabilities()) {}
+
+std::vector<PathRun> ModelBackend::run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                             const std::vector<PathRequest>& paths) {
+  std::vector<PathRun> runs;
+  for (const auto& request : paths) {
+    if (request.skip_if_nothing_fused && !runs.empty() && runs.front().ok() && !any_fused(runs.front())) {
+      PathRun skipped;
+      skipped.name = request.name;
+      skipped.status = PathStatus::kSkipped;
+      runs.push_back(std::move(skipped));
+      continue;
+    }
+    runs.push_back(run_model_path(request, spec, plan, tensors));
+  }
+  return runs;
+}
+
+}  // namespace gradfuzz::harness

@@ -1,0 +1,96 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gradfuzz::harness {
+
+/// One group of a fuser's forward or backward plan, in spec op indices.
+struct PlanGroup {
+  /// Fused op or basic op name ("ForwardLinearBiasAdd", "Linear").
+  std::string name;
+  /// Spec op index range [begin, end) the group covers.
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool fused = false;
+  bool operator==(const PlanGroup& o) const {
+    return name == o.name && begin == o.begin && end == o.end && fused == o.fused;
+  }
+};
+
+/// The plans one fuser ran with.
+struct FuserPlans {
+  std::vector<PlanGroup> forward;
+  std::vector<PlanGroup> backward;
+};
+
+/// How a path ended.
+enum class PathStatus {
+  kOk,
+  /// The backend raised (error_* say what).
+  kError,
+  /// The backend declined a valid case it documents as unsupported (reason in error_message).
+  kUnsupported,
+  /// Not run: it would have repeated the previous path (no fused op ran there).
+  kSkipped,
+};
+
+/// Everything one path of a backend produced, in float64-comparable form, or the error it
+/// raised. Tensors may live on any device and dtype; the oracle widens them.
+struct PathRun {
+  std::string name;
+  PathStatus status = PathStatus::kOk;
+  bool ok() const { return status == PathStatus::kOk; }
+  /// Runtime error kind (ops/errors.h kinds; "unrecognized", "c10-error", "std-exception").
+  std::string error_kind;
+  std::string error_message;
+  /// "op creation", "call-then-bind call", "binding", "Sequential construction",
+  /// "late binding", "forward", "backward".
+  std::string error_stage;
+  /// Python exception type (remote backends), empty otherwise.
+  std::string error_type;
+  /// Spec op indices that a failed construction left locked.
+  std::vector<int64_t> left_locked;
+
+  /// Main output, then the public extra outputs.
+  std::vector<at::Tensor> outputs;
+  at::Tensor grad_input;
+  /// Per spec op, per parameter (the model's layout).
+  std::vector<std::vector<at::Tensor>> grad_params;
+  /// Per passed extra input.
+  std::vector<at::Tensor> grad_extra_inputs;
+  /// Per fuser: channel name -> total gradient that reached the producer's slot.
+  std::vector<std::map<std::string, at::Tensor>> channel_grads;
+  /// Per fuser: the groups each pass ran.
+  std::vector<FuserPlans> plans;
+  /// Caller-owned tensors whose values changed while the path ran ("input",
+  /// "extra_input[1]", "cotangent[0]").
+  std::vector<std::string> modified;
+};
+
+/// "fused", "unfused", "forward_fused", "backward_fused": which fusions a path enables.
+struct PathRequest {
+  std::string name;
+  std::vector<std::string> fusions;
+  /// Skip when the previous path ran without error and no fused op ran in it.
+  bool skip_if_nothing_fused = false;
+};
+
+/// Whether any group of any pass of `run` is a fused op.
+bool any_fused(const PathRun& run);
+
+/// Describes an error path: "<name> raised <kind> during <stage>: <message>".
+std::string describe_error(const PathRun& run);
+
+/// Runs `body`, which sets run.error_stage before each step. A runtime error (gradfuzz::Error,
+/// c10::Error, other std::exception) becomes the run's error (status kError, kind, message,
+/// the stage it happened in); std::logic_error (an internal assertion) propagates. On success
+/// the status is kOk and the stage cleared.
+void run_guarded(PathRun& run, const std::function<void()>& body);
+
+}  // namespace gradfuzz::harness

@@ -1,0 +1,262 @@
+#include "harness/remote_backend.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "harness/wire.h"
+
+#ifndef GRADFUZZ_DEFAULT_PYTHON
+#define GRADFUZZ_DEFAULT_PYTHON "python3"
+#endif
+#ifndef GRADFUZZ_SOURCE_DIR
+#define GRADFUZZ_SOURCE_DIR "."
+#endif
+
+namespace gradfuzz::harness {
+
+namespace {
+
+using nlohmann::json;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+PathStatus status_from(const std::string& s) {
+  if (s == "ok") return PathStatus::kOk;
+  if (s == "error") return PathStatus::kError;
+  if (s == "unsupported") return PathStatus::kUnsupported;
+  if (s == "skipped") return PathStatus::kSkipped;
+  throw wire::ProtocolError("unknown path status '" + s + "'");
+}
+
+std::vector<PlanGroup> plan_groups(const json& j) {
+  std::vector<PlanGroup> out;
+  for (const auto& g : j) {
+    out.push_back({g.at("name").get<std::string>(), g.at("begin").get<int64_t>(), g.at("end").get<int64_t>(),
+                   g.at("fused").get<bool>()});
+  }
+  return out;
+}
+
+PathRun path_from(const json& j, const wire::Frame& frame) {
+  PathRun run;
+  run.name = j.at("name").get<std::string>();
+  run.status = status_from(j.at("status").get<std::string>());
+  if (run.status == PathStatus::kError) {
+    const json& e = j.at("error");
+    run.error_kind = e.value("kind", "unrecognized");
+    run.error_type = e.value("type", "");
+    run.error_message = e.value("message", "");
+    run.error_stage = e.value("phase", "");
+    if (!run.error_type.empty()) run.error_message = run.error_type + ": " + run.error_message;
+  }
+  if (run.status == PathStatus::kUnsupported) run.error_message = j.value("reason", "");
+  if (j.contains("outputs")) {
+    for (const auto& ref : j["outputs"]) run.outputs.push_back(wire::tensor_at(frame, ref));
+  }
+  if (j.contains("grad_input")) run.grad_input = wire::tensor_at(frame, j["grad_input"]);
+  if (j.contains("grad_params")) {
+    for (const auto& op : j["grad_params"]) {
+      run.grad_params.emplace_back();
+      for (const auto& ref : op) run.grad_params.back().push_back(wire::tensor_at(frame, ref));
+    }
+  }
+  if (j.contains("grad_extra_inputs")) {
+    for (const auto& ref : j["grad_extra_inputs"]) run.grad_extra_inputs.push_back(wire::tensor_at(frame, ref));
+  }
+  if (j.contains("channel_grads")) {
+    for (const auto& fuser : j["channel_grads"]) {
+      run.channel_grads.emplace_back();
+      for (const auto& [name, ref] : fuser.items()) run.channel_grads.back()[name] = wire::tensor_at(frame, ref);
+    }
+  }
+  if (j.contains("plans")) {
+    for (const auto& fuser : j["plans"]) {
+      FuserPlans p;
+      p.forward = plan_groups(fuser.at("forward"));
+      p.backward = plan_groups(fuser.at("backward"));
+      run.plans.push_back(std::move(p));
+    }
+  }
+  if (j.contains("modified")) run.modified = j["modified"].get<std::vector<std::string>>();
+  if (j.contains("left_locked")) run.left_locked = j["left_locked"].get<std::vector<int64_t>>();
+  return run;
+}
+
+json paths_json(const std::vector<PathRequest>& paths) {
+  json out = json::array();
+  for (const auto& p : paths) {
+    out.push_back({{"name", p.name}, {"fusions", p.fusions}, {"skip_if_nothing_fused", p.skip_if_nothing_fused}});
+  }
+  return out;
+}
+
+}  // namespace
+
+struct RemoteBackend::Reply {
+  wire::Frame frame;
+};
+
+ChildProcess::Options adapter_process_options(const BackendOptions& options) {
+  ChildProcess::Options o;
+  const std::string python = !options.python.empty() ? options.python
+                                                     : env_or("GRADFUZZ_PYTHON", GRADFUZZ_DEFAULT_PYTHON);
+  const std::string adapter_dir = !options.adapter_dir.empty()
+                                      ? options.adapter_dir
+                                      : env_or("GRADFUZZ_ADAPTER_DIR", std::string(GRADFUZZ_SOURCE_DIR) + "/adapter");
+  o.argv = {python, "-m", "gradfuzz_adapter", "--backend", options.name};
+  const std::string path = env_or("PYTHONPATH", "");
+  o.env["PYTHONPATH"] = adapter_dir + (path.empty() ? "" : ":" + path);
+  // The adapter's stdout carries frames; Python must not buffer its stderr either, so a
+  // crash leaves its last words.
+  o.env["PYTHONUNBUFFERED"] = "1";
+  return o;
+}
+
+RemoteBackend::RemoteBackend(BackendOptions options) : options_(std::move(options)) {}
+
+RemoteBackend::~RemoteBackend() {
+  if (child_ && child_->running()) {
+    try {
+      wire::write_frame(child_->stdin_fd(), json{{"op", "quit"}}, {});
+    } catch (const std::exception&) {
+      // It is going away either way: the destructor of ChildProcess kills it.
+    }
+  }
+}
+
+int RemoteBackend::adapter_pid() const { return child_ ? static_cast<int>(child_->pid()) : -1; }
+
+void RemoteBackend::fail_dead(const std::string& what) {
+  const std::string how = child_ ? child_->terminate() : std::string("not running");
+  const std::string tail = child_ ? child_->stderr_tail() : std::string();
+  child_.reset();
+  throw BackendCrash("the " + options_.name + " adapter " + what + " (" + how + ")" +
+                     (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
+}
+
+void RemoteBackend::start() {
+  if (child_ && child_->running()) return;
+  child_.reset();
+  const ChildProcess::Options process = adapter_process_options(options_);
+  try {
+    child_ = std::make_unique<ChildProcess>(process);
+  } catch (const std::exception& e) {
+    throw BackendUnavailable(std::string("cannot start the ") + options_.name + " adapter: " + e.what());
+  }
+  try {
+    wire::write_frame(child_->stdin_fd(), json{{"op", "hello"}}, {});
+    const auto deadline = wire::Clock::now() + std::chrono::duration_cast<wire::Clock::duration>(
+                                                   std::chrono::duration<double>(options_.start_timeout_s));
+    wire::Frame reply = wire::read_frame(child_->stdout_fd(), deadline);
+    if (!reply.header.value("ok", false)) {
+      throw std::runtime_error(reply.header.value("error", std::string("hello refused")));
+    }
+    if (!have_capabilities_) {
+      capabilities_ = reply.header.at("capabilities").get<BackendCapabilities>();
+      capabilities_.backend = options_.name;
+      if (reply.header.contains("versions")) {
+        capabilities_.versions = reply.header["versions"].get<std::map<std::string, std::string>>();
+      }
+      if (reply.header.contains("device_name") && reply.header["device_name"].is_string()) {
+        capabilities_.device_name = reply.header["device_name"].get<std::string>();
+      }
+      have_capabilities_ = true;
+    }
+  } catch (const std::exception& e) {
+    const std::string how = child_->terminate();
+    const std::string tail = child_->stderr_tail();
+    child_.reset();
+    std::string argv;
+    for (const auto& a : process.argv) argv += (argv.empty() ? "" : " ") + a;
+    throw BackendUnavailable("the " + options_.name + " adapter (" + argv + ", PYTHONPATH=" +
+                             process.env.at("PYTHONPATH") + ") did not start: " + e.what() + " (" + how + ")" +
+                             (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
+  }
+}
+
+const BackendCapabilities& RemoteBackend::capabilities() {
+  if (!have_capabilities_) start();
+  return capabilities_;
+}
+
+RemoteBackend::Reply RemoteBackend::call(json header, const std::vector<at::Tensor>& tensors, double timeout_s) {
+  start();
+  child_->clear_stderr();
+  try {
+    wire::write_frame(child_->stdin_fd(), std::move(header), tensors);
+  } catch (const wire::PeerClosed&) {
+    fail_dead("died before it read the case");
+  }
+  Reply reply;
+  try {
+    const auto deadline = wire::Clock::now() + std::chrono::duration_cast<wire::Clock::duration>(
+                                                   std::chrono::duration<double>(timeout_s));
+    reply.frame = wire::read_frame(child_->stdout_fd(), deadline);
+  } catch (const wire::PeerClosed&) {
+    fail_dead("died while running the case");
+  } catch (const wire::Timeout&) {
+    const std::string tail = child_->stderr_tail();
+    child_->terminate();
+    child_.reset();
+    throw BackendTimeout("the " + options_.name + " adapter did not answer within " + std::to_string(timeout_s) +
+                         " s and was killed" + (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
+  } catch (const wire::ProtocolError& e) {
+    // A garbled answer: the adapter is in an unknown state, start afresh next time.
+    child_->terminate();
+    child_.reset();
+    throw std::logic_error(std::string("the adapter broke the protocol: ") + e.what());
+  }
+  if (!reply.frame.header.value("ok", false)) {
+    throw std::logic_error("the " + options_.name +
+                           " adapter failed: " + reply.frame.header.value("error", std::string("no reason given")));
+  }
+  return reply;
+}
+
+std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                              const std::vector<PathRequest>& paths) {
+  std::vector<at::Tensor> out_tensors;
+  json header = case_request_json(spec, plan, tensors, out_tensors);
+  header["op"] = "run";
+  header["paths"] = paths_json(paths);
+  Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
+  std::vector<PathRun> runs;
+  try {
+    for (const auto& p : reply.frame.header.at("paths")) runs.push_back(path_from(p, reply.frame));
+  } catch (const std::exception& e) {
+    throw std::logic_error(std::string("the adapter's run reply is malformed: ") + e.what());
+  }
+  if (runs.size() != paths.size()) {
+    throw std::logic_error("the adapter answered " + std::to_string(runs.size()) + " paths for " +
+                           std::to_string(paths.size()) + " requested");
+  }
+  return runs;
+}
+
+std::string RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                         const std::vector<PathRequest>& paths, const ExportRequest& request) {
+  std::vector<at::Tensor> out_tensors;
+  json header = case_request_json(spec, plan, tensors, out_tensors);
+  header["op"] = "export";
+  header["backend"] = request.backend;
+  header["paths"] = paths_json(paths);
+  json expect{{"kind", request.expect},
+              {"tolerance",
+               {{"atol", request.tolerance.atol},
+                {"rtol", request.tolerance.rtol},
+                {"baseline_factor", request.baseline_factor},
+                {"baseline_cap", request.baseline_cap}}}};
+  if (!request.error_kind.empty()) expect["error_kind"] = request.error_kind;
+  header["expect"] = std::move(expect);
+  header["case_file"] = request.case_file;
+  Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
+  return reply.frame.header.at("script").get<std::string>();
+}
+
+}  // namespace gradfuzz::harness

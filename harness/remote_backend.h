@@ -1,0 +1,68 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/process.h"
+#include "harness/tolerances.h"
+
+namespace gradfuzz::harness {
+
+/// What an exported pytest file expects (docs/BACKENDS.md "export").
+struct ExportRequest {
+  /// "te" or "torch": whose build the script contains.
+  std::string backend;
+  /// "pass" (every path matches the reference) or "error" (the case is an invalid
+  /// configuration: building or running it must raise `error_kind`).
+  std::string expect = "pass";
+  std::string error_kind;
+  Tolerance tolerance;
+  double baseline_factor = 0;
+  double baseline_cap = 0;
+  /// Named in the script's docstring with the command that reproduces it.
+  std::string case_file;
+};
+
+/// A backend implemented by the Python adapter (`adapter/`, docs/BACKENDS.md), run as a child
+/// process spoken to through framed messages. It starts on first use and again after it
+/// died; its death during a case throws BackendCrash, its silence past the case's time
+/// limit BackendTimeout (the adapter is killed first).
+class RemoteBackend final : public Backend {
+ public:
+  explicit RemoteBackend(BackendOptions options);
+  ~RemoteBackend() override;
+
+  std::string name() const override { return options_.name; }
+  const BackendCapabilities& capabilities() override;
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths) override;
+
+  /// The pytest script for `spec` (its paths and values). Throws BackendUnavailable when the
+  /// adapter cannot start and std::runtime_error when it refuses the request.
+  std::string export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                            const std::vector<PathRequest>& paths, const ExportRequest& request);
+
+  /// Process id of the running adapter, or -1 (tests kill it to provoke a crash).
+  int adapter_pid() const;
+
+ private:
+  void start();
+  /// Sends one request and returns the reply; throws BackendCrash / BackendTimeout and
+  /// std::runtime_error for a reply with ok=false.
+  struct Reply;
+  Reply call(nlohmann::json header, const std::vector<at::Tensor>& tensors, double timeout_s);
+  [[noreturn]] void fail_dead(const std::string& what);
+
+  BackendOptions options_;
+  std::unique_ptr<ChildProcess> child_;
+  BackendCapabilities capabilities_;
+  bool have_capabilities_ = false;
+};
+
+/// The argv and environment the adapter is started with for `options` (python, -m
+/// gradfuzz_adapter, --backend NAME; PYTHONPATH gets the adapter folder in front).
+ChildProcess::Options adapter_process_options(const BackendOptions& options);
+
+}  // namespace gradfuzz::harness

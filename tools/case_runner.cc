@@ -1,0 +1,41 @@
+#include "tools/case_runner.h"
+
+#include <memory>
+#include <stdexcept>
+
+#include "ops/faults.h"
+
+namespace gradfuzz::tools {
+
+harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, harness::Backend& backend,
+                                   const harness::RunOptions& run_options) {
+  // The switchboard is process-wide: every fault off except the one asked for.
+  std::vector<std::unique_ptr<ops::FaultScope>> scopes;
+  for (ops::Fault f : ops::all_faults()) {
+    scopes.push_back(std::make_unique<ops::FaultScope>(f, !fault.empty() && ops::fault_name(f) == fault));
+  }
+  return harness::run_case(spec, backend, run_options);
+}
+
+int InProcessRunner::submit(Job job) {
+  if (!ready_.empty()) throw std::logic_error("InProcessRunner::submit with a result not collected");
+  JobResult r;
+  r.id = job.id;
+  r.slot = 0;
+  r.result = run_with_fault(job.spec, job.fault, *backend_, run_options_);
+  ready_.push_back(std::move(r));
+  return 0;
+}
+
+std::optional<JobResult> InProcessRunner::wait(std::optional<std::chrono::steady_clock::time_point> /*deadline*/) {
+  if (ready_.empty()) return std::nullopt;
+  JobResult r = std::move(ready_.front());
+  ready_.pop_front();
+  return r;
+}
+
+harness::CaseResult InProcessRunner::run_now(const harness::CaseSpec& spec, const std::string& fault) {
+  return run_with_fault(spec, fault, *backend_, run_options_);
+}
+
+}  // namespace gradfuzz::tools

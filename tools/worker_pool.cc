@@ -1,0 +1,330 @@
+#include "tools/worker_pool.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "harness/wire.h"
+#include "ops/faults.h"
+
+namespace gradfuzz::tools {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+std::string executable_path(const std::string& given) {
+  if (!given.empty()) return given;
+  // Tests run the CLI inside a test binary; they name the real gradfuzz to start workers.
+  if (const char* env = std::getenv("GRADFUZZ_EXECUTABLE"); env && *env) return env;
+  char buffer[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (n <= 0) throw std::runtime_error("cannot find the gradfuzz executable (/proc/self/exe)");
+  return std::string(buffer, static_cast<size_t>(n));
+}
+
+std::string format_seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", s);
+  return text;
+}
+
+}  // namespace
+
+struct WorkerPool::Slot {
+  enum class State { kStarting, kIdle, kBusy };
+  int index = 0;
+  std::unique_ptr<harness::ChildProcess> child;
+  State state = State::kStarting;
+  std::optional<Job> job;
+  Clock::time_point deadline;
+  int64_t cases = 0;
+};
+
+WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
+  if (options_.workers < 1) throw std::invalid_argument("WorkerPool: expected at least one worker");
+  options_.executable = executable_path(options_.executable);
+  for (int i = 0; i < options_.workers; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->index = i;
+  }
+  for (auto& slot : slots_) start(*slot);
+  // Every worker answers hello before the first case.
+  const auto deadline = after(options_.backend.start_timeout_s + 10);
+  for (auto& slot : slots_) {
+    while (slot->state == Slot::State::kStarting) {
+      if (Clock::now() > deadline) {
+        throw harness::BackendUnavailable("worker " + std::to_string(slot->index) + " did not start within " +
+                                          format_seconds(options_.backend.start_timeout_s + 10) + " s");
+      }
+      pump(deadline);
+    }
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  for (auto& slot : slots_) {
+    if (!slot->child) continue;
+    try {
+      harness::wire::write_frame(slot->child->stdin_fd(), json{{"op", "quit"}}, {});
+    } catch (const std::exception&) {
+      // Killed below either way.
+    }
+  }
+  for (auto& slot : slots_) slot->child.reset();  // kills the process group and reaps
+}
+
+void WorkerPool::start(Slot& slot) {
+  harness::ChildProcess::Options process;
+  process.argv = {options_.executable, "worker", "--backend", options_.backend.name, "--case-timeout",
+                  format_seconds(options_.case_timeout_s)};
+  if (!options_.backend.python.empty()) {
+    process.argv.push_back("--python-exe");
+    process.argv.push_back(options_.backend.python);
+  }
+  if (!options_.backend.adapter_dir.empty()) {
+    process.argv.push_back("--adapter-dir");
+    process.argv.push_back(options_.backend.adapter_dir);
+  }
+  const auto& r = options_.run_options;
+  if (!r.finite_differences) process.argv.push_back("--no-finite-differences");
+  if (!options_.devices.empty()) {
+    process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
+  }
+  // Each worker runs one case at a time: one intra-op thread (tools/cli.cc explains why).
+  process.new_process_group = true;
+  slot.child = std::make_unique<harness::ChildProcess>(process);
+  slot.state = Slot::State::kStarting;
+  slot.job.reset();
+  slot.cases = 0;
+  slot.deadline = after(options_.backend.start_timeout_s + 10);
+  ++started_;
+  harness::wire::write_frame(slot.child->stdin_fd(), json{{"op", "hello"}}, {});
+}
+
+void WorkerPool::restart(Slot& slot) {
+  slot.child.reset();
+  start(slot);
+}
+
+int WorkerPool::idle() const {
+  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
+                                        [](const auto& s) { return s->state == Slot::State::kIdle; }));
+}
+
+int WorkerPool::in_flight() const {
+  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
+                                        [](const auto& s) { return s->state == Slot::State::kBusy; }));
+}
+
+int WorkerPool::submit(Job job) {
+  for (auto& slot : slots_) {
+    if (slot->state != Slot::State::kIdle) continue;
+    json header{{"op", "run"}, {"spec", job.spec}, {"fault", job.fault}, {"id", job.id}};
+    slot->job = std::move(job);
+    slot->state = Slot::State::kBusy;
+    // The worker's own adapter limit is the case limit; this one catches a worker that hangs
+    // itself (the model backend, or the worker's C++ around the adapter).
+    slot->deadline = after(options_.case_timeout_s + 5);
+    try {
+      harness::wire::write_frame(slot->child->stdin_fd(), std::move(header), {});
+    } catch (const harness::wire::PeerClosed&) {
+      // The worker died between cases; collect() turns that into this case's crash, which
+      // is wrong for the case, so restart and hand it over again instead.
+      Job again = std::move(*slot->job);
+      restart(*slot);
+      while (slot->state == Slot::State::kStarting) collect(*slot);
+      return submit(std::move(again));
+    }
+    return slot->index;
+  }
+  throw std::logic_error("WorkerPool::submit with no idle worker");
+}
+
+JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::string& why) {
+  JobResult out;
+  out.id = slot.job ? slot.job->id : 0;
+  out.slot = slot.index;
+  harness::CaseResult& r = out.result;
+  r.verdict = kind;
+  r.backend = options_.backend.name;
+  r.error_kinds = harness::verdict_name(kind);
+  if (slot.job) {
+    r.seed = slot.job->spec.seed;
+    for (const auto& op : slot.job->spec.ops) {
+      if (op.name != harness::kBoundaryOp) r.op_types.push_back(op.name);
+    }
+  }
+  const std::string tail = slot.child ? slot.child->stderr_tail(3000) : std::string();
+  r.error_detail = why + (tail.empty() ? std::string() : "; the worker's stderr ends with:\n" + tail);
+  restart(slot);
+  return out;
+}
+
+std::optional<JobResult> WorkerPool::collect(Slot& slot) {
+  harness::wire::Frame frame;
+  try {
+    frame = harness::wire::read_frame(slot.child->stdout_fd(), slot.deadline);
+  } catch (const harness::wire::PeerClosed&) {
+    const std::string how = slot.child->terminate();
+    if (slot.state == Slot::State::kStarting) {
+      throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " " + how +
+                                        " before it was ready: " + slot.child->stderr_tail(3000));
+    }
+    return fail(slot, harness::VerdictKind::kCrash, "the worker running the case " + how);
+  } catch (const harness::wire::Timeout&) {
+    if (slot.state == Slot::State::kStarting) {
+      throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " did not answer hello in time: " +
+                                        slot.child->stderr_tail(3000));
+    }
+    slot.child->terminate();
+    return fail(slot, harness::VerdictKind::kTimeout,
+                "the case ran past the limit of " + format_seconds(options_.case_timeout_s) + " s; worker killed");
+  } catch (const harness::wire::ProtocolError& e) {
+    slot.child->terminate();
+    return fail(slot, harness::VerdictKind::kCrash, std::string("the worker broke the protocol: ") + e.what());
+  }
+  const json& h = frame.header;
+  if (slot.state == Slot::State::kStarting) {
+    if (!h.value("ok", false)) {
+      throw harness::BackendUnavailable(h.value("error", std::string("worker refused to start")));
+    }
+    if (capabilities_.ops.empty()) capabilities_ = h.at("capabilities").get<harness::BackendCapabilities>();
+    slot.state = Slot::State::kIdle;
+    return std::nullopt;
+  }
+  if (!h.value("ok", false)) {
+    const uint64_t id = slot.job ? slot.job->id : 0;
+    slot.state = Slot::State::kIdle;
+    slot.job.reset();
+    throw WorkerInternalError(h.value("error", std::string("worker failed")), id);
+  }
+  JobResult out;
+  out.id = slot.job->id;
+  out.slot = slot.index;
+  out.result = h.at("result").get<harness::CaseResult>();
+  slot.job.reset();
+  slot.state = Slot::State::kIdle;
+  if (++slot.cases >= options_.recycle_after) restart(slot);
+  return out;
+}
+
+bool WorkerPool::pump(std::optional<Clock::time_point> deadline) {
+  std::vector<pollfd> fds;
+  std::vector<Slot*> owners;
+  Clock::time_point soonest = deadline.value_or(Clock::time_point::max());
+  for (auto& slot : slots_) {
+    if (slot->state == Slot::State::kIdle) continue;
+    fds.push_back({slot->child->stdout_fd(), POLLIN, 0});
+    owners.push_back(slot.get());
+    soonest = std::min(soonest, slot->deadline);
+  }
+  if (fds.empty()) return false;
+  const auto now = Clock::now();
+  int timeout_ms = 0;
+  if (soonest > now) {
+    timeout_ms = static_cast<int>(
+        std::min<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(soonest - now).count() + 1, 1 << 30));
+  }
+  const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n < 0 && errno != EINTR) throw std::runtime_error("poll on workers failed");
+  for (size_t i = 0; i < fds.size(); ++i) {
+    Slot& slot = *owners[i];
+    const bool readable = n > 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR));
+    if (readable || Clock::now() >= slot.deadline) {
+      if (auto r = collect(slot)) ready_.push_back(std::move(*r));
+    }
+  }
+  return true;
+}
+
+std::optional<JobResult> WorkerPool::wait(std::optional<Clock::time_point> deadline) {
+  while (ready_.empty()) {
+    if (deadline && Clock::now() >= *deadline) return std::nullopt;
+    if (!pump(deadline)) return std::nullopt;
+  }
+  JobResult r = std::move(ready_.front());
+  ready_.pop_front();
+  return r;
+}
+
+harness::CaseResult WorkerPool::run_now(const harness::CaseSpec& spec, const std::string& fault) {
+  while (idle() == 0) {
+    if (!pump(std::nullopt)) throw std::logic_error("WorkerPool::run_now: no worker can become idle");
+  }
+  const uint64_t id = next_internal_id_++;
+  submit(Job{id, spec, fault});
+  while (true) {
+    auto it = std::find_if(ready_.begin(), ready_.end(), [&](const JobResult& r) { return r.id == id; });
+    if (it != ready_.end()) {
+      harness::CaseResult result = std::move(it->result);
+      ready_.erase(it);
+      return result;
+    }
+    if (!pump(std::nullopt)) throw std::logic_error("WorkerPool::run_now lost its case");
+  }
+}
+
+void WorkerPool::cancel_in_flight() {
+  for (auto& slot : slots_) {
+    if (slot->state == Slot::State::kBusy) restart(*slot);
+  }
+}
+
+std::vector<int> WorkerPool::worker_pids() const {
+  std::vector<int> out;
+  for (const auto& slot : slots_) out.push_back(slot->child ? static_cast<int>(slot->child->pid()) : -1);
+  return out;
+}
+
+int run_worker(const harness::BackendOptions& backend_options, const harness::RunOptions& run_options) {
+  // Die with the supervisor, whatever killed it.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Frames go to the original stdout; anything a library prints goes to stderr instead.
+  const int out = ::dup(1);
+  ::dup2(2, 1);
+  std::unique_ptr<harness::Backend> backend = harness::make_backend(backend_options);
+  while (true) {
+    harness::wire::Frame request;
+    try {
+      request = harness::wire::read_frame(0, std::nullopt);
+    } catch (const harness::wire::PeerClosed&) {
+      return 0;
+    }
+    const std::string op = request.header.value("op", "");
+    if (op == "quit") return 0;
+    json reply;
+    try {
+      if (op == "hello") {
+        reply = json{{"ok", true}, {"capabilities", backend->capabilities()}};
+      } else if (op == "run") {
+        const harness::CaseSpec spec = request.header.at("spec").get<harness::CaseSpec>();
+        const std::string fault = request.header.value("fault", "");
+        if (!fault.empty()) ops::fault_from_name(fault);  // an unknown name is the supervisor's bug
+        reply = json{{"ok", true}, {"result", run_with_fault(spec, fault, *backend, run_options)}};
+      } else {
+        reply = json{{"ok", false}, {"error", "unknown request '" + op + "'"}};
+      }
+    } catch (const std::exception& e) {
+      reply = json{{"ok", false}, {"error", e.what()}};
+    }
+    try {
+      harness::wire::write_frame(out, std::move(reply), {});
+    } catch (const harness::wire::PeerClosed&) {
+      return 0;
+    }
+  }
+}
+
+}  // namespace gradfuzz::tools

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/case_result.h"
+#include "harness/case_spec.h"
+#include "harness/process.h"
+#include "harness/runner.h"
+#include "tools/case_runner.h"
+
+namespace gradfuzz::tools {
+
+/// How the supervisor starts its workers (`gradfuzz worker`, docs/BACKENDS.md "Processes").
+struct WorkerPoolOptions {
+  /// Worker processes; each owns one backend (and, for te/torch, one adapter).
+  int workers = 1;
+  harness::BackendOptions backend;
+  /// CUDA devices handed out round-robin (CUDA_VISIBLE_DEVICES of each worker); empty: inherit.
+  std::vector<std::string> devices;
+  /// Seconds one case may run before its worker (and the worker's adapter) is killed.
+  double case_timeout_s = 120;
+  /// A worker is replaced after this many cases, which bounds the memory a long run can
+  /// grow by whatever a backend keeps from case to case.
+  int64_t recycle_after = 2000;
+  /// Run options passed to run_case in the workers.
+  harness::RunOptions run_options;
+  /// Path of the gradfuzz executable (default /proc/self/exe).
+  std::string executable;
+};
+
+/// Raised when a worker reports a gradfuzz bug (an internal assertion) for a case.
+class WorkerInternalError : public std::runtime_error {
+ public:
+  WorkerInternalError(const std::string& message, uint64_t job) : std::runtime_error(message), job_(job) {}
+  uint64_t job() const { return job_; }
+
+ private:
+  uint64_t job_;
+};
+
+/// The supervisor's side of the worker processes: hands out cases, collects results, turns
+/// a worker's death into a `crash` result and a case past the time limit into a `timeout`
+/// result (killing the worker's process group), and restarts workers as needed. Not
+/// thread-safe: one supervisor thread drives it.
+class WorkerPool final : public CaseRunner {
+ public:
+  /// Starts every worker and waits for their hello (capabilities). Throws
+  /// harness::BackendUnavailable when a worker's backend cannot start.
+  explicit WorkerPool(WorkerPoolOptions options);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  const harness::BackendCapabilities& capabilities() override { return capabilities_; }
+  int slots() const override { return static_cast<int>(slots_.size()); }
+  int idle() const override;
+  int in_flight() const override;
+  int submit(Job job) override;
+  std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point> deadline) override;
+  harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string& fault) override;
+  void cancel_in_flight() override;
+  /// Process ids of the workers (tests kill them).
+  std::vector<int> worker_pids() const;
+  /// Workers started since the pool was made (restarts included).
+  int64_t workers_started() const { return started_; }
+
+ private:
+  struct Slot;
+  void start(Slot& slot);
+  void restart(Slot& slot);
+  /// One poll over the busy and starting workers (until `deadline` or the soonest case
+  /// limit); finished cases go to ready_. False when no worker is busy or starting.
+  bool pump(std::optional<std::chrono::steady_clock::time_point> deadline);
+  /// Reads one answer from a slot whose stdout is readable; returns the finished job.
+  std::optional<JobResult> collect(Slot& slot);
+  JobResult fail(Slot& slot, harness::VerdictKind kind, const std::string& why);
+
+  WorkerPoolOptions options_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::deque<JobResult> ready_;
+  harness::BackendCapabilities capabilities_;
+  int64_t started_ = 0;
+  uint64_t next_internal_id_ = 1ull << 62;
+};
+
+/// `gradfuzz worker`: the loop a worker process runs (frames on stdin/stdout). Returns the
+/// exit status.
+int run_worker(const harness::BackendOptions& backend, const harness::RunOptions& run_options);
+
+}  // namespace gradfuzz::tools
