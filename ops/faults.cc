@@ -8,7 +8,7 @@
 namespace gradfuzz::ops {
 namespace {
 
-constexpr size_t kNumFaults = 6;
+constexpr size_t kNumFaults = 11;
 std::array<std::atomic<bool>, kNumFaults> g_switchboard{};
 
 size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
@@ -18,7 +18,9 @@ size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
 const std::vector<Fault>& all_faults() {
   static const std::vector<Fault> faults = {
       Fault::kInternalRequiresGrad, Fault::kGeneratorOutputs, Fault::kTransientLock,
-      Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad};
+      Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad,
+      Fault::kInPlaceExtraInput,    Fault::kAliasedChannelGrad, Fault::kCrashSegfault,
+      Fault::kCrashAbort,           Fault::kHang};
   return faults;
 }
 
@@ -30,6 +32,11 @@ std::string fault_name(Fault fault) {
     case Fault::kSameFusionGradDrop: return "same-fusion-grad-drop";
     case Fault::kSlotOrder: return "slot-order";
     case Fault::kScaleBiasGrad: return "scale-bias-grad";
+    case Fault::kInPlaceExtraInput: return "inplace-extra-input";
+    case Fault::kAliasedChannelGrad: return "aliased-channel-grad";
+    case Fault::kCrashSegfault: return "crash-segfault";
+    case Fault::kCrashAbort: return "crash-abort";
+    case Fault::kHang: return "hang";
   }
   GRADFUZZ_INTERNAL_ASSERT(false, "unhandled fault");
 }

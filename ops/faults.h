@@ -13,6 +13,13 @@ enum class Fault {
   kSameFusionGradDrop,    // finding 4: fused op drops its internal channel gradient
   kSlotOrder,             // finding 4: public extras matched bound-slots-first
   kScaleBiasGrad,         // finding 4: GroupedLinear(scale_bias) grad in the wrong slot
+  // runtime.md section 11 hazards, repaired in the runtime:
+  kInPlaceExtraInput,  // an op writing into its extra input gets the channel's own tensor, not a copy
+  kAliasedChannelGrad,  // the first stored channel gradient is the consumer's tensor, not a copy
+  // Process-level defects, to prove worker isolation (a campaign must survive each):
+  kCrashSegfault,  // SIGSEGV in forward when a fused group spans three or more ops
+  kCrashAbort,     // abort() in backward when a channel collects a second consumer's gradient
+  kHang,           // forward never returns for a generator-style op with two extra outputs
 };
 
 /// All faults, in the order `gradfuzz list faults` prints them.

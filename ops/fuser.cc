@@ -1,5 +1,10 @@
 #include "ops/fuser.h"
 
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -25,8 +30,12 @@ bool is_floating(const at::Tensor& t) { return t.defined() && at::isFloatingType
 /// so the caller may hand it to an op that accumulates in place (runtime.md section 8.6).
 at::Tensor fresh_sum(const at::Tensor& a, const at::Tensor& b) {
   if (a.defined() && b.defined()) return a + b.to(a.scalar_type());
-  if (a.defined()) return a.clone();
-  if (b.defined()) return b.clone();
+  // With the aliased-channel-grad fault the lone term is handed on as it is: an op that
+  // accumulates into its extra-output gradient in place then writes into the caller's
+  // cotangent or a consumer's gradient.
+  const bool alias = fault_enabled(Fault::kAliasedChannelGrad);
+  if (a.defined()) return alias ? a : a.clone();
+  if (b.defined()) return alias ? b : b.clone();
   return at::Tensor();
 }
 
@@ -148,7 +157,8 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
             op_extras[s] = caller_extras[i][s];
             ctx.grad_wanted[s] = op_extras[s].defined() && op_extras[s].requires_grad();
           }
-          if (op.writes_extra_input_in_place(s) && op_extras[s].defined()) {
+          if (op.writes_extra_input_in_place(s) && op_extras[s].defined() &&
+              !fault_enabled(Fault::kInPlaceExtraInput)) {
             // The op writes into this tensor: give it a private copy so no other consumer of
             // the channel and no caller sees the write (runtime.md section 11).
             op_extras[s] = op_extras[s].clone();
@@ -167,6 +177,14 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         extras.push_back(std::move(op_extras));
       }
 
+      if (fault_enabled(Fault::kCrashSegfault) && entry.end - entry.begin >= 3) std::raise(SIGSEGV);
+      if (fault_enabled(Fault::kHang)) {
+        for (int64_t i = entry.begin; i < entry.end; ++i) {
+          if (ops[i]->output_style() == OutputStyle::kGenerator && ops[i]->num_extra_outputs() >= 2) {
+            while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+          }
+        }
+      }
       GroupForwardResult result = group.forward(ctx_ptrs, x, extras);
       if (result.extra_outputs.size() != static_cast<size_t>(entry.end - entry.begin)) {
         throw ExtraCountError(group.name() + " returned extra outputs for " +
@@ -307,8 +325,9 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
             continue;
           }
           auto& acc = channel_grads[producer];
+          if (acc.defined() && fault_enabled(Fault::kCrashAbort)) std::abort();
           // Stored gradients are never aliased: clone on first store, sum out of place after.
-          acc = acc.defined() ? acc + cast : cast.clone();
+          acc = acc.defined() ? acc + cast : (fault_enabled(Fault::kAliasedChannelGrad) ? cast : cast.clone());
         }
         const std::vector<at::Tensor>& pgrads = result.grad_params[i - entry.begin];
         const size_t num_params = (i + 1 < static_cast<int64_t>(ops.size()) ? state->param_offsets[i + 1]

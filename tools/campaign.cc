@@ -397,12 +397,23 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     if (options.on_case) options.on_case(seconds_since(start));
   };
 
+  const size_t max_pending = static_cast<size_t>(std::max(1, runner.slots()));
+  bool exhausted = false;
   while (true) {
-    while (runner.idle() > 0 && submit_next()) {
+    // Results of cases that finished while a shrink ran wait in the runner: pending (not the
+    // runner's busy workers) says what is still owed.
+    while (!exhausted && pending.size() < max_pending && runner.idle() > 0) {
+      if (!submit_next()) {
+        exhausted = true;
+        break;
+      }
       // An in-process runner has the result at once: collect it before the next case.
       if (auto r = runner.wait(Clock::now())) handle(std::move(*r));
     }
-    if (runner.in_flight() == 0) break;
+    // Stop, budget or count reached: no new case will start (a restarting worker does not
+    // end the run).
+    if (stopped() || time_up() || stop_now) exhausted = true;
+    if (pending.empty() && exhausted) break;
     if (stopped() || (budget_end && Clock::now() >= *budget_end + grace)) {
       runner.cancel_in_flight();  // their cases are not counted; nothing was found in them
       pending.clear();

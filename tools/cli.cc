@@ -406,10 +406,18 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   Reporters reporters(f.report, out, /*quiet=*/false);
   reports::CampaignInfo info = campaign_info("selftest", options.campaign);
   info.fault.reset();
-  reporters.context(make_report_context(info, options.campaign.device));
+  // The hang fault is found by its time-out: selftest cases are tiny, so a short limit
+  // keeps that fault's run (its case and the shrink's) at seconds rather than minutes.
+  Flags flags = f;
+  if (!sub.count("--case-timeout")) flags.case_timeout_s = kSelftestCaseTimeoutS;
+  std::unique_ptr<CaseRunner> runner = make_runner(flags, options.campaign.run_options);
+  fit_to_backend(options.campaign, runner->capabilities(), sub.count("--dtypes") > 0);
+  info.dtypes = options.campaign.dtypes;
+  info.workers = f.workers;
+  reporters.context(backend_context(info, options.campaign.device, runner->capabilities()));
   const auto start = std::chrono::steady_clock::now();
   std::vector<reports::SelftestEntry> entries =
-      run_selftest(options, reporters.reporter(), progress_stream(err, terminal, false));
+      run_selftest(options, *runner, reporters.reporter(), progress_stream(err, terminal, false));
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   bool all_ok = true;
   for (const auto& e : entries) all_ok = all_ok && e.ok();
@@ -606,6 +614,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   selftest->add_option("--report", f.report, "write the JSON report here");
   add_campaign_flags(*selftest, f);
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");
+  add_backend_flags(*selftest, f);
 
   CLI::App* list = app.add_subcommand("list", "list catalog ops, fusions or faults");
   list->add_option("what", f.what, "ops, fusions or faults")

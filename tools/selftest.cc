@@ -6,10 +6,10 @@
 namespace gradfuzz::tools {
 
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
-                       const harness::RunOptions& run_options) {
+                       CaseRunner& runner) {
   try {
     const auto cases = load_case_paths({case_file.string()});
-    const ReplayOutcome outcome = replay_cases(cases, fault, run_options, nullptr, nullptr);
+    const ReplayOutcome outcome = replay_cases(cases, fault, runner, nullptr, nullptr);
     return static_cast<int>(outcome.failed > 0 ? ExitCode::kFindings : ExitCode::kOk);
   } catch (const InputError&) {
     return static_cast<int>(ExitCode::kUsage);
@@ -20,6 +20,12 @@ int replay_exit_status(const std::filesystem::path& case_file, const std::option
 
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress) {
+  InProcessRunner runner(harness::make_backend({}), options.campaign.run_options);
+  return run_selftest(options, runner, reporter, progress);
+}
+
+std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, CaseRunner& runner,
+                                                 reports::Reporter& reporter, std::ostream* progress) {
   std::vector<reports::SelftestEntry> entries;
   for (ops::Fault fault : options.faults) {
     reports::SelftestEntry entry;
@@ -31,7 +37,7 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
     campaign.stop_at_first_finding = true;
     campaign.require_fault_attributable = true;
     campaign.corpus_dir = options.corpus_dir / entry.name;
-    const CampaignOutcome outcome = run_campaign(campaign, reporter, progress);
+    const CampaignOutcome outcome = run_campaign(campaign, runner, reporter, progress);
 
     entry.unattributed_findings = static_cast<int64_t>(outcome.findings.size());
     if (const CampaignFinding* found = outcome.first_attributable()) {
@@ -42,8 +48,8 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
       entry.seconds_to_detect = found->seconds;
       entry.shrunk_ops = found->shrunk_ops;
       entry.case_file = finding.case_file;
-      entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, campaign.run_options);
-      entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, campaign.run_options);
+      entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, runner);
+      entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, runner);
     }
     entries.push_back(entry);
   }

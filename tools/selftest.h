@@ -14,6 +14,8 @@ namespace gradfuzz::tools {
 
 /// Cases per fault when --cases is not given.
 inline constexpr int64_t kDefaultSelftestCases = 2000;
+/// Per-case time limit of selftest runs unless --case-timeout says otherwise.
+inline constexpr double kSelftestCaseTimeoutS = 10;
 /// Default corpus of `gradfuzz selftest` (one sub-directory per fault).
 inline constexpr const char* kDefaultSelftestDir = "gradfuzz-out/selftest";
 
@@ -34,12 +36,18 @@ struct SelftestOptions {
 /// that persist without the fault are real runtime bugs: they are saved and reported as
 /// findings and counted in SelftestEntry::unattributed_findings. Campaign cases go to `reporter`;
 /// `progress` as in run_campaign. Throws InternalError on internal assertions.
+/// Cases run on `runner` (worker processes, so that the crash, abort and hang faults are
+/// findings and not the end of the selftest).
+std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, CaseRunner& runner,
+                                                 reports::Reporter& reporter, std::ostream* progress);
+/// The same in this process on the model backend (faults that kill a process must not be
+/// among options.faults).
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress);
 
-/// Exit status replay would give for `case_file` with `fault` on or off: 0 pass, 1 failure,
-/// 2 unusable file, 3 internal error.
+/// Exit status replay would give for `case_file` with `fault` on or off, run on `runner`:
+/// 0 pass, 1 failure, 2 unusable file, 3 internal error.
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
-                       const harness::RunOptions& run_options);
+                       CaseRunner& runner);
 
 }  // namespace gradfuzz::tools
