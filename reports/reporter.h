@@ -50,6 +50,8 @@ struct CampaignInfo {
   std::optional<std::string> fault;
   /// Worker processes (0: cases ran in the supervisor's process).
   int workers = 0;
+  /// "i/N" when the run is one shard of a campaign (1-based), empty otherwise.
+  std::string shard;
 };
 
 /// Names listed in `coverage` even when their count is zero.

@@ -283,8 +283,10 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       p.fault = left.fault.value_or("");
     } else {
       if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
-      p.spec = campaign_case(options, next_index, options.backend == "model" ? nullptr : capabilities);
-      p.number = ++next_index;
+      const int64_t global = next_index * options.shard_count + options.shard_index;
+      p.spec = campaign_case(options, global, options.backend == "model" ? nullptr : capabilities);
+      ++next_index;
+      p.number = global + 1;
       p.fault = fault_name;
     }
     // Written before the case is handed out: if it kills the whole run, the repro is on disk.

@@ -60,6 +60,11 @@ struct CampaignOptions {
   harness::RunOptions run_options;
   /// Backend the cases run on (recorded in case files).
   std::string backend = "model";
+  /// This run is shard `shard_index` (0-based) of `shard_count`: its k-th case is the
+  /// unsharded campaign's case k * shard_count + shard_index, so shards never repeat each
+  /// other and together run exactly the unsharded campaign's cases.
+  int64_t shard_index = 0;
+  int64_t shard_count = 1;
   /// Set (by a signal handler) to end the run cleanly: no new case starts, the cases in
   /// flight are dropped, findings saved so far stay.
   const std::atomic<bool>* stop = nullptr;

@@ -63,6 +63,7 @@ struct Flags {
   std::string output;
   bool python_format = false;
   bool no_finite_differences = false;
+  std::string shard;
 };
 
 /// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
@@ -288,6 +289,22 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   }
   o.backend = f.backend;
   o.run_options.finite_differences = !f.no_finite_differences;
+  if (!f.shard.empty()) {
+    // "i/N", 1 <= i <= N: shard i of N (SLURM_ARRAY_TASK_ID + 1 of the array's size).
+    const auto slash = f.shard.find('/');
+    int64_t i = 0;
+    int64_t n = 0;
+    bool ok = slash != std::string::npos && slash > 0 && slash + 1 < f.shard.size() &&
+              f.shard.find_first_not_of("0123456789/") == std::string::npos && f.shard.size() <= 15;
+    if (ok) {
+      i = std::stoll(f.shard.substr(0, slash));
+      n = std::stoll(f.shard.substr(slash + 1));
+      ok = n >= 1 && i >= 1 && i <= n;
+    }
+    if (!ok) throw InputError("--shard: expected i/N with 1 <= i <= N (e.g. 2/8), got '" + f.shard + "'");
+    o.shard_index = i - 1;
+    o.shard_count = n;
+  }
   return o;
 }
 
@@ -338,6 +355,7 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
   }
   reports::CampaignInfo info = campaign_info("fuzz", options);
   info.workers = f.workers;
+  info.shard = f.shard;
   reporters.context(backend_context(info, options.device, runner->capabilities()));
   StopSignals signals;
   options.stop = &g_stop;
@@ -601,6 +619,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_option("--report", f.report, "write the JSON report here");
   fuzz->add_flag("--quiet", f.quiet, "print nothing but errors");
   add_backend_flags(*fuzz, f);
+  fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
 
   CLI::App* replay = app.add_subcommand("replay", "run case files or directories of case files");
   replay->add_option("paths", f.paths, "case files or directories")->required();

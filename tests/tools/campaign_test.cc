@@ -61,6 +61,35 @@ TEST(Campaign, SameSeedRegeneratesTheSameCases) {
   EXPECT_TRUE(any_differs);
 }
 
+TEST(Campaign, ShardsPartitionTheUnshardedCampaignsCases) {
+  auto seeds_of = [](int64_t cases, int64_t index, int64_t count) {
+    TempDir dir("shard");
+    CampaignOptions options;
+    options.cases = cases;
+    options.seed = 21;
+    options.max_ops = 2;
+    options.corpus_dir = dir.path();
+    options.shard_index = index;
+    options.shard_count = count;
+    RecordingReporter reporter;
+    run_campaign(options, reporter, nullptr);
+    std::multiset<uint64_t> seeds;
+    for (const auto& r : reporter.records) seeds.insert(r.result.seed);
+    return seeds;
+  };
+  const auto whole = seeds_of(9, 0, 1);
+  std::multiset<uint64_t> joined;
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto part = seeds_of(3, i, 3);
+    EXPECT_EQ(part.size(), 3u) << "shard " << i;
+    for (uint64_t s : part) {
+      EXPECT_EQ(joined.count(s), 0u) << "shards repeat a case";
+      joined.insert(s);
+    }
+  }
+  EXPECT_EQ(joined, whole);
+}
+
 TEST(Campaign, RunsTheRequestedCasesAndLeavesNoInflightFiles) {
   TempDir dir("campaign");
   CampaignOptions options;
