@@ -71,7 +71,10 @@ T pick_of(const std::vector<T>& v) {
 
 const std::vector<double> kScales{-2.0, -0.5, 0.5, 1.5, 3.0};
 
-int64_t draw_features() { return chance(3, 4) ? pick_of<int64_t>({2, 4, 6, 8}) : pick_of<int64_t>({3, 5, 7}); }
+/// Dimensions at and around the block, warp and vector widths of the kernels under test.
+const std::vector<int64_t> kEdgeDims{1,   7,   8,   9,   15,  16,  17,   31,   32,   33,   63,   64,   65,  127,
+                                     128, 129, 255, 256, 257, 511, 512,  513,  1023, 1024, 1025, 2047, 2048, 2049,
+                                     4095, 4096, 4097, 8191, 8192};
 
 /// A case under construction, with what the generator knows about each module.
 struct Draft {
@@ -85,6 +88,9 @@ struct Draft {
   /// consumer slot -> suggested producer slot (motif wiring).
   std::map<SlotAt, SlotAt> suggested;
   int64_t num_catalog_ops = 0;
+  /// The case's shape regime (never kMix) and the element budget of one tensor.
+  ShapeRegime regime = ShapeRegime::kTiny;
+  int64_t max_tensor_elements = int64_t{1} << 24;
   /// The backend under test; null for the model's catalog.
   const harness::BackendCapabilities* caps = nullptr;
 
@@ -103,6 +109,30 @@ struct Draft {
                      op->output_styles.end();
   }
 };
+
+/// A feature count for the draft's regime (tiny: as the distribution notes say).
+int64_t draw_dim(const Draft& d, bool rows) {
+  switch (d.regime) {
+    case ShapeRegime::kEdge:
+      return pick_of(kEdgeDims);
+    case ShapeRegime::kLarge: {
+      // Mostly multiples of 64 (what models use), sometimes one off (the kernels' tails).
+      const int64_t v = rows ? pick(16, 512) * 64 : pick(16, 256) * 64;
+      return v + pick_of<int64_t>({0, 0, 0, 0, 1, -1});
+    }
+    default:
+      return rows ? pick(1, 8) : (chance(3, 4) ? pick_of<int64_t>({2, 4, 6, 8}) : pick_of<int64_t>({3, 5, 7}));
+  }
+}
+
+/// A new feature count (an op's `out`) that keeps [rows, out] and the weight [out, features]
+/// within the tensor budget: halved (to at least 1) until it fits.
+int64_t draw_features(const Draft& d) {
+  int64_t out = draw_dim(d, /*rows=*/false);
+  const int64_t wider = std::max(d.rows(), d.features());
+  while (out > 1 && out * wider > d.max_tensor_elements) out /= 2;
+  return out;
+}
 
 /// `attrs` plus, for a backend with option domains for op `name`, one value of each option
 /// the caller left unset (drawn uniformly).
@@ -167,7 +197,7 @@ void suggest(Draft& d, int64_t producer, int64_t out_slot, int64_t consumer, int
 /// Attrs for op `name` on the current shape, drawn per the table at the top of this file.
 OpAttrs choose_attrs(const std::string& name, const Draft& d) {
   const int64_t f = d.features();
-  if (name == "Linear") return {{"out", static_cast<double>(draw_features())}};
+  if (name == "Linear") return {{"out", static_cast<double>(draw_features(d))}};
   if (name == "ConstantScale") return {{"scale", pick_of(kScales)}};
   if (name == "MakeExtraOutput" || name == "AddExtraInput") return {{"in_place", chance(1, 2) ? 1.0 : 0.0}};
   if (name == "DualExtraOutput") return {{"s0", pick_of(kScales)}, {"s1", pick_of(kScales)}};
@@ -177,7 +207,7 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
     const bool scale_bias = chance(1, 2);
     const bool bias = scale_bias || chance(1, 2);
     return {{"groups", static_cast<double>(pick(1, 4))},
-            {"out", static_cast<double>(draw_features())},
+            {"out", static_cast<double>(draw_features(d))},
             {"bias", bias ? 1.0 : 0.0},
             {"scale_bias", scale_bias ? 1.0 : 0.0}};
   }
@@ -260,11 +290,12 @@ void moe_block(Draft& d) {
     if (scale_bias) suggest(d, dispatch, 1, idx, 1);  // probs as bias scales
     return idx;
   };
-  grouped(swiglu ? 2 * pick(1, 4) : draw_features());
+  grouped(swiglu ? 2 * (d.regime == ShapeRegime::kTiny ? pick(1, 4) : std::max<int64_t>(1, draw_features(d) / 2))
+                : draw_features(d));
   const std::string act = swiglu ? "ScaledSwiGLU" : "ScaledSReLU";
   const int64_t act_idx = append(d, act, choose_attrs(act, d));
   suggest(d, dispatch, 1, act_idx, 0);  // probs as activation scales
-  grouped(draw_features());
+  grouped(draw_features(d));
   const int64_t combine = append(d, "Combine", {});
   suggest(d, dispatch, 2, combine, 0);  // routing map
 }
@@ -449,7 +480,18 @@ CaseSpec draw_case(const GenOptions& options) {
 
   Draft d;
   d.caps = options.capabilities.get();
-  d.shape = {pick(1, 8), draw_features()};
+  d.max_tensor_elements = std::max<int64_t>(options.max_tensor_elements, 64);
+  d.regime = options.shapes;
+  if (d.regime == ShapeRegime::kMix) {
+    const int64_t r = pick(0, 9);
+    d.regime = r < 6 ? ShapeRegime::kTiny : r < 9 ? ShapeRegime::kEdge : ShapeRegime::kLarge;
+  }
+  {
+    int64_t rows = draw_dim(d, /*rows=*/true);
+    const int64_t features = draw_dim(d, /*rows=*/false);
+    while (rows > 1 && rows * features > d.max_tensor_elements) rows /= 2;
+    d.shape = {rows, features};
+  }
   CaseSpec spec;
   spec.input_shape = d.shape;
 
@@ -528,6 +570,27 @@ CaseSpec draw_case(const GenOptions& options) {
 }
 
 }  // namespace
+
+const char* shape_regime_name(ShapeRegime regime) {
+  switch (regime) {
+    case ShapeRegime::kTiny:
+      return "tiny";
+    case ShapeRegime::kEdge:
+      return "edge";
+    case ShapeRegime::kLarge:
+      return "large";
+    case ShapeRegime::kMix:
+      return "mix";
+  }
+  return "tiny";
+}
+
+ShapeRegime shape_regime_from_name(const std::string& name) {
+  for (ShapeRegime r : {ShapeRegime::kTiny, ShapeRegime::kEdge, ShapeRegime::kLarge, ShapeRegime::kMix}) {
+    if (name == shape_regime_name(r)) return r;
+  }
+  throw std::invalid_argument("unknown shape regime '" + name + "'; known: tiny, edge, large, mix");
+}
 
 rc::Gen<CaseSpec> gen_case(const GenOptions& options) {
   if (options.dtypes.empty()) throw std::invalid_argument("gen_case: expected at least one dtype, got none");

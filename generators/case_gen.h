@@ -13,6 +13,18 @@
 
 namespace gradfuzz::generators {
 
+/// How big a case's dimensions are (issue: kernels' edges).
+/// - kTiny: rows 1..8, features 2..8 (fast, many cases);
+/// - kEdge: rows and features at and around the block, warp and vector widths of kernels
+///   (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, ..., 8191, 8192), within max_tensor_elements;
+/// - kLarge: rows 1024..32768, features 1024..16384, within max_tensor_elements;
+/// - kMix: one of the three per case (tiny 6, edge 3, large 1 in 10).
+enum class ShapeRegime { kTiny, kEdge, kLarge, kMix };
+/// "tiny", "edge", "large", "mix".
+const char* shape_regime_name(ShapeRegime regime);
+/// Inverse of shape_regime_name; throws std::invalid_argument listing the names.
+ShapeRegime shape_regime_from_name(const std::string& name);
+
 /// What the default case generator may draw from.
 struct GenOptions {
   /// Upper bound on catalog ops per case (Boundary modules not counted); >= 1.
@@ -27,6 +39,10 @@ struct GenOptions {
   /// (with their passes) are drawn, backend-only options from their domains, and no invalid
   /// configuration that a documented deviation makes valid. Null: the model's catalog.
   std::shared_ptr<const harness::BackendCapabilities> capabilities;
+  ShapeRegime shapes = ShapeRegime::kTiny;
+  /// Largest element count of any one tensor a case of the edge or large regime may have
+  /// (activations [rows, features] and weights [out, in]); dimensions are halved to fit.
+  int64_t max_tensor_elements = int64_t{1} << 24;
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -47,6 +63,14 @@ struct GenOptions {
   }
   GenOptions& set_capabilities(std::shared_ptr<const harness::BackendCapabilities> v) {
     capabilities = std::move(v);
+    return *this;
+  }
+  GenOptions& set_shapes(ShapeRegime v) {
+    shapes = v;
+    return *this;
+  }
+  GenOptions& set_max_tensor_elements(int64_t v) {
+    max_tensor_elements = v;
     return *this;
   }
 };

@@ -23,7 +23,7 @@ namespace {
 /// The float64 reference path (or, with another compute dtype, the rounding baseline): the
 /// catalog's reference math under plain autograd, on the CPU, over the ops in `built`.
 PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors, BuiltCase& built,
-                           at::ScalarType compute_dtype = at::kDouble) {
+                           at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU) {
   PathRun run;
   run.name = compute_dtype == at::kDouble ? "reference" : "rounding_baseline";
   BuildOptions build;
@@ -39,7 +39,7 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     const auto options = at::TensorOptions().dtype(at::kDouble).device(at::kCPU);
     at::Tensor input = tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
     std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
-    ops::ReferenceEvaluator evaluator(*built.sequential, compute_dtype);
+    ops::ReferenceEvaluator evaluator(*built.sequential, compute_dtype, device);
     run.outputs = evaluator.forward(input, extras);
     run.error_stage = "backward";
     ops::ReferenceGradients grads = evaluator.backward(tensors.cotangents);
@@ -61,6 +61,25 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     }
   }
   return run;
+}
+
+/// Cases with more elements than this evaluate the float64 reference on their GPU: a float64
+/// CPU evaluation of a [4096, 4096] matmul chain takes seconds, the GPU's a millisecond.
+constexpr int64_t kReferenceOnDeviceElements = int64_t{1} << 16;
+
+/// Where the reference of `spec` computes: the CPU, unless the case runs on CUDA and is big.
+at::Device reference_device(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors) {
+  if (spec.device != "cuda" || !at::hasCUDA()) return at::kCPU;
+  int64_t elements = tensors.input.numel();
+  for (const auto& op : tensors.params) {
+    for (const auto& p : op) elements += p.numel();
+  }
+  for (const auto& op : plan.ops) {
+    int64_t n = 1;
+    for (int64_t d : op.signature.output_shape) n *= d;
+    elements += n;
+  }
+  return elements > kReferenceOnDeviceElements ? at::Device(at::kCUDA) : at::Device(at::kCPU);
 }
 
 /// Writes the case's parameter values into a build's ops.
@@ -384,7 +403,8 @@ CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& op
     }
   }
 
-  PathRun reference = run_reference_path(spec, plan, tensors, reference_ops);
+  const at::Device ref_device = reference_device(spec, plan, tensors);
+  PathRun reference = run_reference_path(spec, plan, tensors, reference_ops, at::kDouble, ref_device);
 
   // Errors: every path must agree with the reference on whether and what it raised, and a
   // failed construction must leave no op locked.
@@ -459,7 +479,7 @@ CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& op
     PathRun creation;
     run_guarded(creation, [&] { baseline_ops = reference_ops_with_values(spec, plan, tensors); });
     if (creation.ok()) {
-      PathRun baseline = run_reference_path(spec, plan, tensors, baseline_ops, dtype);
+      PathRun baseline = run_reference_path(spec, plan, tensors, baseline_ops, dtype, ref_device);
       dtype_overflows = baseline.ok() && !all_finite(baseline);
       if (baseline.ok()) {
         const PathRun rounding = rounding_errors(reference, baseline);

@@ -8,10 +8,10 @@
 namespace gradfuzz::ops {
 namespace {
 
-/// A CPU leaf copy in `dtype` with the same requires_grad; integer tensors stay integer.
-at::Tensor reference_leaf(const at::Tensor& t, at::ScalarType dtype) {
+/// A leaf copy on `device` in `dtype` with the same requires_grad; integer tensors stay integer.
+at::Tensor reference_leaf(const at::Tensor& t, at::ScalarType dtype, at::Device device) {
   if (!t.defined()) return t;
-  at::Tensor copy = t.detach().to(at::kCPU);
+  at::Tensor copy = t.detach().to(device);
   if (at::isFloatingType(copy.scalar_type())) {
     copy = copy.to(dtype).requires_grad_(t.requires_grad());
   } else {
@@ -22,21 +22,21 @@ at::Tensor reference_leaf(const at::Tensor& t, at::ScalarType dtype) {
 
 }  // namespace
 
-ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype)
-    : sequential_(sequential), compute_dtype_(compute_dtype) {
+ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype, at::Device device)
+    : sequential_(sequential), compute_dtype_(compute_dtype), device_(device) {
   for (const Module& module : sequential_.modules()) {
     const auto* op = std::get_if<BasicOpPtr>(&module);
     if (!op) continue;
     std::vector<at::Tensor> copies;
-    for (const at::Tensor& p : (*op)->parameters()) copies.push_back(reference_leaf(p, compute_dtype_));
+    for (const at::Tensor& p : (*op)->parameters()) copies.push_back(reference_leaf(p, compute_dtype_, device_));
     params_.push_back(std::move(copies));
   }
 }
 
 std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) {
-  input_ = reference_leaf(input, compute_dtype_);
+  input_ = reference_leaf(input, compute_dtype_, device_);
   extra_inputs_.clear();
-  for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e, compute_dtype_));
+  for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e, compute_dtype_, device_));
   if (static_cast<int64_t>(extra_inputs_.size()) != sequential_.num_public_extra_inputs()) {
     throw ExtraInputCountError("reference: expected " + std::to_string(sequential_.num_public_extra_inputs()) +
                                " public extra inputs, got " + std::to_string(extra_inputs_.size()));
@@ -125,7 +125,7 @@ ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& c
   for (size_t k = 0; k < outputs_.size(); ++k) {
     if (!outputs_[k].requires_grad()) continue;  // integer outputs, or nothing upstream needs grad
     outputs.push_back(outputs_[k]);
-    grad_outputs.push_back(cotangents[k].detach().to(at::kCPU, outputs_[k].scalar_type()));
+    grad_outputs.push_back(cotangents[k].detach().to(device_, outputs_[k].scalar_type()));
   }
   std::vector<at::Tensor> grads(wrt.size());
   if (!outputs.empty() && !wrt.empty()) {

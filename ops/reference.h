@@ -24,7 +24,7 @@ struct ReferenceGradients {
 };
 
 /// Plain-autograd evaluator over the same ops and wiring as a Sequential (runtime.md
-/// section 10): each op's reference implementation on float64 CPU copies of its parameters,
+/// section 10): each op's reference implementation on float64 copies of its parameters,
 /// channels wired by name, no fuser and no custom autograd function.
 class ReferenceEvaluator {
  public:
@@ -33,9 +33,12 @@ class ReferenceEvaluator {
   /// `compute_dtype` other than float64 gives the same plain-autograd math rounded like a
   /// straightforward implementation in that dtype: the harness uses it to measure how much
   /// rounding error a case's dtype itself causes.
-  explicit ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype = at::kDouble);
+  /// `device`: where the reference computes (the CPU, or the case's GPU for cases too large
+  /// for a float64 CPU evaluation); its outputs and gradients live there.
+  explicit ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype = at::kDouble,
+                              at::Device device = at::kCPU);
 
-  /// Main output then public extra outputs on the CPU. Inputs are copied to compute-dtype
+  /// Main output then public extra outputs on the evaluator's device. Inputs are copied to compute-dtype
   /// CPU leaves with the same requires_grad (integer tensors stay integer). Under grad mode
   /// (the default) it records the graph backward() needs; under no_grad it only evaluates.
   std::vector<at::Tensor> forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs);
@@ -48,6 +51,7 @@ class ReferenceEvaluator {
  private:
   const Sequential& sequential_;
   at::ScalarType compute_dtype_;
+  at::Device device_;
   std::vector<std::vector<at::Tensor>> params_;
   at::Tensor input_;
   std::vector<at::Tensor> extra_inputs_;

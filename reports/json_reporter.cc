@@ -118,7 +118,8 @@ Json JsonReporter::document(const RunSummary& summary) const {
                          {"devices", c.campaign.devices},
                          {"fault", optional_json(c.campaign.fault)},
                          {"workers", c.campaign.workers},
-                         {"shard", c.campaign.shard.empty() ? Json(nullptr) : Json(c.campaign.shard)}};
+                         {"shard", c.campaign.shard.empty() ? Json(nullptr) : Json(c.campaign.shard)},
+                         {"shapes", c.campaign.shapes.empty() ? Json(nullptr) : Json(c.campaign.shapes)}};
   // A run that finished in no measurable time reports 0 cases/s rather than infinity.
   double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
   doc["summary"] = Json{{"cases_run", cases_run_},

@@ -52,6 +52,8 @@ struct CampaignInfo {
   int workers = 0;
   /// "i/N" when the run is one shard of a campaign (1-based), empty otherwise.
   std::string shard;
+  /// Shape regime of generated cases ("tiny", "edge", "large", "mix"), empty for replay.
+  std::string shapes;
 };
 
 /// Names listed in `coverage` even when their count is zero.

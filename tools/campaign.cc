@@ -109,6 +109,9 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   generators::GenOptions gen;
   gen.set_max_ops(options.max_ops).set_dtypes(options.dtypes).set_device(options.device);
   gen.set_capabilities(std::move(capabilities));
+  gen.set_shapes(options.shapes.value_or(options.device == "cuda" ? generators::ShapeRegime::kMix
+                                                                   : generators::ShapeRegime::kTiny));
+  gen.set_max_tensor_elements(options.max_tensor_elements);
   return gen;
 }
 

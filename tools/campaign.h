@@ -39,6 +39,11 @@ struct CampaignOptions {
   std::string device = "cpu";
   std::vector<std::string> dtypes{"float64", "float32"};
   int max_ops = 8;
+  /// Shape regime of the generated cases (generators/case_gen.h); nullopt: mix on CUDA,
+  /// tiny on the CPU.
+  std::optional<generators::ShapeRegime> shapes;
+  /// Element budget of one tensor in edge and large cases.
+  int64_t max_tensor_elements = int64_t{1} << 24;
   /// Fault switched on for every case and for shrinking.
   std::optional<ops::Fault> fault;
   std::filesystem::path corpus_dir = kDefaultCorpusDir;

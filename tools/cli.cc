@@ -64,6 +64,8 @@ struct Flags {
   bool python_format = false;
   bool no_finite_differences = false;
   std::string shard;
+  std::string shapes;
+  int64_t max_tensor_elements = int64_t{1} << 24;
 };
 
 /// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
@@ -289,6 +291,17 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   }
   o.backend = f.backend;
   o.run_options.finite_differences = !f.no_finite_differences;
+  if (!f.shapes.empty()) {
+    try {
+      o.shapes = generators::shape_regime_from_name(f.shapes);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--shapes: ") + e.what());
+    }
+  }
+  if (f.max_tensor_elements < 64 || f.max_tensor_elements > (int64_t{1} << 32)) {
+    throw InputError("--max-tensor-elements: expected 64 to 2^32, got " + std::to_string(f.max_tensor_elements));
+  }
+  o.max_tensor_elements = f.max_tensor_elements;
   if (!f.shard.empty()) {
     // "i/N", 1 <= i <= N: shard i of N (SLURM_ARRAY_TASK_ID + 1 of the array's size).
     const auto slash = f.shard.find('/');
@@ -318,6 +331,7 @@ reports::CampaignInfo campaign_info(const std::string& command, const CampaignOp
   info.dtypes = o.dtypes;
   info.devices = {o.device};
   if (o.fault) info.fault = ops::fault_name(*o.fault);
+  info.shapes = generators::shape_regime_name(campaign_gen_options(o).shapes);
   return info;
 }
 
@@ -530,6 +544,9 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
       ->delimiter(',')
       ->default_str("float64,float32");
   sub.add_option("--max-ops", f.max_ops, "upper bound on catalog ops per case")->default_str("8");
+  sub.add_option("--shapes", f.shapes, "tiny, edge, large or mix (default: mix on cuda, tiny on cpu)");
+  sub.add_option("--max-tensor-elements", f.max_tensor_elements, "element budget of one tensor in edge/large cases")
+      ->default_str("16777216");
 }
 
 void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
