@@ -14,7 +14,8 @@ namespace {
 constexpr VerdictKind kAllKinds[] = {VerdictKind::kPass,            VerdictKind::kMismatch,
                                      VerdictKind::kMissingGradient, VerdictKind::kUnexpectedError,
                                      VerdictKind::kCrash,           VerdictKind::kTimeout,
-                                     VerdictKind::kModifiedInput,   VerdictKind::kUnsupported};
+                                     VerdictKind::kModifiedInput,   VerdictKind::kUnsupported,
+                                     VerdictKind::kSanitizer};
 }  // namespace
 
 const char* verdict_name(VerdictKind kind) {
@@ -35,6 +36,8 @@ const char* verdict_name(VerdictKind kind) {
       return "modified_input";
     case VerdictKind::kUnsupported:
       return "unsupported";
+    case VerdictKind::kSanitizer:
+      return "sanitizer";
   }
   return "unknown";
 }
@@ -140,7 +143,8 @@ void to_json(nlohmann::json& j, const CaseResult& r) {
                      {"fusions_fired", r.fusions_fired},
                      {"fused_forward", r.fused_forward},
                      {"fused_backward", r.fused_backward},
-                     {"features", r.features}};
+                     {"features", r.features},
+                     {"kernels", r.kernels}};
 }
 
 void from_json(const nlohmann::json& j, CaseResult& r) {
@@ -155,6 +159,7 @@ void from_json(const nlohmann::json& j, CaseResult& r) {
   r.fused_forward = j.at("fused_forward").get<std::vector<std::string>>();
   r.fused_backward = j.at("fused_backward").get<std::vector<std::string>>();
   r.features = j.at("features").get<std::vector<std::string>>();
+  r.kernels = j.at("kernels").get<std::map<std::string, std::array<int64_t, 2>>>();
 }
 
 }  // namespace gradfuzz::harness

@@ -3,7 +3,9 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <array>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,10 +23,12 @@ enum class VerdictKind {
   kCrash,
   kTimeout,
   kModifiedInput,
-  kUnsupported
+  kUnsupported,
+  kSanitizer
 };
 /// "pass", "mismatch", "missing_gradient", "unexpected_error", "crash", "timeout",
-/// "modified_input", "unsupported".
+/// "modified_input", "unsupported", "sanitizer" (compute-sanitizer reported an error while
+/// the case ran).
 const char* verdict_name(VerdictKind kind);
 /// Inverse of verdict_name; throws std::invalid_argument listing the known names.
 VerdictKind verdict_from_name(const std::string& name);
@@ -69,6 +73,9 @@ struct CaseResult {
   /// Fused ops that ran in the fused path's forward and backward plans, by name.
   std::vector<std::string> fused_forward;
   std::vector<std::string> fused_backward;
+  /// Hand-written CUDA kernels the case launched: name -> {launches, launches with more
+  /// than one block} (model backend on CUDA).
+  std::map<std::string, std::array<int64_t, 2>> kernels;
   /// Coverage features the case exercised (fuzzer.md coverage.features names).
   std::vector<std::string> features;
 

@@ -13,6 +13,7 @@
 
 #include "harness/model_backend.h"
 #include "harness/tolerances.h"
+#include "ops/cuda/launch_stats.h"
 #include "ops/errors.h"
 #include "ops/reference.h"
 
@@ -321,7 +322,25 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options) {
   return run_case(spec, model, options);
 }
 
+namespace {
+CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options);
+}  // namespace
+
 CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
+  const auto before = ops::cuda::kernel_launches();
+  CaseResult result = run_case_impl(spec, backend, options);
+  for (const auto& [name, after] : ops::cuda::kernel_launches()) {
+    auto it = before.find(name);
+    const int64_t launches = after.launches - (it == before.end() ? 0 : it->second.launches);
+    const int64_t multi = after.multi_block - (it == before.end() ? 0 : it->second.multi_block);
+    if (launches > 0) result.kernels[name] = {launches, multi};
+  }
+  return result;
+}
+
+namespace {
+
+CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
   disable_tf32();
   CaseResult result;
   result.seed = spec.seed;
@@ -554,5 +573,7 @@ CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& op
   }
   return result;
 }
+
+}  // namespace
 
 }  // namespace gradfuzz::harness

@@ -8,7 +8,7 @@
 namespace gradfuzz::ops {
 namespace {
 
-constexpr size_t kNumFaults = 11;
+constexpr size_t kNumFaults = 12;
 std::array<std::atomic<bool>, kNumFaults> g_switchboard{};
 
 size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
@@ -20,7 +20,7 @@ const std::vector<Fault>& all_faults() {
       Fault::kInternalRequiresGrad, Fault::kGeneratorOutputs, Fault::kTransientLock,
       Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad,
       Fault::kInPlaceExtraInput,    Fault::kAliasedChannelGrad, Fault::kCrashSegfault,
-      Fault::kCrashAbort,           Fault::kHang};
+      Fault::kCrashAbort,           Fault::kHang,             Fault::kOobWrite};
   return faults;
 }
 
@@ -37,6 +37,7 @@ std::string fault_name(Fault fault) {
     case Fault::kCrashSegfault: return "crash-segfault";
     case Fault::kCrashAbort: return "crash-abort";
     case Fault::kHang: return "hang";
+    case Fault::kOobWrite: return "oob-write";
   }
   GRADFUZZ_INTERNAL_ASSERT(false, "unhandled fault");
 }
@@ -48,6 +49,19 @@ Fault fault_from_name(const std::string& name) {
     known += (known.empty() ? "" : ", ") + fault_name(fault);
   }
   throw UnknownNameError("unknown fault '" + name + "'; known faults: " + known);
+}
+
+FaultVisibility fault_visibility(Fault fault) {
+  switch (fault) {
+    case Fault::kCrashSegfault:
+    case Fault::kCrashAbort:
+    case Fault::kHang:
+      return FaultVisibility::kProcess;
+    case Fault::kOobWrite:
+      return FaultVisibility::kSanitizer;
+    default:
+      return FaultVisibility::kCompared;
+  }
 }
 
 bool fault_enabled(Fault fault) { return g_switchboard[index_of(fault)].load(); }

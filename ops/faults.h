@@ -20,10 +20,18 @@ enum class Fault {
   kCrashSegfault,  // SIGSEGV in forward when a fused group spans three or more ops
   kCrashAbort,     // abort() in backward when a channel collects a second consumer's gradient
   kHang,           // forward never returns for a generator-style op with two extra outputs
+  // A kernel defect no comparison can see (compute-sanitizer finds it):
+  kOobWrite,  // the CUDA bias-activation epilogue touches one element past its output
 };
 
 /// All faults, in the order `gradfuzz list faults` prints them.
 const std::vector<Fault>& all_faults();
+/// How a fault shows: in a comparison or an error of some path (kCompared), by killing or
+/// hanging the process that runs the case (kProcess), or only to compute-sanitizer on a
+/// GPU (kSanitizer).
+enum class FaultVisibility { kCompared, kProcess, kSanitizer };
+FaultVisibility fault_visibility(Fault fault);
+
 /// Kebab-case name used on the command line and in reports ("slot-order").
 std::string fault_name(Fault fault);
 /// Inverse of fault_name; throws UnknownNameError listing the known names.

@@ -87,6 +87,10 @@ void JsonReporter::report_case(const CaseRecord& record) {
   } else {
     ++failed_;
   }
+  for (const auto& [name, counts] : record.result.kernels) {
+    kernel_counts_[name][0] += counts[0];
+    kernel_counts_[name][1] += counts[1];
+  }
   count_all(fused_forward_counts_, record.result.fused_forward);
   count_all(fused_backward_counts_, record.result.fused_backward);
   count_all(op_counts_, record.result.op_types);
@@ -136,6 +140,13 @@ Json JsonReporter::document(const RunSummary& summary) const {
                          {"fused_ops",
                           Json{{"forward", counts_json({}, fused_forward_counts_)},
                                {"backward", counts_json({}, fused_backward_counts_)}}}};
+  if (!kernel_counts_.empty()) {
+    Json kernels = Json::object();
+    for (const auto& [name, counts] : kernel_counts_) {
+      kernels[name] = Json{{"launches", counts[0]}, {"multi_block_launches", counts[1]}};
+    }
+    doc["coverage"]["kernels"] = std::move(kernels);
+  }
   Json findings = Json::array();
   for (const auto& f : findings_) {
     const std::string key = f.cluster.empty() ? f.result.signature() : f.cluster;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <array>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -39,6 +40,8 @@ class JsonReporter final : public Reporter {
   int64_t unsupported_ = 0;
   std::map<std::string, int64_t> fused_forward_counts_;
   std::map<std::string, int64_t> fused_backward_counts_;
+  /// Per hand-written CUDA kernel: launches, and launches with more than one block.
+  std::map<std::string, std::array<int64_t, 2>> kernel_counts_;
   std::map<std::string, int64_t> op_counts_;
   std::map<std::string, int64_t> fusion_counts_;
   std::map<std::string, int64_t> feature_counts_;

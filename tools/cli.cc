@@ -30,6 +30,8 @@
 #include "tools/exit_codes.h"
 #include "tools/replay.h"
 #include "tools/selftest.h"
+#include "tools/files.h"
+#include "tools/sanitizer.h"
 #include "tools/worker_pool.h"
 #include "harness/remote_backend.h"
 #include "harness/tolerances.h"
@@ -66,6 +68,7 @@ struct Flags {
   std::string shard;
   std::string shapes;
   int64_t max_tensor_elements = int64_t{1} << 24;
+  std::string sanitize;
 };
 
 /// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
@@ -112,6 +115,22 @@ harness::BackendOptions backend_options(const Flags& f) {
   return o;
 }
 
+/// compute-sanitizer settings of --sanitize TOOL: logs beside the corpus (or in $TMPDIR).
+SanitizerOptions sanitizer_options(const Flags& f) {
+  SanitizerOptions o;
+  try {
+    o.tool = sanitizer_tool_from_name(f.sanitize);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(std::string("--sanitize: ") + e.what());
+  }
+  if (f.workers < 1) throw InputError("--sanitize: needs worker processes (--workers 1 or more)");
+  if (!cuda_available()) throw InputError("--sanitize: compute-sanitizer checks CUDA kernels; this machine has no GPU");
+  if (const char* exe = std::getenv("GRADFUZZ_COMPUTE_SANITIZER"); exe && *exe) o.executable = exe;
+  const std::string dir = make_temp_dir("gradfuzz-sanitizer-").string();
+  o.log_pattern = dir + "/worker-%p.log";
+  return o;
+}
+
 /// The runner of a campaign: worker processes, or this process with --workers 0.
 std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOptions& run_options) {
   const harness::BackendOptions backend = backend_options(f);
@@ -125,6 +144,7 @@ std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOption
       return runner;
     }
     WorkerPoolOptions pool;
+    if (!f.sanitize.empty()) pool.sanitizer = sanitizer_options(f);
     pool.workers = f.workers;
     pool.backend = backend;
     pool.devices = f.devices;
@@ -170,8 +190,19 @@ std::optional<ops::Fault> parse_fault(const std::string& name) {
   }
 }
 
-std::vector<ops::Fault> parse_fault_list(const std::string& list) {
-  if (list == "all") return ops::all_faults();
+/// `all` means every fault this run can see: the oob-write fault only under
+/// `--sanitize memcheck` on CUDA, the process-killing faults only with worker processes.
+std::vector<ops::Fault> parse_fault_list(const std::string& list, bool sanitized, bool workers) {
+  if (list == "all") {
+    std::vector<ops::Fault> faults;
+    for (ops::Fault f : ops::all_faults()) {
+      const auto v = ops::fault_visibility(f);
+      if (v == ops::FaultVisibility::kSanitizer && !sanitized) continue;
+      if (v == ops::FaultVisibility::kProcess && !workers) continue;
+      faults.push_back(f);
+    }
+    return faults;
+  }
   std::vector<ops::Fault> faults;
   std::stringstream in(list);
   std::string name;
@@ -431,7 +462,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
 
 int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
   SelftestOptions options;
-  options.faults = parse_fault_list(f.faults);
+  options.faults = parse_fault_list(f.faults, !f.sanitize.empty(), f.workers > 0);
   options.campaign = campaign_options(f, sub);
   if (!options.campaign.cases) options.campaign.cases = kDefaultSelftestCases;
   if (!f.corpus.empty()) options.corpus_dir = f.corpus;
@@ -560,6 +591,9 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
     sub.add_option("--devices", f.devices, "CUDA devices handed to workers round-robin (e.g. 0,1)")->delimiter(',');
   }
   sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
+  if (with_workers) {
+    sub.add_option("--sanitize", f.sanitize, "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
+  }
 }
 
 int cmd_worker(const Flags& f) {

@@ -11,6 +11,13 @@
 #include <stdexcept>
 
 #include "harness/wire.h"
+
+#include <fstream>
+
+#include <ATen/Context.h>
+#ifdef GRADFUZZ_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "ops/faults.h"
 
 namespace gradfuzz::tools {
@@ -102,7 +109,11 @@ void WorkerPool::start(Slot& slot) {
   if (!options_.devices.empty()) {
     process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
   }
-  // Each worker runs one case at a time: one intra-op thread (tools/cli.cc explains why).
+  if (options_.sanitizer) {
+    process.argv = sanitizer_argv(*options_.sanitizer, process.argv);
+    for (const auto& [k, v] : sanitizer_environment()) process.env[k] = v;
+    process.env[kSanitizerLogEnv] = options_.sanitizer->log_pattern;
+  }
   process.new_process_group = true;
   slot.child = std::make_unique<harness::ChildProcess>(process);
   slot.state = Slot::State::kStarting;
@@ -137,6 +148,8 @@ int WorkerPool::submit(Job job) {
     // A remote backend's worker enforces the case limit on its adapter itself (and says so
     // with the adapter's last words); the margin lets it. The model runs in the worker.
     slot->deadline = after(options_.case_timeout_s + (options_.backend.name == "model" ? 0.0 : 5.0));
+    // compute-sanitizer slows kernels by one to two orders of magnitude.
+    if (options_.sanitizer) slot->deadline = after(options_.case_timeout_s * 20);
     try {
       harness::wire::write_frame(slot->child->stdin_fd(), std::move(header), {});
     } catch (const harness::wire::PeerClosed&) {
@@ -288,9 +301,48 @@ std::vector<int> WorkerPool::worker_pids() const {
   return out;
 }
 
+namespace {
+
+/// The sanitizer log of this worker, read incrementally.
+class SanitizerLog {
+ public:
+  SanitizerLog() {
+    const char* pattern = std::getenv(kSanitizerLogEnv);
+    if (!pattern || !*pattern) return;
+    path_ = pattern;
+    const auto at = path_.find("%p");
+    if (at != std::string::npos) path_.replace(at, 2, std::to_string(::getpid()));
+  }
+  bool active() const { return !path_.empty(); }
+  /// What the log gained since the last call (kernels finish first).
+  std::string fresh() {
+    if (!active()) return "";
+#ifdef GRADFUZZ_WITH_CUDA
+    if (at::hasCUDA()) c10::cuda::device_synchronize();
+#endif
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return "";
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    if (size <= offset_) return "";
+    in.seekg(offset_);
+    std::string text(static_cast<size_t>(size - offset_), '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    offset_ = size;
+    return text;
+  }
+
+ private:
+  std::string path_;
+  std::streamoff offset_ = 0;
+};
+
+}  // namespace
+
 int run_worker(const harness::BackendOptions& backend_options, const harness::RunOptions& run_options) {
   // Die with the supervisor, whatever killed it.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  SanitizerLog sanitizer;
   // Frames go to the original stdout; anything a library prints goes to stderr instead.
   const int out = ::dup(1);
   ::dup2(2, 1);
@@ -308,11 +360,20 @@ int run_worker(const harness::BackendOptions& backend_options, const harness::Ru
     try {
       if (op == "hello") {
         reply = json{{"ok", true}, {"capabilities", backend->capabilities()}};
+        sanitizer.fresh();  // start-up output is not any case's
       } else if (op == "run") {
         const harness::CaseSpec spec = request.header.at("spec").get<harness::CaseSpec>();
         const std::string fault = request.header.value("fault", "");
         if (!fault.empty()) ops::fault_from_name(fault);  // an unknown name is the supervisor's bug
-        reply = json{{"ok", true}, {"result", run_with_fault(spec, fault, *backend, run_options)}};
+        harness::CaseResult result = run_with_fault(spec, fault, *backend, run_options);
+        const SanitizerReport report = parse_sanitizer_log(sanitizer.fresh());
+        if (report.errors > 0) {
+          result.verdict = harness::VerdictKind::kSanitizer;
+          result.error_kinds = "sanitizer:" + report.kernel;
+          result.error_detail = std::to_string(report.errors) + " sanitizer error(s); the first: " + report.first_error +
+                                (result.error_detail.empty() ? "" : "; " + result.error_detail);
+        }
+        reply = json{{"ok", true}, {"result", result}};
       } else {
         reply = json{{"ok", false}, {"error", "unknown request '" + op + "'"}};
       }

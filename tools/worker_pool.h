@@ -14,6 +14,7 @@
 #include "harness/process.h"
 #include "harness/runner.h"
 #include "tools/case_runner.h"
+#include "tools/sanitizer.h"
 
 namespace gradfuzz::tools {
 
@@ -31,8 +32,11 @@ struct WorkerPoolOptions {
   int64_t recycle_after = 2000;
   /// Run options passed to run_case in the workers.
   harness::RunOptions run_options;
-  /// Path of the gradfuzz executable (default /proc/self/exe).
+  /// Path of the gradfuzz executable (default $GRADFUZZ_EXECUTABLE, else /proc/self/exe).
   std::string executable;
+  /// Run every worker under compute-sanitizer; a case during which it reports an error gets
+  /// the `sanitizer` verdict.
+  std::optional<SanitizerOptions> sanitizer;
 };
 
 /// Raised when a worker reports a gradfuzz bug (an internal assertion) for a case.
@@ -91,7 +95,11 @@ class WorkerPool final : public CaseRunner {
 };
 
 /// `gradfuzz worker`: the loop a worker process runs (frames on stdin/stdout). Returns the
-/// exit status.
+/// exit status. Under compute-sanitizer ($GRADFUZZ_SANITIZER_LOG names its log, "%p" the
+/// worker's pid) each case's result is checked against what the log gained meanwhile.
 int run_worker(const harness::BackendOptions& backend, const harness::RunOptions& run_options);
+
+/// Environment variable that tells a worker where its sanitizer log is.
+inline constexpr const char* kSanitizerLogEnv = "GRADFUZZ_SANITIZER_LOG";
 
 }  // namespace gradfuzz::tools

@@ -9,6 +9,8 @@
 #include <algorithm>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_stats.h"
+#include "ops/faults.h"
 
 namespace gradfuzz::ops::cuda {
 namespace detail {
@@ -89,8 +91,14 @@ __device__ acc_t block_sum(acc_t v, acc_t* shared) {
 template <typename scalar_t>
 __global__ void bias_activation_forward_kernel(const scalar_t* __restrict__ y, const scalar_t* __restrict__ bias,
                                                scalar_t* __restrict__ out, scalar_t* __restrict__ pre, int64_t total,
-                                               int64_t n, EpilogueActivation kind) {
+                                               int64_t n, EpilogueActivation kind, int64_t oob_index) {
   using acc_t = at::opmath_type<scalar_t>;
+  if (oob_index >= 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+    // The oob-write fault: one element just past `out`'s allocation is read and written back
+    // unchanged, so no compared value moves; only a memory checker can see it.
+    volatile unsigned char* past = reinterpret_cast<volatile unsigned char*>(out + oob_index);
+    *past = *past;
+  }
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const acc_t v = static_cast<acc_t>(y[i]) + static_cast<acc_t>(bias[i % n]);
@@ -293,6 +301,10 @@ BiasActivationForward bias_activation_forward_cuda(const at::Tensor& y, const at
   }
   const int64_t total = y_c.numel();
   const int64_t n = bias_c.numel();
+  // PyTorch allocates in multiples of 512 bytes: the first element past that is outside
+  // the allocation (into the memory checker's padding).
+  const int64_t item = static_cast<int64_t>(y_c.element_size());
+  const int64_t oob_index = fault_enabled(Fault::kOobWrite) ? (total * item + 511) / 512 * 512 / item : -1;
   if (total > 0) {
     constexpr int kThreads = 256;
     const int64_t blocks = detail::elementwise_blocks(total, kThreads);
@@ -301,9 +313,10 @@ BiasActivationForward bias_activation_forward_cuda(const at::Tensor& y, const at
           <<<static_cast<unsigned>(blocks), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
               y_c.const_data_ptr<scalar_t>(), bias_c.const_data_ptr<scalar_t>(),
               result.output.mutable_data_ptr<scalar_t>(),
-              separate_pre ? result.pre_activation.mutable_data_ptr<scalar_t>() : nullptr, total, n, kind);
+              separate_pre ? result.pre_activation.mutable_data_ptr<scalar_t>() : nullptr, total, n, kind, oob_index);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
+    record_launch("bias_activation_forward", blocks);
   }
   if (keep_pre_activation && !separate_pre) {
     result.pre_activation = result.output;
@@ -350,6 +363,7 @@ BiasActivationBackward bias_activation_backward_cuda(const at::Tensor& grad_outp
         rows_per_chunk, kind);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+  record_launch("bias_activation_backward", col_blocks * chunks);
   result.grad_bias = partial.sum(0).to(g_c.scalar_type());
   return result;
 }
@@ -391,6 +405,7 @@ at::Tensor scaled_swiglu_forward_cuda(const at::Tensor& input, const at::Tensor&
               h, interleave);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
+    record_launch("scaled_swiglu_forward", blocks);
   }
   return out;
 }
@@ -422,6 +437,7 @@ ScaledSwigluBackward scaled_swiglu_backward_cuda(const at::Tensor& grad_output, 
               want_grad_scales ? grad_scales.mutable_data_ptr<scalar_t>() : nullptr, rows, h, interleave);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
+    record_launch("scaled_swiglu_backward", blocks);
   }
   if (want_grad_scales) {
     result.grad_scales = grad_scales.to(scales.scalar_type()).view(scales.sizes());
@@ -486,6 +502,7 @@ AddRmsNormBackward add_rmsnorm_backward_cuda(const at::Tensor& grad_output, cons
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
+  record_launch("add_rmsnorm_backward", blocks);
   result.grad_gamma = partial.sum(0).to(gamma_c.scalar_type());
   return result;
 }
