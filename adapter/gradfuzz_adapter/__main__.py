@@ -1,0 +1,125 @@
+"""python3 -m gradfuzz_adapter --backend te|torch
+
+Serves the framed requests of docs/BACKENDS.md (hello, run, export, quit) on stdin/stdout.
+Frames go to a private duplicate of the original stdout; file descriptor 1 itself is
+pointed at stderr, so a stray print in Python or C code (TE, CUDA) cannot corrupt them.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+
+# Before anything can create a cuBLAS/cuDNN handle: NVIDIA's libraries then compute fp32
+# in full fp32, TF32 off, including TE's own cuBLASLt GEMMs that do not read PyTorch's
+# allow_tf32 flags (documented by NVIDIA for cuBLAS and cuDNN).
+os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
+
+from .protocol import ProtocolError, TensorList, read_frame, write_frame  # noqa: E402
+
+
+def make_backend(name):
+    """The backend object; the te one imports TransformerEngine here, not before."""
+    if name == "torch":
+        from .torch_backend import TorchBackend
+
+        return TorchBackend()
+    if name == "te":
+        from .te_backend import TEBackend
+
+        return TEBackend()
+    raise ValueError(f"unknown backend '{name}'; known backends: te, torch")
+
+
+def configure_torch():
+    """TF32 off (fp32 results must be fp32), and one intra-op CPU thread: cases are tiny and
+    workers run in parallel processes; with a thread pool a [6, 2] softmax was seen to take
+    12 ms on a busy 2-core machine instead of 3 us. GRADFUZZ_ADAPTER_THREADS overrides."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_num_threads(int(os.environ.get("GRADFUZZ_ADAPTER_THREADS", "1")))
+
+
+class Server:
+    """Answers requests one at a time; the backend starts at the first request needing it."""
+
+    def __init__(self, backend_name):
+        self.backend_name = backend_name
+        self.backend = None
+
+    def _backend(self):
+        if self.backend is None:
+            configure_torch()
+            self.backend = make_backend(self.backend_name)
+        return self.backend
+
+    def handle(self, header, tensors):
+        """(reply header, reply tensors), or None for quit."""
+        op = header.get("op")
+        if op == "quit":
+            return None
+        if op == "hello":
+            return dict(self._backend().hello(), ok=True), []
+        if op == "run":
+            from .case import decode_case
+
+            case = decode_case(header, tensors)
+            out = TensorList()
+            paths = self._backend().run(case, header.get("paths") or [], out)
+            return {"ok": True, "paths": paths}, out.tensors
+        if op == "export":
+            from .case import decode_case
+            from .exporter import export_script
+
+            case = decode_case(header, tensors)
+            script = export_script(
+                case,
+                backend=header.get("backend", self.backend_name),
+                paths=header.get("paths") or [],
+                expect=header.get("expect") or {"kind": "pass"},
+                case_file=header.get("case_file", ""),
+            )
+            return {"ok": True, "script": script}, []
+        return {
+            "ok": False,
+            "error": f"unknown request op {op!r}; known: hello, run, export, quit",
+        }, []
+
+
+def serve(backend_name, instream, outstream):
+    """Answers frames until quit or the end of the input; returns the exit status."""
+    server = Server(backend_name)
+    while True:
+        try:
+            frame = read_frame(instream)
+        except ProtocolError as e:
+            print(f"gradfuzz_adapter: {e}", file=sys.stderr)
+            return 2
+        if frame is None:
+            return 0
+        header, tensors = frame
+        try:
+            reply = server.handle(header, tensors)
+        except Exception as e:  # noqa: BLE001 - a failed request is answered, not fatal
+            traceback.print_exc(file=sys.stderr)
+            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []
+        if reply is None:
+            return 0
+        write_frame(outstream, *reply)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m gradfuzz_adapter")
+    parser.add_argument("--backend", choices=("te", "torch"), required=True)
+    args = parser.parse_args(argv)
+    instream = os.fdopen(os.dup(0), "rb", buffering=0)
+    outstream = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return serve(args.backend, instream, outstream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The framed messages of docs/BACKENDS.md ("Frame format").
+
+A message is an 8-byte little-endian header length H, H bytes of UTF-8 JSON (an object),
+then the raw bytes of every tensor listed in header["tensors"] ({"dtype", "shape"}), back
+to back, C-contiguous and little-endian. Elsewhere in the header a tensor is its index in
+that list; null is "no tensor".
+"""
+
+import ctypes
+import json
+import struct
+
+import torch
+
+DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+# Same limits as harness/wire.h: a header or payload beyond them is a broken peer.
+MAX_HEADER_BYTES = 1 << 30
+MAX_PAYLOAD_BYTES = 1 << 36
+
+
+class ProtocolError(Exception):
+    """A malformed frame."""
+
+
+def _read_exact(stream, n):
+    """n bytes, or None at a clean end of stream before the first byte."""
+    chunks = []
+    got = 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            if got == 0:
+                return None
+            raise ProtocolError(f"stream ended after {got} of {n} bytes")
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_frame(stream):
+    """(header, tensors) from `stream` (a binary file), or None at end of stream."""
+    prefix = _read_exact(stream, 8)
+    if prefix is None:
+        return None
+    (length,) = struct.unpack("<Q", prefix)
+    if length == 0 or length > MAX_HEADER_BYTES:
+        raise ProtocolError(f"bad frame header length {length}")
+    text = _read_exact(stream, length)
+    if text is None:
+        raise ProtocolError("stream ended inside a frame header")
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except ValueError as e:
+        raise ProtocolError(f"frame header is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise ProtocolError("frame header is not a JSON object")
+    descriptors = header.get("tensors") or []
+    specs = []
+    total = 0
+    for d in descriptors:
+        try:
+            dtype = DTYPES[d["dtype"]]
+            shape = [int(s) for s in d["shape"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"bad tensor descriptor {d!r}") from e
+        if any(s < 0 for s in shape):
+            raise ProtocolError(f"bad tensor shape {d!r}")
+        numel = 1
+        for s in shape:
+            numel *= s
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        total += nbytes
+        if total > MAX_PAYLOAD_BYTES:
+            raise ProtocolError("frame payload too large")
+        specs.append((dtype, shape, nbytes))
+    payload = bytearray(total)
+    view = memoryview(payload)
+    got = 0
+    while got < total:
+        n = stream.readinto(view[got:]) if hasattr(stream, "readinto") else None
+        if n is None:
+            chunk = stream.read(total - got)
+            n = len(chunk)
+            view[got : got + n] = chunk
+        if not n:
+            raise ProtocolError(f"stream ended after {got} of {total} payload bytes")
+        got += n
+    tensors = []
+    offset = 0
+    for dtype, shape, nbytes in specs:
+        if nbytes == 0:
+            tensors.append(torch.empty(shape, dtype=dtype))
+        else:
+            t = torch.frombuffer(payload, dtype=torch.uint8, count=nbytes, offset=offset)
+            # A copy: its own aligned memory rather than a view into the payload.
+            tensors.append(t.view(dtype).reshape(shape).clone())
+        offset += nbytes
+    return header, tensors
+
+
+def tensor_bytes(t):
+    """The raw little-endian bytes of a CPU tensor, C-contiguous."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return b""
+    return ctypes.string_at(t.data_ptr(), nbytes)
+
+
+def write_frame(stream, header, tensors=()):
+    """Writes one frame; `tensors` are sent with their own dtype (one of DTYPES)."""
+    header = dict(header)
+    blobs = []
+    if tensors:
+        descriptors = []
+        for t in tensors:
+            if t is None:
+                raise ProtocolError("cannot send None as a tensor (refer to it as null)")
+            if t.dtype not in DTYPE_NAMES:
+                raise ProtocolError(f"cannot send a tensor of dtype {t.dtype}")
+            descriptors.append({"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape)})
+            blobs.append(tensor_bytes(t))
+        header["tensors"] = descriptors
+    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    stream.write(struct.pack("<Q", len(text)) + text)
+    for blob in blobs:
+        stream.write(blob)
+    stream.flush()
+
+
+class TensorList:
+    """Collects reply tensors and hands out their indices (null for None)."""
+
+    def __init__(self):
+        self.tensors = []
+
+    def add(self, t, *, widen=True):
+        """Index of `t` in the reply; floating tensors travel as float64, integers as int64."""
+        if t is None:
+            return None
+        t = t.detach()
+        if widen:
+            if t.is_floating_point():
+                t = t.to(device="cpu", dtype=torch.float64)
+            elif t.dtype != torch.bool:
+                t = t.to(device="cpu", dtype=torch.int64)
+            else:
+                t = t.cpu()
+        self.tensors.append(t)
+        return len(self.tensors) - 1

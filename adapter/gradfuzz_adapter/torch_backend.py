@@ -1,0 +1,177 @@
+"""The torch backend: every case on torch_runtime (plain PyTorch eager, no fusion).
+
+A third, independent implementation of the catalog and of the repaired runtime semantics,
+on the CPU and, where present, CUDA. Its capability "fusions" is empty, so its fused and
+unfused paths are the same computation (the unfused one is skipped when asked to be).
+"""
+
+import platform
+
+import torch
+
+from . import catalog
+from .driver import Builder, run_paths
+from .errors import GradfuzzError
+from .torch_runtime import BasicOp, Boundary, Sequential
+
+
+class TorchBuilder(Builder):
+    name = "torch"
+
+    def device(self, case):
+        if case.device == "cuda" and not torch.cuda.is_available():
+            raise NotImplementedError("the case runs on cuda, which this machine does not have")
+        return torch.device(case.device)
+
+    def create_op(self, op_case, case, device):
+        op = BasicOp(
+            op_case.name,
+            op_case.attrs,
+            op_case.input_shape,
+            dtype=case.dtype,
+            device=device,
+            output_style=op_case.output_style,
+        )
+        with torch.no_grad():
+            for p, value in zip(op.params, op_case.params):
+                p.copy_(value)
+        for p, rg in zip(op.params, op_case.param_requires_grad):
+            p.requires_grad_(rg)
+        return op
+
+    def make_boundary(self):
+        return Boundary()
+
+    def call_standalone(self, op, x, extras):
+        op(x, *extras)
+
+    def bind_input(self, op, slot, channel):
+        op.set_extra_input_channel(slot, channel)
+
+    def bind_output(self, op, slot, channel, output_to_caller):
+        op.set_extra_output_channel(slot, channel, output_to_caller)
+
+    def is_locked(self, op):
+        return op.locked
+
+    def make_sequential(self, modules):
+        return Sequential(*modules)
+
+    def forward(self, seq, x, extras):
+        out = seq(x, *extras)
+        return list(out) if isinstance(out, tuple) else [out]
+
+    def param_leaves(self, op, op_case):
+        return [p for p in op.params if p.requires_grad]
+
+    def param_grads(self, op, op_case, leaf_grads):
+        grads = iter(leaf_grads)
+        return [next(grads) if p.requires_grad else None for p in op.params]
+
+    def channel_leaves(self, seq, case):
+        return [
+            (f, name, t)
+            for f, fuser in enumerate(seq.fusers)
+            for name, t in fuser.channels.items()
+            if t is not None and t.is_floating_point()
+        ]
+
+    def plans(self, seq, case, ops):
+        out = []
+        for fuser, members in zip(seq.fusers, case.fusers):
+            groups = [
+                {"name": op.name, "begin": index, "end": index + 1, "fused": False}
+                for op, index in zip(fuser.ops, members)
+            ]
+            out.append({"forward": groups, "backward": list(groups)})
+        return out
+
+    def classify(self, exc):
+        if isinstance(exc, NotImplementedError):
+            return "unsupported", "the torch backend declines this case"
+        if isinstance(exc, GradfuzzError):
+            return "error", exc.kind
+        return "error", "unrecognized"
+
+    def left_locked(self, seq, ops, locked_before, phase):
+        if phase != "Sequential construction":
+            return []
+        return [
+            i
+            for i, op in enumerate(ops)
+            if isinstance(op, BasicOp) and op.locked and not locked_before[i]
+        ]
+
+
+# Catalog attrs whose values change this backend's math and that the generator should draw
+# (the catalog options added for TE: zero-centred gamma, interleaved SwiGLU), and the
+# in-place flags (math-neutral here, see catalog.add_extra_input).
+OPTIONS = {
+    "SwiGLU": {"interleave": [0, 1, 2, 4]},
+    "ScaledSwiGLU": {"interleave": [0, 1, 2, 4]},
+    "RMSNorm": {"zero_centered_gamma": [0, 1]},
+    "LayerNorm": {"zero_centered_gamma": [0, 1]},
+    "MakeExtraOutput": {"in_place": [0, 1]},
+    "AddExtraInput": {"in_place": [0, 1]},
+}
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self):
+        self.builder = TorchBuilder()
+
+    def hello(self):
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        styles = ["vector", "generator"]
+        ops = {
+            name: {
+                "implementation": f"gradfuzz_adapter.catalog.{_implementation(name)}",
+                "options": OPTIONS.get(name, {}),
+                "output_styles": styles,
+            }
+            for name in catalog.OP_NAMES
+        }
+        return {
+            "backend": self.name,
+            "protocol": 1,
+            "versions": {"python": platform.python_version(), "torch": torch.__version__},
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "capabilities": {
+                "devices": devices,
+                "dtypes": ["float64", "float32", "bfloat16", "float16"],
+                "ops": ops,
+                "fusions": [],
+                "deviations": [],
+            },
+        }
+
+    def run(self, case, paths, tensors):
+        return run_paths(self.builder, case, paths, tensors)
+
+
+def _implementation(name):
+    fn = {
+        "Linear": catalog.linear,
+        "Bias": catalog.bias_add,
+        "ConstantScale": catalog.constant_scale,
+        "ReLU": catalog.relu,
+        "GELU": catalog.gelu,
+        "SReLU": catalog.srelu,
+        "SwiGLU": catalog.swiglu,
+        "ScaledSwiGLU": catalog.scaled_swiglu,
+        "ScaledSReLU": catalog.scaled_srelu,
+        "MakeExtraOutput": catalog.make_extra_output,
+        "AddExtraInput": catalog.add_extra_input,
+        "GroupedLinear": catalog.grouped_linear,
+        "RMSNorm": catalog.rms_norm,
+        "LayerNorm": catalog.layer_norm,
+        "Dispatch": catalog.dispatch,
+        "Combine": catalog.combine,
+        "RowStat": catalog.row_stat,
+        "DualExtraOutput": catalog.dual_extra_output,
+        "Identity": catalog.identity,
+        "Reshape": catalog.reshape,
+    }[name]
+    return fn.__name__
