@@ -196,3 +196,39 @@ def decode_case(request, tensors):
         public_inputs=[tuple(p) for p in plan.get("public_inputs") or []],
         public_outputs=[tuple(p) for p in plan.get("public_outputs") or []],
     )
+
+
+def reference_ops(case):
+    """The case's modules as reference.reference() takes them."""
+    out = []
+    for op in case.ops:
+        if op.boundary:
+            out.append({"name": op.name})
+            continue
+        out.append(
+            {
+                "name": op.name,
+                "attrs": dict(op.attrs),
+                "input_channels": list(op.input_channels),
+                "output_bindings": [list(b) for b in op.output_bindings],
+            }
+        )
+    return out
+
+
+def run_reference(case, dtype=torch.float64, device="cpu"):
+    """The plain-autograd reference of the case (float64, or the rounding baseline)."""
+    from .reference import reference
+
+    return reference(
+        reference_ops(case),
+        case.input,
+        [op.params for op in case.ops],
+        case.extra_inputs,
+        case.cotangents,
+        input_requires_grad=case.input_requires_grad,
+        param_requires_grad=[op.param_requires_grad for op in case.ops],
+        extra_input_requires_grad=case.extra_input_requires_grad,
+        dtype=dtype,
+        device=device,
+    )

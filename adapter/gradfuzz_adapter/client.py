@@ -276,3 +276,19 @@ def make_request(spec, op="run", paths=None, **extra):
 
 def reply_tensor(reply_tensors, ref):
     return None if ref is None else reply_tensors[ref]
+
+
+def path_result(path, reply_tensors):
+    """A run reply's path entry with its tensor indices resolved."""
+
+    def t(ref):
+        return reply_tensor(reply_tensors, ref)
+
+    out = dict(path)
+    out["outputs"] = [t(r) for r in path.get("outputs") or []]
+    if "grad_input" in path:
+        out["grad_input"] = t(path["grad_input"])
+        out["grad_params"] = [[t(r) for r in op] for op in path["grad_params"]]
+        out["grad_extra_inputs"] = [t(r) for r in path["grad_extra_inputs"]]
+        out["channel_grads"] = [{k: t(r) for k, r in c.items()} for c in path["channel_grads"]]
+    return out
