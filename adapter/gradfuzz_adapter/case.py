@@ -125,11 +125,16 @@ def decode_case(request, tensors):
         param_shape_list = entry.get("param_shapes")
         if param_shape_list is None:
             param_shape_list = catalog.param_shapes(name, attrs, input_shape)
+        # As many entries as the op has slots, or as the spec lists (binding a slot the op
+        # lacks is the spec's to try: the setter raises slot-out-of-range).
         channels = list(op_spec.get("input_channels") or [])
-        input_channels = [channels[s] if s < len(channels) else None for s in range(len(kinds_in))]
+        input_channels = [
+            channels[s] if s < len(channels) else None
+            for s in range(max(len(kinds_in), len(channels)))
+        ]
         bindings = list(op_spec.get("output_bindings") or [])
         output_bindings = []
-        for s in range(len(kinds_out)):
+        for s in range(max(len(kinds_out), len(bindings))):
             b = bindings[s] if s < len(bindings) else {}
             channel = b.get("channel")
             output_bindings.append(

@@ -134,3 +134,65 @@ def compare_results(expected, got, tolerance, baseline=None, all_channels=True):
                     continue
                 check(f"grad_channel[{name}@{f}]", e, got_f.get(name), base_f.get(name), True)
     return problems
+
+
+def on_device(t, dtype, device, requires_grad=False):
+    """A fresh copy of an inlined value: floating tensors in `dtype` with `requires_grad`."""
+    if t is None:
+        return None
+    if t.is_floating_point():
+        return t.to(device=device, dtype=dtype, copy=True).requires_grad_(bool(requires_grad))
+    return t.to(device=device, copy=True)
+
+
+def forward_backward(model, x, extras, cotangents, ops, leaves_of, grads_of, after_backward=None):
+    """Runs model(x, *extras) and one torch.autograd.grad of sum_k <output_k, cotangent_k>
+    (floating outputs that require grad and have a cotangent) with respect to x, every
+    parameter leaves_of(op, name) gives and every extra input that requires grad.
+
+    ops: per module of the case, (op, catalog name) or None (Boundary). grads_of(op, name,
+    {id(leaf): gradient}) gives the op's parameter gradients in the model's layout;
+    after_backward() runs once autograd is done (delayed weight gradients). Returns
+    {"outputs", "grad_input", "grad_params", "grad_extra_inputs", "modified"}, "modified"
+    naming the caller-owned tensors (input, extra inputs, cotangents) the run changed."""
+    caller = [("input", x)] + [(f"extra_input[{k}]", e) for k, e in enumerate(extras)]
+    pristine = {name: t.detach().clone() for name, t in caller if t is not None}
+    out = model(x, *extras)
+    outputs = list(out) if isinstance(out, tuple) else [out]
+    loss_outputs, loss_cotangents = [], []
+    for k, (o, c) in enumerate(zip(outputs, cotangents)):
+        if c is None or not o.is_floating_point() or not o.requires_grad:
+            continue
+        c = c.to(device=o.device, dtype=o.dtype, copy=True)
+        caller.append((f"cotangent[{k}]", c))
+        pristine[f"cotangent[{k}]"] = c.clone()
+        loss_outputs.append(o)
+        loss_cotangents.append(c)
+    wrt = [x] if x.requires_grad else []
+    for entry in ops:
+        if entry is not None:
+            wrt.extend(leaves_of(*entry))
+    wrt.extend(e for e in extras if e is not None and e.requires_grad)
+    grads = [None] * len(wrt)
+    if loss_outputs and wrt:
+        grads = torch.autograd.grad(loss_outputs, wrt, loss_cotangents, allow_unused=True)
+    if after_backward is not None:
+        after_backward()
+    by_id = {id(t): g for t, g in zip(wrt, grads)}
+    modified = []
+    for name, t in caller:
+        try:
+            same = t.shape == pristine[name].shape and torch.equal(t.detach(), pristine[name])
+        except RuntimeError:
+            same = False
+        if not same:
+            modified.append(name)
+    return {
+        "outputs": [o.detach() for o in outputs],
+        "grad_input": by_id.get(id(x)) if x.requires_grad else None,
+        "grad_params": [[] if entry is None else grads_of(*entry, by_id) for entry in ops],
+        "grad_extra_inputs": [
+            by_id.get(id(e)) if e is not None and e.requires_grad else None for e in extras
+        ],
+        "modified": modified,
+    }

@@ -240,6 +240,11 @@ def finish_weight_gradients(op):
         op.backward_dw()
 
 
+def param_leaves(op, name):
+    """TE's parameters of the op that autograd should differentiate (those requiring grad)."""
+    return [t for tensors in param_groups(op, name) for t in tensors if t.requires_grad]
+
+
 def model_param_grads(op, name, autograd_grads):
     """Parameter gradients in the model's layout. `autograd_grads` maps id(parameter) to
     what torch.autograd.grad returned for it. A weight with accumulate_into_main_grad has
@@ -293,10 +298,10 @@ def fusion_name(func):
     explicit = getattr(func, "gradfuzz_fusion_name", None)
     if explicit:
         return explicit
-    qualname = getattr(func, "__qualname__", repr(func))
-    if "." in qualname and "<locals>" not in qualname:
-        return qualname.split(".")[0]
-    return FUNCTION_OWNERS.get(qualname, qualname)
+    parts = getattr(func, "__qualname__", repr(func)).split(".")
+    if len(parts) >= 2 and parts[-2] != "<locals>":
+        return parts[-2]  # the class whose (static) method it is
+    return FUNCTION_OWNERS.get(parts[-1], parts[-1])
 
 
 @contextlib.contextmanager
@@ -735,6 +740,21 @@ KINDS = (
 )
 
 
+# What TE raises for each error kind a case can expect: exception types and a message
+# pattern for the exported scripts' pytest.raises (None: any message of those types).
+RAISES = {
+    "duplicate-producer": (("ValueError",), r"has multiple producers"),
+    "missing-producer": (("ValueError",), r"has no producer"),
+    "producer-not-earlier": (("ValueError",), r"has no earlier producer"),
+    "extra-input-count": (("ValueError",), r"Expected \d+ extra inputs but got \d+"),
+    "slot-out-of-range": (("IndexError",), r"is out of range"),
+    "invalid-channel-name": (("ValueError",), r"channel must be a non-empty string"),
+    "locked": (("RuntimeError",), r"Cannot change extra tensor channels"),
+    "extra-count": (("RuntimeError",), r"Expected .* to generate"),
+    "invalid-argument": (("ValueError", "RuntimeError"), None),
+}
+
+
 def classify(exc):
     """("unsupported", reason) for a documented TE limit, else ("error", kind)."""
     if isinstance(exc, NotImplementedError):
@@ -918,10 +938,10 @@ class TEBuilder(Builder):
         op.fuser_backward = observed
 
     def param_leaves(self, op, op_case):
-        return [t for tensors in param_groups(op, op_case.name) for t in tensors if t.requires_grad]
+        return param_leaves(op, op_case.name)
 
     def param_grads(self, op, op_case, leaf_grads):
-        leaves = self.param_leaves(op, op_case)
+        leaves = param_leaves(op, op_case.name)
         return model_param_grads(op, op_case.name, {id(t): g for t, g in zip(leaves, leaf_grads)})
 
     def after_backward(self, ops):

@@ -1,0 +1,51 @@
+"""Shared by the tests: run a CaseSpec through a backend and judge it against the reference."""
+
+import os
+
+from gradfuzz_adapter.case import decode_case, run_reference
+from gradfuzz_adapter.client import make_request, path_result
+from gradfuzz_adapter.protocol import TensorList
+from gradfuzz_adapter.script_support import compare_results
+
+ADAPTER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Tolerances per dtype: torch.testing.assert_close's defaults, as the harness starts from.
+TOLERANCE = {
+    "float64": {"atol": 1e-7, "rtol": 1e-7},
+    "float32": {"atol": 1.3e-6, "rtol": 1e-5},
+    "bfloat16": {"atol": 1.6e-2, "rtol": 1e-5, "baseline_factor": 16, "baseline_cap": 0.25},
+    "float16": {"atol": 1e-3, "rtol": 1e-5, "baseline_factor": 16, "baseline_cap": 0.25},
+}
+
+
+def spec(ops, *, shape=(4, 8), dtype="float64", seed=1, **extra):
+    """A CaseSpec dict with defaults."""
+    out = {
+        "ops": ops,
+        "fusions": [],
+        "input_requires_grad": True,
+        "input_shape": list(shape),
+        "dtype": dtype,
+        "device": "cpu",
+        "seed": seed,
+    }
+    out.update(extra)
+    return out
+
+
+def run(backend, case_spec, paths=None):
+    """(case, [path results with tensors resolved]) of `case_spec` on `backend`."""
+    header, tensors = make_request(case_spec, paths=paths)
+    case = decode_case(header, tensors)
+    out = TensorList()
+    results = backend.run(case, header["paths"], out)
+    return case, [path_result(r, out.tensors) for r in results]
+
+
+def judge(case, result, *, all_channels=True):
+    """Mismatches of one ok path against the float64 reference (and the rounding baseline)."""
+    assert result["status"] == "ok", result
+    expected = run_reference(case)
+    tolerance = TOLERANCE[case.dtype_name]
+    baseline = run_reference(case, dtype=case.dtype) if tolerance.get("baseline_factor") else None
+    return compare_results(expected, result, tolerance, baseline, all_channels=all_channels)

@@ -1,0 +1,86 @@
+"""The adapter as the C++ worker runs it: python3 -m gradfuzz_adapter --backend torch, framed
+requests on its stdin, replies on its stdout."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ADAPTER_DIR, spec
+
+from gradfuzz_adapter.client import make_request
+from gradfuzz_adapter.protocol import read_frame, write_frame
+
+
+@pytest.fixture
+def adapter():
+    env = dict(os.environ, PYTHONPATH=ADAPTER_DIR, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradfuzz_adapter", "--backend", "torch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    yield process
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+    for stream in (process.stdin, process.stdout, process.stderr):
+        stream.close()
+
+
+def ask(process, header, tensors=()):
+    write_frame(process.stdin, header, list(tensors))
+    return read_frame(process.stdout)
+
+
+def test_hello_run_quit_through_pipes(adapter):
+    header, _ = ask(adapter, {"op": "hello"})
+    assert header["ok"] and header["backend"] == "torch" and header["protocol"] == 1
+    caps = header["capabilities"]
+    assert "cpu" in caps["devices"] and caps["fusions"] == []
+    assert set(caps["ops"]) >= {"Linear", "Dispatch", "GroupedLinear", "SwiGLU"}
+    assert caps["ops"]["RowStat"]["output_styles"] == ["vector", "generator"]
+
+    request, tensors = make_request(
+        spec(
+            [
+                {
+                    "name": "RowStat",
+                    "output_bindings": [{"channel": "s", "output_to_caller": True}],
+                },
+                {"name": "ScaledSReLU", "input_channels": ["s"]},
+            ],
+            dtype="bfloat16",
+        )
+    )
+    reply, reply_tensors = ask(adapter, request, tensors)
+    assert reply["ok"], reply
+    fused, unfused = reply["paths"]
+    assert fused["status"] == "ok" and unfused["status"] == "skipped"
+    outputs = [reply_tensors[i] for i in fused["outputs"]]
+    assert [tuple(t.shape) for t in outputs] == [(4, 8), (4,)]
+    assert all(t.dtype == torch.float64 for t in outputs)  # results travel widened
+    assert reply_tensors[fused["grad_input"]].shape == (4, 8)
+    assert set(fused["channel_grads"][0]) == {"s"}
+
+    write_frame(adapter.stdin, {"op": "quit"})
+    adapter.stdin.flush()
+    assert adapter.wait(timeout=30) == 0
+    assert adapter.stdout.read() == b""  # nothing after the last reply
+
+
+def test_a_bad_request_is_answered_and_the_adapter_goes_on(adapter):
+    header, _ = ask(adapter, {"op": "dance"})
+    assert not header["ok"] and "unknown request op" in header["error"]
+    header, _ = ask(adapter, {"op": "run", "spec": {"ops": []}})
+    assert not header["ok"]
+    header, _ = ask(adapter, {"op": "hello"})
+    assert header["ok"]
+
+
+def test_end_of_input_exits_cleanly(adapter):
+    adapter.stdin.close()
+    assert adapter.wait(timeout=30) == 0

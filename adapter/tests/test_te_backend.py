@@ -1,0 +1,338 @@
+"""The te backend. Its TE-free parts (op mapping, fusion naming, error classification) are
+tested as they are; the rest runs on TE 2.20.2's real Python code (OperationFuser,
+Sequential, op.py, the ops that need no kernel) with the compiled extension stubbed
+(te_stub.py), on the CPU, where TE's source and its Python dependencies are present."""
+
+import pytest
+import torch
+from helpers import judge, run, spec
+
+from gradfuzz_adapter import te_backend
+from gradfuzz_adapter.te_backend import classify, fusion_name, op_recipe, render_call
+
+# ----------------------------------------------------------------------------------------
+# Without TE
+
+
+def test_op_recipes_use_tes_constructors_and_option_names():
+    cases = {
+        ("Linear", (("out", 6), ("accumulate_into_main_grad", 1))): (
+            "te.ops.BasicLinear(8, 6, device=DEVICE, dtype=DTYPE, accumulate_into_main_grad=True)"
+        ),
+        ("SwiGLU", (("interleave", 2), ("cache_quantized_input", 1))): (
+            "te.ops.SwiGLU(cache_quantized_input=True, glu_interleave_size=2)"
+        ),
+        ("ScaledSwiGLU", (("interleave", 0),)): (
+            "te.ops.ScaledSwiGLU(glu_interleave_size=None, activation_recompute_in_mlp=False)"
+        ),
+        (
+            "GroupedLinear",
+            (("groups", 3), ("out", 4), ("bias", 1), ("scale_bias", 1), ("delay_wgrad_compute", 1)),
+        ): (
+            "te.ops.GroupedLinear(3, 8, 4, device=DEVICE, dtype=DTYPE, bias=True, "
+            "accumulate_into_main_grad=False, single_grouped_weight=False, "
+            "single_grouped_bias=False, delay_wgrad_compute=True, scale_bias=True)"
+        ),
+        ("LayerNorm", (("eps", 1e-3), ("zero_centered_gamma", 1))): (
+            "te.ops.LayerNorm(8, eps=0.001, device=DEVICE, dtype=DTYPE, "
+            "zero_centered_gamma=True, sm_margin=0)"
+        ),
+        ("Reshape", (("features", 4),)): "te.ops.Reshape((-1, 4))",
+        ("MakeExtraOutput", (("in_place", 1),)): "te.ops.MakeExtraOutput(in_place=True)",
+        ("DualExtraOutput", (("s0", 2.0), ("s1", -1.0))): (
+            "DualExtraOutput(2.0, -1.0, output_style='vector')"
+        ),
+    }
+    for (name, attrs), expected in cases.items():
+        assert render_call(*op_recipe(name, dict(attrs), [4, 8])) == expected
+    with pytest.raises(NotImplementedError):
+        op_recipe("Linear", {"out": 4}, [4, 8], "generator")  # TE's own ops return tuples
+
+
+def test_fusions_are_named_after_their_fused_op():
+    class ForwardLinearBiasAdd:
+        @staticmethod
+        def fuse_forward_ops(ops, **unused):
+            return ops
+
+    def fuse_glu_ops(ops, **unused):
+        return ops
+
+    assert fusion_name(ForwardLinearBiasAdd.fuse_forward_ops) == "ForwardLinearBiasAdd"
+    assert fusion_name(fuse_glu_ops) == "GroupedMLP_CuTeGEMMGLU"
+    fuse_glu_ops.gradfuzz_fusion_name = "FusedResidual.joint"
+    assert fusion_name(fuse_glu_ops) == "FusedResidual.joint"
+
+
+def test_only_fusions_narrows_the_lists_and_restores_them_on_error():
+    class Fuser:
+        forward_backward_fusion_functions = []
+        forward_fusion_functions = []
+        backward_fusion_functions = []
+
+    class BackwardLinearAdd:
+        @staticmethod
+        def fuse_backward_ops(ops, **unused):
+            return ops
+
+    class BackwardLinearScale:
+        @staticmethod
+        def fuse_backward_ops(ops, **unused):
+            return ops
+
+    original = [BackwardLinearAdd.fuse_backward_ops, BackwardLinearScale.fuse_backward_ops]
+    Fuser.backward_fusion_functions = original
+    with pytest.raises(KeyError):
+        with te_backend.only_fusions(Fuser, ["BackwardLinearScale"]):
+            assert Fuser.backward_fusion_functions == [BackwardLinearScale.fuse_backward_ops]
+            assert Fuser.forward_fusion_functions == []
+            raise KeyError("a failing path")
+    assert Fuser.backward_fusion_functions is original
+
+
+@pytest.mark.parametrize(
+    "exc, expected",
+    [
+        (
+            ValueError("Extra tensor channel 'c' has multiple producers (ops 0 and 1)"),
+            ("error", "duplicate-producer"),
+        ),
+        (
+            ValueError("Extra tensor channel 'c' consumed by op 1 (AddExtraInput) has no producer"),
+            ("error", "missing-producer"),
+        ),
+        (
+            ValueError("Extra tensor channel 'c' consumed by op 0 (X) has no earlier producer"),
+            ("error", "producer-not-earlier"),
+        ),
+        (
+            RuntimeError("Cannot change extra tensor channels of RowStat because ..."),
+            ("error", "locked"),
+        ),
+        (ValueError("Expected 2 extra inputs but got 1"), ("error", "extra-input-count")),
+        (
+            IndexError("Extra input index 3 is out of range for AddExtraInput with 1 extra inputs"),
+            ("error", "slot-out-of-range"),
+        ),
+        (
+            ValueError("Extra output channel must be a non-empty string or None"),
+            ("error", "invalid-channel-name"),
+        ),
+        (
+            RuntimeError("Op 0 extra output 0 is public, but FusedResidual returned None"),
+            ("error", "public-output-returned-none"),
+        ),
+        (
+            RuntimeError(
+                "Op 0 extra output 0 is required by an operation outside its forward "
+                "fusion, but X returned None"
+            ),
+            ("error", "needed-outside-its-fusion"),
+        ),
+        (
+            RuntimeError("Found mismatch after fusing operations (basic_ops=[], fused_ops=[])"),
+            ("error", "plan-mismatch"),
+        ),
+        (TypeError("object of type 'generator' has no len()"), ("error", "generator-misuse")),
+        (
+            RuntimeError("Expected op 0 to generate 3 extra outputs, but got 2"),
+            ("error", "extra-count"),
+        ),
+        (
+            RuntimeError("split_with_sizes expects split_sizes to sum exactly to 6"),
+            ("error", "invalid-argument"),
+        ),
+        (
+            RuntimeError("CUDA error: an illegal memory access was encountered"),
+            ("error", "unrecognized"),
+        ),
+    ],
+)
+def test_tes_messages_map_to_error_kinds(exc, expected):
+    assert classify(exc) == expected
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        NotImplementedError("anything"),
+        ValueError("Supported dtypes are float32, float16, bfloat16 (got torch.float64)"),
+        RuntimeError("Unsupported dtype (torch.float64)"),
+        RuntimeError("Bias 1 has requires_grad=False, but expected requires_grad=True."),
+        RuntimeError(
+            "Single grouped parameters require the native grouped-tensor GroupedLinear path, "
+            "which is unavailable for the current device"
+        ),
+        ValueError(
+            "ScaledSwiGLU does not support activation recomputation in the fused grouped MLP"
+        ),
+    ],
+)
+def test_documented_limits_are_unsupported(exc):
+    status, reason = classify(exc)
+    assert status == "unsupported" and reason
+
+
+# ----------------------------------------------------------------------------------------
+# On TE's Python code
+
+
+@pytest.fixture(scope="module")
+def backend():
+    import te_stub
+
+    reason = te_stub.available()
+    if reason:
+        pytest.skip(reason)
+    te_stub.install()
+    return te_backend.TEBackend(device="cpu")
+
+
+def bound(channel, to_caller=False):
+    return {"channel": channel, "output_to_caller": to_caller}
+
+
+RESIDUAL = [
+    {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+    {"name": "ConstantScale", "attrs": {"scale": 0.75}},
+    {"name": "AddExtraInput", "input_channels": ["r"]},
+]
+ALL_PATHS = [
+    {"name": "joint", "fusions": ["FusedResidual.joint"]},
+    {"name": "forward_fused", "fusions": ["FusedResidual.forward"]},
+    {"name": "backward_fused", "fusions": ["FusedResidual.backward"]},
+    {"name": "unfused", "fusions": []},
+]
+
+
+def test_hello_lists_tes_fusions_and_ours(backend):
+    caps = backend.hello()["capabilities"]
+    fusions = {(f["name"], f["pass"]) for f in caps["fusions"]}
+    assert {
+        ("FusedResidual.joint", "joint"),
+        ("FusedResidual.forward", "forward"),
+        ("FusedResidual.backward", "backward"),
+        ("ForwardLinearBiasAdd", "forward"),
+        ("ForwardLinearBiasActivation", "forward"),
+        ("ForwardLinearScaleAdd", "forward"),
+        ("BackwardLinearAdd", "backward"),
+        ("BackwardLinearScale", "backward"),
+        ("BackwardActivationBias", "backward"),
+        ("BackwardAddRMSNorm", "backward"),
+    } <= fusions
+    assert caps["deviations"] == ["surplus_extra_inputs_ignored", "lazy_fuser_construction"]
+    assert caps["devices"] == ["cuda"] and "float64" not in caps["dtypes"]
+    assert caps["ops"]["Linear"]["implementation"] == "te.ops.BasicLinear"
+    assert caps["ops"]["Dispatch"]["output_styles"] == ["vector", "generator"]
+    assert caps["ops"]["GroupedLinear"]["options"]["delay_wgrad_compute"] == [0, 1]
+
+
+@pytest.mark.parametrize("to_caller", [False, True])
+def test_fused_residual_in_every_pass_matches_the_reference(backend, to_caller):
+    ops = [dict(RESIDUAL[0], output_bindings=[bound("r", to_caller)])] + RESIDUAL[1:]
+    case, results = run(backend, spec(ops, dtype="float32"), paths=ALL_PATHS)
+    names = {r["name"]: r for r in results}
+    for result in results:
+        assert judge(case, result, all_channels=False) == [], result["name"]
+    assert names["joint"]["plans"][0]["forward"] == [
+        {"name": "FusedResidual.joint", "begin": 0, "end": 3, "fused": True}
+    ]
+    assert names["forward_fused"]["plans"][0]["forward"][0]["name"] == "FusedResidual.forward"
+    assert [g["fused"] for g in names["forward_fused"]["plans"][0]["backward"]] == [False] * 3
+    assert names["backward_fused"]["plans"][0]["backward"][0]["name"] == "FusedResidual.backward"
+    # The channel's gradient is visible where the producer's backward group holds none of
+    # its consumers, and is then the reference's.
+    assert set(names["unfused"]["channel_grads"][0]) == {"r"}
+    assert set(names["forward_fused"]["channel_grads"][0]) == {"r"}
+    assert names["joint"]["channel_grads"] == [{}]
+
+
+def test_fused_residual_hands_the_channel_to_a_consumer_outside(backend):
+    ops = RESIDUAL + [{"name": "AddExtraInput", "input_channels": ["r"]}]
+    case, results = run(backend, spec(ops, dtype="float32"), paths=ALL_PATHS[:1])
+    assert judge(case, results[0], all_channels=False) == []
+    assert results[0]["plans"][0]["forward"][0]["fused"]
+
+
+def test_custom_ops_and_mixed_routing_match_the_reference(backend):
+    ops = [
+        {
+            "name": "Dispatch",
+            "attrs": {"groups": 3},
+            "output_bindings": [bound("sizes", True), {"channel": None}, bound("map")],
+        },
+        {"name": "RowStat", "output_bindings": [bound("s", True)]},
+        {
+            "name": "DualExtraOutput",
+            "attrs": {"s0": 0.5, "s1": 2.0},
+            "output_bindings": [bound("a"), {"channel": None}],
+        },
+        {"name": "AddExtraInput", "input_channels": ["a"]},
+        {"name": "Boundary"},
+        {"name": "AddExtraInput"},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("m")]},
+        {"name": "Identity"},
+        {"name": "AddExtraInput", "input_channels": ["m"]},
+    ]
+    case, results = run(backend, spec(ops, shape=(6, 8), dtype="float32"))
+    for result in results[:1]:
+        assert judge(case, result, all_channels=False) == []
+    # Outputs: main, split sizes (int64), probs, RowStat's stat, DualExtraOutput's slot 1.
+    assert [tuple(t.shape) for t in results[0]["outputs"]] == [(6, 8), (3,), (6,), (6,), (6, 8)]
+    assert results[0]["outputs"][1].dtype == torch.int64
+    # "s" has no consumer but is public: its gradient is the caller's; "map" is an integer.
+    assert set(results[0]["channel_grads"][0]) == {"a", "s"}
+    assert set(results[0]["channel_grads"][1]) == {"m"}
+
+
+def test_review_findings_2_and_3_show_in_te(backend):
+    ops = [{"name": "RowStat", "output_style": "generator"}]
+    _, results = run(backend, spec(ops, dtype="float32"))
+    assert (results[0]["error"]["kind"], results[0]["error"]["phase"]) == (
+        "generator-misuse",
+        "forward",
+    )
+    ops = [{"name": "RowStat", "output_bindings": [bound("c")]}]
+    _, results = run(
+        backend, spec(ops, dtype="float32", call_then_bind=[{"op": 0, "grad_mode": False}])
+    )
+    assert (results[0]["error"]["kind"], results[0]["error"]["phase"]) == ("locked", "binding")
+
+
+def test_routing_errors_come_at_the_first_forward(backend):
+    ops = [
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+        {"name": "Boundary"},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+    ]
+    _, results = run(backend, spec(ops, dtype="float32"))
+    error = results[0]["error"]
+    assert (error["kind"], error["phase"], error["type"]) == (
+        "missing-producer",
+        "forward",
+        "ValueError",
+    )
+    # TE built (and locked) the first fuser before the second one failed.
+    assert results[0]["left_locked"] == [0, 1]
+
+
+def test_extra_input_count_deviation(backend):
+    ops = [{"name": "AddExtraInput"}]
+    _, results = run(backend, spec(ops, dtype="float32", extra_input_count_delta=-1))
+    assert results[0]["error"]["kind"] == "extra-input-count"
+    _, results = run(backend, spec(ops, dtype="float32", extra_input_count_delta=1))
+    assert results[0]["status"] == "ok"  # surplus_extra_inputs_ignored
+
+
+def test_in_place_ops_writing_into_caller_tensors_are_reported(backend):
+    ops = [
+        {"name": "MakeExtraOutput", "attrs": {"in_place": 1}, "output_bindings": [bound("c")]},
+        {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+        {"name": "AddExtraInput", "attrs": {"in_place": 1}, "input_channels": ["c"]},
+    ]
+    _, results = run(backend, spec(ops, dtype="float32"), paths=ALL_PATHS[3:])
+    # AddExtraInput(in_place) adds into the channel's value, the caller's input itself;
+    # MakeExtraOutput(in_place) accumulates into the gradient it is handed, the caller's
+    # cotangent routed through the channel.
+    assert results[0]["modified"] == ["input", "cotangent[0]"]
