@@ -161,6 +161,13 @@ std::pair<at::Tensor, at::Tensor> reference_glu_halves(const at::Tensor& x, int6
   return {at::index_select(x, -1, a_index), at::index_select(x, -1, a_index + interleave)};
 }
 
+/// Throws InvalidArgumentError unless the GLU interleave k >= 0 (0 = halves).
+void check_interleave(const std::string& op, int64_t interleave) {
+  if (interleave < 0) {
+    throw InvalidArgumentError(op + ": interleave must be >= 0, got " + std::to_string(interleave));
+  }
+}
+
 void check_2d(const std::string& op, const at::Tensor& x) {
   if (!x.defined() || x.dim() != 2) {
     throw InvalidArgumentError(op + ": input must be 2-D [rows, features], got " +
@@ -208,24 +215,28 @@ ReferenceResult Activation::reference_impl(const at::Tensor& input, const std::v
 // ---------------------------------------------------------------------------------------
 // SwiGLU
 
+SwiGLU::SwiGLU(int64_t interleave) : BasicOp("SwiGLU"), interleave_(interleave) {
+  check_interleave(type(), interleave_);
+}
+
 ForwardResult SwiGLU::forward_impl(OpContext& ctx, const at::Tensor& input,
                                    const std::vector<at::Tensor>& /*extra_inputs*/) const {
-  activation_math::check_glu_features(type(), input.size(-1), 0);
+  activation_math::check_glu_features(type(), input.size(-1), interleave_);
   ctx.saved = {input};
   ctx.saved_sizes.clear();
-  return {activation_math::swiglu_forward(input, 0), pack({})};
+  return {activation_math::swiglu_forward(input, interleave_), pack({})};
 }
 
 BackwardResult SwiGLU::backward_impl(OpContext& ctx, const at::Tensor& grad_output,
                                      const std::vector<at::Tensor>& /*grad_extra_outputs*/) const {
-  // grad_output [rows, n] -> grad_input [rows, 2n] = [g·b·silu'(a), g·silu(a)]
-  return {activation_math::swiglu_backward(ctx.saved.at(0), grad_output, 0), {}, pack({})};
+  // grad_output [rows, n] -> grad_input [rows, 2n] = [g·b·silu'(a), g·silu(a)] (blocks interleaved back)
+  return {activation_math::swiglu_backward(ctx.saved.at(0), grad_output, interleave_), {}, pack({})};
 }
 
 ReferenceResult SwiGLU::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                        const std::vector<at::Tensor>& /*params*/) const {
-  activation_math::check_glu_features(type(), input.size(-1), 0);
-  auto [a, b] = reference_glu_halves(input, 0);
+  activation_math::check_glu_features(type(), input.size(-1), interleave_);
+  auto [a, b] = reference_glu_halves(input, interleave_);
   return {at::silu(a) * b, {}};
 }
 
@@ -233,9 +244,7 @@ ReferenceResult SwiGLU::reference_impl(const at::Tensor& input, const std::vecto
 // ScaledSwiGLU
 
 ScaledSwiGLU::ScaledSwiGLU(int64_t interleave) : BasicOp("ScaledSwiGLU"), interleave_(interleave) {
-  if (interleave_ < 0) {
-    throw InvalidArgumentError("ScaledSwiGLU: interleave must be >= 0, got " + std::to_string(interleave_));
-  }
+  check_interleave(type(), interleave_);
 }
 
 void ScaledSwiGLU::save_context(OpContext& ctx, const at::Tensor& input, const at::Tensor& scales) {

@@ -75,16 +75,22 @@ class SReLU final : public Activation {
   SReLU() : Activation(ActivationKind::kSReLU) {}
 };
 
-/// `y = silu(a)·b` with a, b the halves of x [rows, 2n] -> y [rows, n]. Forward throws
-/// InvalidArgumentError on an odd feature count.
+/// `y = silu(a)·b` with a, b the halves of x [rows, 2n] -> y [rows, n]; with interleave
+/// k > 0 the features alternate k-wide a and b blocks (TE's `glu_interleave_size`), as in
+/// ScaledSwiGLU. Constructor throws InvalidArgumentError for k < 0; forward throws on an odd
+/// feature count or one that 2k does not divide.
 ///
 /// ctx layout: saved = {input [rows, 2n]}; saved_sizes = {}.
 class SwiGLU final : public BasicOp {
  public:
-  SwiGLU() : BasicOp("SwiGLU") {}
+  explicit SwiGLU(int64_t interleave = 0);
+  int64_t interleave() const { return interleave_; }
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();
+
+ private:
+  int64_t interleave_;
 };
 
 /// `y = silu(a)·b·s[r]`; extra input slot 0 = scales [rows]. With interleave k > 0 the

@@ -227,8 +227,10 @@ __global__ void add_rmsnorm_backward_kernel(const scalar_t* __restrict__ grad_ou
                                             const double* __restrict__ rstd_d, const scalar_t* __restrict__ grad_extra,
                                             scalar_t* __restrict__ grad_input,
                                             at::opmath_type<scalar_t>* __restrict__ partial_gamma, int64_t rows,
-                                            int64_t n, double eps) {
+                                            int64_t n, double eps, double gamma_offset) {
   using acc_t = at::opmath_type<scalar_t>;
+  // The effective scale γ_j = gamma_j + offset (offset 1: zero-centred gamma), in acc_t.
+  const acc_t offset = static_cast<acc_t>(gamma_offset);
   __shared__ acc_t shared[kRowThreads / kWarpSize];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const scalar_t* x_row = input + r * n;
@@ -250,14 +252,14 @@ __global__ void add_rmsnorm_backward_kernel(const scalar_t* __restrict__ grad_ou
     // dot = Σ_k g_k γ_k x_k
     acc_t dot = acc_t(0);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      dot += static_cast<acc_t>(g_row[j]) * static_cast<acc_t>(gamma[j]) * static_cast<acc_t>(x_row[j]);
+      dot += static_cast<acc_t>(g_row[j]) * (static_cast<acc_t>(gamma[j]) + offset) * static_cast<acc_t>(x_row[j]);
     }
     dot = block_sum(dot, shared);
     const acc_t coeff = dot * rstd * rstd * rstd / static_cast<acc_t>(n);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const acc_t x = static_cast<acc_t>(x_row[j]);
       const acc_t g = static_cast<acc_t>(g_row[j]);
-      acc_t dx = rstd * g * static_cast<acc_t>(gamma[j]) - x * coeff;
+      acc_t dx = rstd * g * (static_cast<acc_t>(gamma[j]) + offset) - x * coeff;
       if (grad_extra != nullptr) {
         dx += static_cast<acc_t>(grad_extra[r * n + j]);
       }
@@ -447,7 +449,7 @@ ScaledSwigluBackward scaled_swiglu_backward_cuda(const at::Tensor& grad_output, 
 
 AddRmsNormBackward add_rmsnorm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& input,
                                              const at::Tensor& gamma, const at::Tensor& rstd, double eps,
-                                             const at::Tensor& grad_extra) {
+                                             const at::Tensor& grad_extra, double gamma_offset) {
   detail::check_float_cuda(grad_output, "add_rmsnorm_backward grad_output");
   detail::check_float_cuda(input, "add_rmsnorm_backward input");
   detail::check_float_cuda(gamma, "add_rmsnorm_backward gamma");
@@ -498,7 +500,8 @@ AddRmsNormBackward add_rmsnorm_backward_cuda(const at::Tensor& grad_output, cons
       detail::add_rmsnorm_backward_kernel<x_t, scalar_t>
           <<<static_cast<unsigned>(blocks), detail::kRowThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
               g_c.const_data_ptr<x_t>(), x_c.const_data_ptr<x_t>(), gamma_c.const_data_ptr<scalar_t>(), rstd_f, rstd_d,
-              extra_ptr, result.grad_input.mutable_data_ptr<x_t>(), partial.mutable_data_ptr<acc_t>(), rows, n, eps);
+              extra_ptr, result.grad_input.mutable_data_ptr<x_t>(), partial.mutable_data_ptr<acc_t>(), rows, n, eps,
+              gamma_offset);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

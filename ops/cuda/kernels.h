@@ -76,12 +76,14 @@ struct AddRmsNormBackward {
   at::Tensor grad_gamma;
 };
 
-/// BackwardAddRMSNorm: RMSNorm y = x · rstd · gamma with rstd = 1/sqrt(mean(x²) + eps).
+/// BackwardAddRMSNorm: RMSNorm y = x · rstd · (gamma + gamma_offset) with
+/// rstd = 1/sqrt(mean(x²) + eps); gamma_offset is 1 for TE's zero-centred gamma, else 0,
+/// and is added in the accumulation type (d gamma is the same for both forms).
 /// grad_output, input [rows, n], gamma [n]; `rstd` [rows] (float or the accumulation
 /// type) may be undefined, then it is recomputed from input and eps; `grad_extra`
 /// [rows, n] may be undefined (treated as zero) and is added to d input in the same pass.
 AddRmsNormBackward add_rmsnorm_backward_cuda(const at::Tensor& grad_output, const at::Tensor& input,
                                              const at::Tensor& gamma, const at::Tensor& rstd, double eps,
-                                             const at::Tensor& grad_extra);
+                                             const at::Tensor& grad_extra, double gamma_offset);
 
 }  // namespace gradfuzz::ops::cuda

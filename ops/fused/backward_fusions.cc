@@ -139,11 +139,12 @@ GroupBackwardResult BackwardAddRMSNorm::backward(std::vector<OpContext*>& ctxs, 
   const at::Tensor& input = ctxs[1]->saved.at(0);
   const at::Tensor& rstd = ctxs[1]->saved.at(1);
   const at::Tensor& grad_extra = grad_extra_outputs[0].at(0);  // undefined counts as zero
+  // γ = gamma, or 1 + gamma with zero_centered_gamma (dγ/dgamma = 1, so dgamma = dγ).
   // g, x [rows, n], rstd [rows] -> dx = rstd·g·γ - x·rstd³·mean(g·γ·x) + grad_extra [rows, n]; dγ = Σ_rows g·x·rstd [n]
 #ifdef GRADFUZZ_WITH_CUDA
   if (input.is_cuda() && grad_output.is_cuda() && gamma.is_cuda()) {
-    cuda::AddRmsNormBackward fused =
-        cuda::add_rmsnorm_backward_cuda(grad_output, input, gamma, rstd, norm.eps(), grad_extra);
+    cuda::AddRmsNormBackward fused = cuda::add_rmsnorm_backward_cuda(
+        grad_output, input, gamma, rstd, norm.eps(), grad_extra, norm.zero_centered_gamma() ? 1.0 : 0.0);
     return make_result(basic_ops(), fused.grad_input.to(grad_output.scalar_type()), {{}, {fused.grad_gamma}});
   }
 #endif
@@ -152,7 +153,7 @@ GroupBackwardResult BackwardAddRMSNorm::backward(std::vector<OpContext*>& ctxs, 
   const at::Tensor x = detail::flatten_rows(input).to(math);
   const at::Tensor g = detail::flatten_rows(grad_output).to(math);
   const at::Tensor r = rstd.reshape({-1, 1}).to(math);
-  const at::Tensor g_gamma = g * gamma.to(math);
+  const at::Tensor g_gamma = g * norm.effective_gamma(math);
   const at::Tensor mean_dot = (g_gamma * x).sum(-1, /*keepdim=*/true) / static_cast<double>(n);
   at::Tensor grad_input = r * g_gamma - x * (r * r * r) * mean_dot;
   if (grad_extra.defined()) {

@@ -78,7 +78,8 @@ class BackwardActivationBias final : public FusedOp {
 };
 
 /// MakeExtraOutput, RMSNorm: RMSNorm's d input plus the extra-output gradient (missing =
-/// zero) and d gamma in one pass (a CUDA kernel for CUDA tensors).
+/// zero) and d gamma in one pass (a CUDA kernel for CUDA tensors); honours the norm's
+/// zero_centered_gamma (scale 1 + gamma) as TE's rmsnorm_bwd_add does.
 class BackwardAddRMSNorm final : public FusedOp {
  public:
   explicit BackwardAddRMSNorm(std::vector<BasicOpPtr> ops);
