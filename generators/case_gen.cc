@@ -34,8 +34,10 @@
 // - RMSNorm and LayerNorm only where the features are >= 4 (see kMinNormFeatures);
 // - attrs: ConstantScale `scale` and DualExtraOutput `s0`,`s1` from {-2,-0.5,0.5,1.5,3};
 //   `in_place` 0/1; groups 1..4; `bias` 0/1 (1 when `scale_bias`); `scale_bias` 0/1;
-//   ScaledSwiGLU `interleave` 0 or any k with features % 2k == 0; eps {1e-5,1e-3}; Reshape
-//   `features` a divisor (<= 8) of rows*features.
+//   SwiGLU and ScaledSwiGLU `interleave` 0 or any k with features % 2k == 0; RMSNorm and
+//   LayerNorm eps {1e-5,1e-3} and `zero_centered_gamma` 1 with chance 1/2; Reshape
+//   `features` a divisor (<= 8) of rows*features. TE options without effect on the math
+//   (cache_quantized_input, sm_margin, ...) stay at their defaults.
 // - bindings: each extra input slot with a motif suggestion is bound to it with chance 3/4;
 //   any other slot with at least one compatible earlier producer in its fuser is bound with
 //   chance 1/2 to one drawn uniformly (fan-out arises when several pick the same producer);
@@ -201,7 +203,10 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
   if (name == "ConstantScale") return {{"scale", pick_of(kScales)}};
   if (name == "MakeExtraOutput" || name == "AddExtraInput") return {{"in_place", chance(1, 2) ? 1.0 : 0.0}};
   if (name == "DualExtraOutput") return {{"s0", pick_of(kScales)}, {"s1", pick_of(kScales)}};
-  if (name == "RMSNorm" || name == "LayerNorm") return {{"eps", pick_of<double>({1e-5, 1e-3})}};
+  if (name == "RMSNorm" || name == "LayerNorm") {
+    const double eps = pick_of<double>({1e-5, 1e-3});
+    return {{"eps", eps}, {"zero_centered_gamma", chance(1, 2) ? 1.0 : 0.0}};
+  }
   if (name == "Dispatch") return {{"groups", static_cast<double>(pick(1, 4))}};
   if (name == "GroupedLinear") {
     const bool scale_bias = chance(1, 2);
@@ -211,7 +216,7 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
             {"bias", bias ? 1.0 : 0.0},
             {"scale_bias", scale_bias ? 1.0 : 0.0}};
   }
-  if (name == "ScaledSwiGLU") {
+  if (name == "SwiGLU" || name == "ScaledSwiGLU") {
     std::vector<int64_t> choices{0};
     for (int64_t k = 1; 2 * k <= f; ++k) {
       if (f % (2 * k) == 0) choices.push_back(k);

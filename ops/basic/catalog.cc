@@ -82,6 +82,37 @@ double real_attr(const std::string& op, const OpAttrs& attrs, const std::string&
 
 SlotSpec float_slot(std::vector<int64_t> shape) { return {TensorKind::kFloat, std::move(shape)}; }
 
+/// TE constructor options that do not change the math (memory, scheduling, how TE hands out
+/// weight gradients): the catalog accepts them so case files can carry them to the te
+/// backend, and the model ignores them.
+struct NeutralOptions {
+  /// 0/1 attrs.
+  std::vector<std::string> flags;
+  /// Integer attrs >= 0.
+  std::vector<std::string> counts;
+};
+
+/// The defaults (all 0) of `neutral`, added to `defaults`.
+OpAttrs with_neutral(OpAttrs defaults, const NeutralOptions& neutral) {
+  for (const auto& name : neutral.flags) defaults.emplace(name, 0);
+  for (const auto& name : neutral.counts) defaults.emplace(name, 0);
+  return defaults;
+}
+
+/// Validates the neutral attrs of `op` (InvalidArgumentError naming op and attr).
+void check_neutral(const std::string& op, const OpAttrs& attrs, const NeutralOptions& neutral) {
+  for (const auto& name : neutral.flags) bool_attr(op, attrs, name, 0);
+  for (const auto& name : neutral.counts) int_attr(op, attrs, name, 0, 0);
+}
+
+/// `summary` plus the note listing the neutral attrs.
+std::string with_neutral_note(const std::string& summary, const NeutralOptions& neutral) {
+  std::string names;
+  for (const auto& name : neutral.flags) names += (names.empty() ? "" : ", ") + name;
+  for (const auto& name : neutral.counts) names += (names.empty() ? "" : ", ") + name;
+  return summary + "; TE options " + names + ": accepted, no effect on the model";
+}
+
 /// Shape-preserving op without extra slots.
 OpSignature same_shape(int64_t rows, int64_t features) { return {{rows, features}, {}, {}}; }
 
@@ -105,11 +136,14 @@ constexpr double kDefaultGroups = 2;
 
 void register_catalog_ops(OpRegistry& registry) {
   // ----- linear.h
+  const NeutralOptions linear_neutral{{"accumulate_into_main_grad"}, {}};
   add_op(
-      registry, "Linear", "y = x W^T; weight [out, in]", {{"out", kDefaultLinearOut}},
-      [](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      registry, "Linear", with_neutral_note("y = x W^T; weight [out, in]", linear_neutral),
+      with_neutral({{"out", kDefaultLinearOut}}, linear_neutral),
+      [linear_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Linear", shape);
         const int64_t out = int_attr("Linear", a, "out", kDefaultLinearOut, 1);
+        check_neutral("Linear", a, linear_neutral);
         (void)features;
         return OpSignature{{rows, out}, {}, {}};
       },
@@ -167,13 +201,16 @@ void register_catalog_ops(OpRegistry& registry) {
   const std::pair<const char*, ActivationKind> elementwise[] = {
       {"ReLU", ActivationKind::kReLU}, {"GELU", ActivationKind::kGELU}, {"SReLU", ActivationKind::kSReLU}};
   const char* elementwise_summary[] = {"y = relu(x)", "y = gelu(x), tanh form", "y = relu(x)^2"};
+  const NeutralOptions activation_neutral{{"cache_quantized_input"}, {}};
   for (size_t i = 0; i < 3; ++i) {
     const std::string name = elementwise[i].first;
     const ActivationKind kind = elementwise[i].second;
     add_op(
-        registry, name, elementwise_summary[i], {},
-        [name](const OpAttrs&, const std::vector<int64_t>& shape) {
+        registry, name, with_neutral_note(elementwise_summary[i], activation_neutral),
+        with_neutral({}, activation_neutral),
+        [name, activation_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
           auto [rows, features] = rows_features(name, shape);
+          check_neutral(name, a, activation_neutral);
           return same_shape(rows, features);
         },
         [kind](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
@@ -189,32 +226,43 @@ void register_catalog_ops(OpRegistry& registry) {
         });
   }
   add_op(
-      registry, "SwiGLU", "halves a, b of the features: y = silu(a) * b", {},
-      [](const OpAttrs&, const std::vector<int64_t>& shape) {
+      registry, "SwiGLU",
+      with_neutral_note("halves a, b of the features: y = silu(a) * b; interleave k>0 alternates k-wide a, b blocks",
+                        activation_neutral),
+      with_neutral({{"interleave", 0}}, activation_neutral),
+      [activation_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("SwiGLU", shape);
-        activation_math::check_glu_features("SwiGLU", features, 0);
+        const int64_t k = int_attr("SwiGLU", a, "interleave", 0, 0);
+        activation_math::check_glu_features("SwiGLU", features, k);
+        check_neutral("SwiGLU", a, activation_neutral);
         return OpSignature{{rows, features / 2}, {}, {}};
       },
-      [](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
-        return std::make_shared<SwiGLU>();
+      [](const OpAttrs& a, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
+        return std::make_shared<SwiGLU>(int_attr("SwiGLU", a, "interleave", 0, 0));
       });
+  const NeutralOptions scaled_neutral{{"activation_recompute_in_mlp"}, {}};
   add_op(
       registry, "ScaledSwiGLU",
-      "y = silu(a) * b * s[r]; extra input scales [rows]; interleave k>0 alternates k-wide a, b blocks",
-      {{"interleave", 0}},
-      [](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      with_neutral_note(
+          "y = silu(a) * b * s[r]; extra input scales [rows]; interleave k>0 alternates k-wide a, b blocks",
+          scaled_neutral),
+      with_neutral({{"interleave", 0}}, scaled_neutral),
+      [scaled_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("ScaledSwiGLU", shape);
         const int64_t k = int_attr("ScaledSwiGLU", a, "interleave", 0, 0);
         activation_math::check_glu_features("ScaledSwiGLU", features, k);
+        check_neutral("ScaledSwiGLU", a, scaled_neutral);
         return OpSignature{{rows, features / 2}, {float_slot({rows})}, {}};
       },
       [](const OpAttrs& a, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
         return std::make_shared<ScaledSwiGLU>(int_attr("ScaledSwiGLU", a, "interleave", 0, 0));
       });
   add_op(
-      registry, "ScaledSReLU", "y = relu(x)^2 * s[r]; extra input scales [rows]", {},
-      [](const OpAttrs&, const std::vector<int64_t>& shape) {
+      registry, "ScaledSReLU", with_neutral_note("y = relu(x)^2 * s[r]; extra input scales [rows]", scaled_neutral),
+      with_neutral({}, scaled_neutral),
+      [scaled_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("ScaledSReLU", shape);
+        check_neutral("ScaledSReLU", a, scaled_neutral);
         return OpSignature{{rows, features}, {float_slot({rows})}, {}};
       },
       [](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
@@ -268,9 +316,13 @@ void register_catalog_ops(OpRegistry& registry) {
       });
 
   // ----- grouped_linear.h
-  const OpAttrs grouped_defaults{{"groups", kDefaultGroups}, {"out", kDefaultLinearOut}, {"bias", 1}, {"scale_bias", 0}};
-  auto grouped_options = [](const OpAttrs& a, int64_t features) {
+  const NeutralOptions grouped_neutral{
+      {"accumulate_into_main_grad", "single_grouped_weight", "single_grouped_bias", "delay_wgrad_compute"}, {}};
+  const OpAttrs grouped_defaults = with_neutral(
+      {{"groups", kDefaultGroups}, {"out", kDefaultLinearOut}, {"bias", 1}, {"scale_bias", 0}}, grouped_neutral);
+  auto grouped_options = [grouped_neutral](const OpAttrs& a, int64_t features) {
     const std::string op = "GroupedLinear";
+    check_neutral(op, a, grouped_neutral);
     GroupedLinearOptions options(int_attr(op, a, "groups", kDefaultGroups, 1), features,
                                  int_attr(op, a, "out", kDefaultLinearOut, 1));
     options.bias(bool_attr(op, a, "bias", 1)).scale_bias(bool_attr(op, a, "scale_bias", 0));
@@ -281,7 +333,9 @@ void register_catalog_ops(OpRegistry& registry) {
   };
   add_op(
       registry, "GroupedLinear",
-      "rows split into G groups (slot 0 split sizes): y_r = x_r W_g^T + b_g (scale_bias: + b_g * s[r], slot 1)",
+      with_neutral_note(
+          "rows split into G groups (slot 0 split sizes): y_r = x_r W_g^T + b_g (scale_bias: + b_g * s[r], slot 1)",
+          grouped_neutral),
       grouped_defaults,
       [grouped_options](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("GroupedLinear", shape);
@@ -295,29 +349,40 @@ void register_catalog_ops(OpRegistry& registry) {
       });
 
   // ----- norms.h
+  const NeutralOptions norm_neutral{{}, {"sm_margin"}};
+  const OpAttrs norm_defaults = with_neutral({{"eps", 1e-5}, {"zero_centered_gamma", 0}}, norm_neutral);
+  // Validates the attrs of RMSNorm or LayerNorm `op` and returns its options.
+  auto norm_options = [norm_neutral](const std::string& op, const OpAttrs& a, int64_t features) {
+    const double eps = real_attr(op, a, "eps", 1e-5);
+    if (!(eps > 0)) {
+      throw InvalidArgumentError(op + ": attr 'eps' must be > 0");
+    }
+    const bool zero_centered = bool_attr(op, a, "zero_centered_gamma", 0);
+    check_neutral(op, a, norm_neutral);
+    return NormOptions(features).eps(eps).zero_centered_gamma(zero_centered);
+  };
+  const std::string zero_centered_note = "; zero_centered_gamma=1: gamma stored zero-centred, scale (1 + gamma)";
   add_op(
-      registry, "RMSNorm", "y = x / rms(x) * gamma", {{"eps", 1e-5}},
-      [](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      registry, "RMSNorm", with_neutral_note("y = x / rms(x) * gamma" + zero_centered_note, norm_neutral),
+      norm_defaults,
+      [norm_options](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("RMSNorm", shape);
-        if (!(real_attr("RMSNorm", a, "eps", 1e-5) > 0)) {
-          throw InvalidArgumentError("RMSNorm: attr 'eps' must be > 0");
-        }
+        norm_options("RMSNorm", a, features);
         return same_shape(rows, features);
       },
-      [](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
-        return std::make_shared<RMSNorm>(features, real_attr("RMSNorm", a, "eps", 1e-5), o);
+      [norm_options](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
+        return std::make_shared<RMSNorm>(norm_options("RMSNorm", a, features), o);
       });
   add_op(
-      registry, "LayerNorm", "y = (x - mean) / std * gamma + beta", {{"eps", 1e-5}},
-      [](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      registry, "LayerNorm",
+      with_neutral_note("y = (x - mean) / std * gamma + beta" + zero_centered_note, norm_neutral), norm_defaults,
+      [norm_options](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("LayerNorm", shape);
-        if (!(real_attr("LayerNorm", a, "eps", 1e-5) > 0)) {
-          throw InvalidArgumentError("LayerNorm: attr 'eps' must be > 0");
-        }
+        norm_options("LayerNorm", a, features);
         return same_shape(rows, features);
       },
-      [](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
-        return std::make_shared<LayerNorm>(features, real_attr("LayerNorm", a, "eps", 1e-5), o);
+      [norm_options](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
+        return std::make_shared<LayerNorm>(norm_options("LayerNorm", a, features), o);
       });
 
   // ----- moe.h

@@ -10,6 +10,7 @@
 #include "ops/basic/activations.h"
 #include "ops/basic/grouped_linear.h"
 #include "ops/basic/moe.h"
+#include "ops/basic/norms.h"
 #include "ops/errors.h"
 #include "ops/op_registry.h"
 #include "tests/ops/test_util.h"
@@ -250,6 +251,248 @@ TEST(MoeChain, IntegerChannelsRouteAndNeverGetGradients) {
   EXPECT_EQ(trace->channel_grads.count("map"), 0u);
   EXPECT_EQ(trace->channel_grads.count("probs"), 1u);
   EXPECT_EQ(expected.channel_grads[0].count("splits"), 0u);
+}
+
+// ---- TE's options (te-backend.md: where TE's math differs, the catalog gains the option) -----
+
+/// Central differences of a float64 loss: step 1e-6 leaves a truncation error ~1e-12 and a
+/// rounding error ~1e-16·|L|/1e-6 ~ 1e-9 for the O(10) losses here, far inside 1e-6.
+constexpr double kFiniteDifferenceStep = 1e-6;
+constexpr testing::Tolerance kFiniteDifferenceTol{1e-6, 1e-6};
+
+class CatalogTEMathOption : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(CatalogTEMathOption, FusedPathMatchesReferenceAndFiniteDifferencesInFloat64) {
+  const OpCase& c = GetParam();
+  at::Generator gen = make_generator(113);
+  BasicOpPtr op = make_op(c.name, c.attrs, {c.rows, c.features});
+  Sequential seq({op}, FusionRegistry{});
+  const at::Tensor x = seeded_randn({c.rows, c.features}, gen, at::kDouble, true, /*away_from_zero=*/true);
+  const PathResult expected = run_reference(seq, x, {});
+  const PathResult got = run_fused(seq, x, {});
+  EXPECT_TRUE(testing::results_close(got, expected, kFloat64Tol)) << "fused vs reference";
+  EXPECT_TRUE(
+      testing::gradients_match_finite_differences(seq, x, {}, got, kFiniteDifferenceStep, kFiniteDifferenceTol));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NewMathOptions, CatalogTEMathOption,
+    ::testing::Values(
+        OpCase{"SwiGLUInterleave1", "SwiGLU", {{"interleave", 1}}, 5, 6},
+        OpCase{"SwiGLUInterleave2", "SwiGLU", {{"interleave", 2}}, 5, 8},
+        OpCase{"SwiGLUInterleave2ThreeBlocks", "SwiGLU", {{"interleave", 2}}, 4, 12},
+        OpCase{"RMSNormZeroCenteredGamma", "RMSNorm", {{"zero_centered_gamma", 1}}, 5, 6},
+        OpCase{"LayerNormZeroCenteredGamma", "LayerNorm", {{"zero_centered_gamma", 1}, {"eps", 1e-3}}, 5, 6}),
+    [](const ::testing::TestParamInfo<OpCase>& p) { return p.param.label; });
+
+/// Runs `op` alone through the fused path on `x` (which requires grad), cotangent seed 77.
+PathResult run_alone(const BasicOpPtr& op, const at::Tensor& x, const std::vector<at::Tensor>& extras = {}) {
+  Sequential seq({op}, FusionRegistry{});
+  return run_fused(seq, x, extras);
+}
+
+/// TE's definition (rmsnorm.py, layer_norm.py): with zero_centered_gamma the scale is 1 + w and
+/// dL/dw = dL/dγ, so the zero-centred op with w equals the direct op with γ = w + 1, for the
+/// fused path and for the reference alike.
+void expect_zero_centered_equals_direct_form(const std::string& name) {
+  at::Generator gen = make_generator(127);
+  BasicOpPtr zero_centered = make_op(name, {{"zero_centered_gamma", 1}}, {5, 6});
+  BasicOpPtr direct = make_op(name, {}, {5, 6});
+  const at::Tensor w = zero_centered->parameters()[0];
+  // Both forms start as the same function; the stored parameter is not the same.
+  EXPECT_TRUE(at::allclose(w + 1, direct->parameters()[0])) << name;
+  EXPECT_GT(at::count_nonzero(w).item<int64_t>(), 0);
+  {
+    // Another w, so the check does not lean on the initial values.
+    at::NoGradGuard no_grad;
+    w.add_(seeded_randn({6}, gen, at::kDouble) * 0.3);
+    direct->parameters()[0].copy_(w + 1);
+  }
+  const at::Tensor x = seeded_randn({5, 6}, gen, at::kDouble, true);
+  const PathResult got_zero_centered = run_alone(zero_centered, x);
+  const PathResult got_direct = run_alone(direct, x);
+  EXPECT_TRUE(testing::results_close(got_zero_centered, got_direct, kFloat64Tol)) << name << " fused";
+  Sequential seq_zero_centered({zero_centered}, FusionRegistry{});
+  Sequential seq_direct({direct}, FusionRegistry{});
+  EXPECT_TRUE(
+      testing::results_close(run_reference(seq_zero_centered, x, {}), run_reference(seq_direct, x, {}), kFloat64Tol))
+      << name << " reference";
+}
+
+TEST(CatalogZeroCenteredGamma, RMSNormWithWEqualsTheDirectFormWithGammaWPlusOne) {
+  expect_zero_centered_equals_direct_form("RMSNorm");
+}
+
+TEST(CatalogZeroCenteredGamma, LayerNormWithWEqualsTheDirectFormWithGammaWPlusOne) {
+  expect_zero_centered_equals_direct_form("LayerNorm");
+}
+
+TEST(CatalogZeroCenteredGamma, IsStoredOnTheOpAndDefaultsToOff) {
+  const auto* rms = dynamic_cast<const RMSNorm*>(make_op("RMSNorm", {{"zero_centered_gamma", 1}}, {2, 4}).get());
+  ASSERT_NE(rms, nullptr);
+  EXPECT_TRUE(rms->zero_centered_gamma());
+  const auto* ln = dynamic_cast<const LayerNorm*>(make_op("LayerNorm", {}, {2, 4}).get());
+  ASSERT_NE(ln, nullptr);
+  EXPECT_FALSE(ln->zero_centered_gamma());
+}
+
+/// TE's SwiGLU with glu_interleave_size k (swiglu.py, op_forward/op_backward) de-interleaves
+/// with reshape(-1, F/2k, 2, k).transpose(1, 2) before the plain kernel and re-interleaves the
+/// gradient with reshape(-1, 2, F/2k, k).transpose(1, 2); the catalog's interleave must agree.
+TEST(CatalogSwiGLUInterleave, MatchesTEsDeinterleaveThenPlainSwiGLU) {
+  at::Generator gen = make_generator(131);
+  const int64_t rows = 3, features = 12, k = 2;
+  const at::Tensor x = seeded_randn({rows, features}, gen, at::kDouble, true);
+  const at::Tensor plain_x =
+      x.detach().reshape({-1, features / (2 * k), 2, k}).transpose(1, 2).reshape({rows, features}).requires_grad_(true);
+  const PathResult interleaved = run_alone(make_op("SwiGLU", {{"interleave", k}}, {rows, features}), x);
+  const PathResult plain = run_alone(make_op("SwiGLU", {}, {rows, features}), plain_x);
+  EXPECT_TRUE(testing::tensors_close(interleaved.outputs[0], plain.outputs[0], kFloat64Tol, "output"));
+  const at::Tensor reinterleaved =
+      plain.grad_input.reshape({-1, 2, features / (2 * k), k}).transpose(1, 2).reshape({rows, features});
+  EXPECT_TRUE(testing::tensors_close(interleaved.grad_input, reinterleaved, kFloat64Tol, "grad_input"));
+}
+
+TEST(CatalogSwiGLUInterleave, HasTheLayoutOfScaledSwiGLUWithUnitScales) {
+  at::Generator gen = make_generator(137);
+  const at::Tensor x = seeded_randn({4, 8}, gen, at::kDouble, true);
+  const at::Tensor ones = at::ones({4}, testing::test_options());
+  const PathResult swiglu = run_alone(make_op("SwiGLU", {{"interleave", 2}}, {4, 8}), x);
+  const PathResult scaled = run_alone(make_op("ScaledSwiGLU", {{"interleave", 2}}, {4, 8}), x, {ones});
+  EXPECT_TRUE(testing::tensors_close(swiglu.outputs[0], scaled.outputs[0], kFloat64Tol, "output"));
+  EXPECT_TRUE(testing::tensors_close(swiglu.grad_input, scaled.grad_input, kFloat64Tol, "grad_input"));
+}
+
+/// The message of the InvalidArgumentError that `fn` throws ("" if it throws nothing).
+template <typename Fn>
+std::string invalid_argument_message(Fn fn) {
+  try {
+    fn();
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// The message of the InvalidArgumentError of the catalog signature of `name` ("" if none).
+std::string signature_error(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& shape) {
+  return invalid_argument_message([&] { OpRegistry::catalog().signature(name, attrs, shape); });
+}
+
+/// The message of the InvalidArgumentError of creating `name` from the catalog ("" if none).
+std::string create_error(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& shape) {
+  return invalid_argument_message([&] { make_op(name, attrs, shape); });
+}
+
+TEST(CatalogSwiGLUInterleave, InterleaveThatDoesNotDivideTheFeaturesThrowsClearError) {
+  const std::string expected = "SwiGLU: interleave=3 needs input features divisible by 6, got 8";
+  EXPECT_THAT(signature_error("SwiGLU", {{"interleave", 3}}, {4, 8}), HasSubstr(expected));
+  EXPECT_THAT(create_error("SwiGLU", {{"interleave", 3}}, {4, 8}), HasSubstr(expected));
+  // Odd feature counts are refused whatever the interleave.
+  EXPECT_THAT(signature_error("SwiGLU", {{"interleave", 1}}, {4, 7}),
+              HasSubstr("SwiGLU: input features must be even and >= 2 (halves a, b), got 7"));
+  // An op built for another width refuses the input at run time, with the same message.
+  BasicOpPtr op = make_op("SwiGLU", {{"interleave", 3}}, {4, 6});
+  EXPECT_THAT(invalid_argument_message([&] { (*op)(at::ones({4, 8}, test_options()), {}); }), HasSubstr(expected));
+}
+
+TEST(CatalogSwiGLUInterleave, NegativeOrFractionalInterleaveThrowsClearError) {
+  EXPECT_THAT(signature_error("SwiGLU", {{"interleave", -1}}, {4, 8}),
+              HasSubstr("SwiGLU: attr 'interleave' must be an integer >= 0, got -1"));
+  EXPECT_THAT(signature_error("SwiGLU", {{"interleave", 1.5}}, {4, 8}),
+              HasSubstr("SwiGLU: attr 'interleave' must be an integer >= 0, got 1.5"));
+  EXPECT_THAT(invalid_argument_message([] { SwiGLU op(-2); }), HasSubstr("SwiGLU: interleave must be >= 0, got -2"));
+}
+
+TEST(CatalogZeroCenteredGamma, ValueOtherThanZeroOrOneThrowsClearError) {
+  EXPECT_THAT(signature_error("RMSNorm", {{"zero_centered_gamma", 2}}, {4, 8}),
+              HasSubstr("RMSNorm: attr 'zero_centered_gamma' must be 0 or 1, got 2"));
+  EXPECT_THAT(create_error("LayerNorm", {{"zero_centered_gamma", 0.5}}, {4, 8}),
+              HasSubstr("LayerNorm: attr 'zero_centered_gamma' must be 0 or 1, got 0.5"));
+}
+
+/// TE constructor options that do not change the math, per op (the task's list).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& neutral_options() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> options{
+      {"Linear", {"accumulate_into_main_grad"}},
+      {"GroupedLinear",
+       {"accumulate_into_main_grad", "single_grouped_weight", "single_grouped_bias", "delay_wgrad_compute"}},
+      {"ReLU", {"cache_quantized_input"}},
+      {"GELU", {"cache_quantized_input"}},
+      {"SReLU", {"cache_quantized_input"}},
+      {"SwiGLU", {"cache_quantized_input"}},
+      {"ScaledSwiGLU", {"activation_recompute_in_mlp"}},
+      {"ScaledSReLU", {"activation_recompute_in_mlp"}},
+      {"RMSNorm", {"sm_margin"}},
+      {"LayerNorm", {"sm_margin"}},
+  };
+  return options;
+}
+
+TEST(CatalogTEOptions, EveryOptionIsListedWithDefaultZeroAndDocumentedAsWithoutEffect) {
+  const auto& catalog = OpRegistry::catalog();
+  for (const auto& [name, attrs] : neutral_options()) {
+    const OpInfo& info = catalog.info(name);
+    EXPECT_THAT(info.summary, HasSubstr("accepted, no effect on the model")) << name;
+    for (const std::string& attr : attrs) {
+      ASSERT_EQ(info.defaults.count(attr), 1u) << name << " does not list " << attr;
+      EXPECT_EQ(info.defaults.at(attr), 0.0) << name << "." << attr;
+      EXPECT_THAT(info.summary, HasSubstr(attr)) << name;
+    }
+  }
+  for (const char* name : {"RMSNorm", "LayerNorm"}) {
+    EXPECT_EQ(catalog.info(name).defaults.at("zero_centered_gamma"), 0.0) << name;
+    EXPECT_THAT(catalog.info(name).summary, HasSubstr("zero_centered_gamma")) << name;
+  }
+  EXPECT_EQ(catalog.info("SwiGLU").defaults.at("interleave"), 0.0);
+}
+
+TEST(CatalogTEOptions, FlagsOtherThanZeroOrOneAndNegativeSmMarginThrowClearErrors) {
+  for (const auto& [name, attrs] : neutral_options()) {
+    for (const std::string& attr : attrs) {
+      if (attr == "sm_margin") continue;
+      EXPECT_THAT(signature_error(name, {{attr, 2}}, {4, 8}),
+                  HasSubstr(name + ": attr '" + attr + "' must be 0 or 1, got 2"));
+      EXPECT_THAT(create_error(name, {{attr, -1}}, {4, 8}),
+                  HasSubstr(name + ": attr '" + attr + "' must be 0 or 1, got -1"));
+    }
+  }
+  for (const std::string name : {"RMSNorm", "LayerNorm"}) {
+    EXPECT_THAT(signature_error(name, {{"sm_margin", -1}}, {4, 8}),
+                HasSubstr(name + ": attr 'sm_margin' must be an integer >= 0, got -1"));
+    EXPECT_THAT(create_error(name, {{"sm_margin", 2.5}}, {4, 8}),
+                HasSubstr(name + ": attr 'sm_margin' must be an integer >= 0, got 2.5"));
+    // Any non-negative integer is accepted.
+    EXPECT_EQ(signature_error(name, {{"sm_margin", 16}}, {4, 8}), "");
+  }
+}
+
+/// The attrs that make `name` run on an input [rows, features] with one public slot per
+/// extra input, plus every neutral option of `name` switched on when `neutral_on`.
+OpAttrs attrs_with_neutral(const std::string& name, const std::vector<std::string>& neutral, bool neutral_on) {
+  OpAttrs attrs;
+  if (name == "GroupedLinear") attrs = {{"groups", 2}, {"out", 3}, {"scale_bias", 1}};
+  if (name == "Linear") attrs = {{"out", 3}};
+  if (!neutral_on) return attrs;
+  for (const std::string& attr : neutral) attrs[attr] = attr == "sm_margin" ? 8.0 : 1.0;
+  return attrs;
+}
+
+TEST(CatalogTEOptions, OptionsWithoutEffectLeaveOutputsAndEveryGradientUnchanged) {
+  for (const auto& [name, neutral] : neutral_options()) {
+    const int64_t rows = 6, features = 8;
+    PathResult results[2];
+    for (int on = 0; on < 2; ++on) {
+      at::Generator gen = make_generator(139);  // the same data for both
+      const OpAttrs attrs = attrs_with_neutral(name, neutral, on == 1);
+      BasicOpPtr op = make_op(name, attrs, {rows, features});
+      const OpSignature sig = OpRegistry::catalog().signature(name, attrs, {rows, features});
+      const at::Tensor x = seeded_randn({rows, features}, gen, at::kDouble, true, /*away_from_zero=*/true);
+      results[on] = run_alone(op, x, extras_for(sig, rows, gen));
+    }
+    // The same code runs on the same values: only rounding could differ, and does not.
+    EXPECT_TRUE(testing::results_close(results[1], results[0], kFloat64Tol)) << name;
+  }
 }
 
 }  // namespace

@@ -118,27 +118,34 @@ Builder activation_bias(const std::string& act) {
   };
 }
 
-Builder add_rmsnorm(bool public_extra) {
-  return [public_extra](at::ScalarType dt, at::Generator& gen) {
+/// MakeExtraOutput, RMSNorm (zero-centred gamma when `zero_centered`), and with a bound
+/// extra output an AddExtraInput reading it.
+Builder add_rmsnorm(bool public_extra, bool zero_centered = false) {
+  return [public_extra, zero_centered](at::ScalarType dt, at::Generator& gen) {
+    const OpAttrs norm_attrs{{"zero_centered_gamma", zero_centered ? 1.0 : 0.0}};
     if (public_extra) {
       // Unbound: the extra output's gradient comes from the caller alone.
-      return Built{{op("MakeExtraOutput", {}, 5, 4, dt), op("RMSNorm", {}, 5, 4, dt)}, input(gen, 5, 4, dt), {}};
+      return Built{
+          {op("MakeExtraOutput", {}, 5, 4, dt), op("RMSNorm", norm_attrs, 5, 4, dt)}, input(gen, 5, 4, dt), {}};
     }
-    return Built{{bind_out(op("MakeExtraOutput", {}, 5, 4, dt), "r"), op("RMSNorm", {}, 5, 4, dt),
+    return Built{{bind_out(op("MakeExtraOutput", {}, 5, 4, dt), "r"), op("RMSNorm", norm_attrs, 5, 4, dt),
                   bind_in(op("AddExtraInput", {}, 5, 4, dt), 0, "r")},
                  input(gen, 5, 4, dt),
                  {}};
   };
 }
 
-Builder grouped_mlp(const std::string& act, bool fc2_scale_bias) {
-  return [act, fc2_scale_bias](at::ScalarType dt, at::Generator& gen) {
+/// SplitSource, GroupedLinear, `act` (ScaledSwiGLU with `interleave`), GroupedLinear.
+Builder grouped_mlp(const std::string& act, bool fc2_scale_bias, int64_t interleave = 0) {
+  return [act, fc2_scale_bias, interleave](at::ScalarType dt, at::Generator& gen) {
     const int64_t rows = 7, features = 4, hidden = 3, groups = 3;
     auto source = std::make_shared<SplitSource>(std::vector<int64_t>{3, 0, 4});
     source->set_extra_output_channel(0, "splits", false);
     const int64_t fc1_out = act == "ScaledSwiGLU" ? 2 * hidden : hidden;
     BasicOpPtr fc1 = bind_in(op("GroupedLinear", {{"groups", groups}, {"out", fc1_out}}, rows, features, dt), 0, "splits");
-    BasicOpPtr activation = op(act, {}, rows, fc1_out, dt);
+    const OpAttrs act_attrs =
+        act == "ScaledSwiGLU" ? OpAttrs{{"interleave", static_cast<double>(interleave)}} : OpAttrs{};
+    BasicOpPtr activation = op(act, act_attrs, rows, fc1_out, dt);
     BasicOpPtr fc2 = bind_in(
         op("GroupedLinear", {{"groups", groups}, {"out", features}, {"scale_bias", fc2_scale_bias ? 1.0 : 0.0}}, rows,
            hidden, dt),
@@ -173,9 +180,12 @@ std::vector<FusionCase> fusion_cases() {
       {"BiasGELU", "BackwardActivationBias", FusionPass::kBackward, 1, 3, activation_bias("GELU")},
       {"AddRMSNormBound", "BackwardAddRMSNorm", FusionPass::kBackward, 0, 2, add_rmsnorm(false)},
       {"AddRMSNormPublic", "BackwardAddRMSNorm", FusionPass::kBackward, 0, 2, add_rmsnorm(true)},
+      {"AddRMSNormZeroCenteredGammaBound", "BackwardAddRMSNorm", FusionPass::kBackward, 0, 2, add_rmsnorm(false, true)},
+      {"AddRMSNormZeroCenteredGammaPublic", "BackwardAddRMSNorm", FusionPass::kBackward, 0, 2, add_rmsnorm(true, true)},
       {"GroupedMLPSwiGLU", "GroupedMLP", FusionPass::kJoint, 1, 4, grouped_mlp("ScaledSwiGLU", false)},
       {"GroupedMLPSReLU", "GroupedMLP", FusionPass::kJoint, 1, 4, grouped_mlp("ScaledSReLU", false)},
       {"GroupedMLPScaleBias", "GroupedMLP", FusionPass::kJoint, 1, 4, grouped_mlp("ScaledSwiGLU", true)},
+      {"GroupedMLPSwiGLUInterleave1", "GroupedMLP", FusionPass::kJoint, 1, 4, grouped_mlp("ScaledSwiGLU", false, 1)},
       {"ResidualForward", "FusedResidual.forward", FusionPass::kForward, 0, 3, residual(false)},
       {"ResidualBackward", "FusedResidual.backward", FusionPass::kBackward, 0, 3, residual(false)},
       {"ResidualJoint", "FusedResidual.joint", FusionPass::kJoint, 0, 3, residual(false)},
@@ -266,6 +276,43 @@ TEST(CatalogFusions, GroupedMLPDeclinesWhenTheLinearsReadDifferentSplitChannels)
   const at::Tensor scales = seeded_randn({rows}, gen, at::kDouble, true);
   EXPECT_TRUE(testing::fused_matches_reference(seq, x, {scales}, kFloat64Tol));
   EXPECT_EQ(find_entry(seq.fusers()[0]->last_trace()->forward_plan, "GroupedMLP"), nullptr);
+}
+
+// ---- TE's options on the fused ops --------------------------------------------------------
+
+TEST(BackwardAddRMSNormZeroCenteredGamma, FiresAndMatchesFiniteDifferencesInFloat64) {
+  for (bool public_extra : {false, true}) {
+    at::Generator gen = make_generator(239);
+    const Built b = add_rmsnorm(public_extra, /*zero_centered=*/true)(at::kDouble, gen);
+    Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()),
+                   FusionRegistry::catalog().only({"BackwardAddRMSNorm"}));
+    const PathResult got = run_fused(seq, b.x, b.extras);
+    const PlanEntry* entry = find_entry(seq.fusers()[0]->last_trace()->backward_plan, "BackwardAddRMSNorm");
+    ASSERT_NE(entry, nullptr) << "public_extra=" << public_extra;
+    EXPECT_TRUE(entry->fused);
+    // Central differences, step 1e-6: truncation ~1e-12, rounding ~1e-9 for these O(10) losses.
+    EXPECT_TRUE(testing::gradients_match_finite_differences(seq, b.x, b.extras, got, 1e-6, {1e-6, 1e-6}))
+        << "public_extra=" << public_extra;
+  }
+}
+
+TEST(BackwardAddRMSNormZeroCenteredGamma, DiffersFromTheDirectFormWithTheSameStoredGamma) {
+  // Guards the test above against a fused op that ignores the option: with the same stored
+  // gamma, the two forms must give different input gradients.
+  at::Generator gen_a = make_generator(241);
+  at::Generator gen_b = make_generator(241);
+  const Built zero_centered = add_rmsnorm(true, true)(at::kDouble, gen_a);
+  const Built direct = add_rmsnorm(true, false)(at::kDouble, gen_b);
+  {
+    at::NoGradGuard no_grad;
+    direct.ops[1]->parameters()[0].copy_(zero_centered.ops[1]->parameters()[0]);
+  }
+  auto fused_grad = [](const Built& b) {
+    Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()),
+                   FusionRegistry::catalog().only({"BackwardAddRMSNorm"}));
+    return run_fused(seq, b.x, b.extras).grad_input;
+  };
+  EXPECT_FALSE(at::allclose(fused_grad(zero_centered), fused_grad(direct)));
 }
 
 // ---- FusedResidual and the same-fusion rule (finding 4) -------------------------------------

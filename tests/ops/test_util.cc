@@ -9,6 +9,9 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <variant>
+
+#include "ops/errors.h"
 
 namespace gradfuzz::ops::testing {
 
@@ -260,6 +263,75 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
   } catch (const std::exception& e) {
     return ::testing::AssertionFailure() << "threw: " << e.what();
   }
+}
+
+::testing::AssertionResult gradients_match_finite_differences(Sequential& sequential, const at::Tensor& input,
+                                                              const std::vector<at::Tensor>& extra_inputs,
+                                                              const PathResult& got, double step, Tolerance tol,
+                                                              uint64_t cotangent_seed) {
+  at::NoGradGuard no_grad;
+  // Private copies of the caller's tensors (perturbed below); parameters are perturbed in place.
+  const at::Tensor x = input.detach().clone();
+  std::vector<at::Tensor> extras;
+  for (const at::Tensor& e : extra_inputs) extras.push_back(e.defined() ? e.detach().clone() : e);
+  auto loss = [&]() {
+    const std::vector<at::Tensor> outputs = sequential.forward(x, extras);
+    const std::vector<at::Tensor> cotangents = make_cotangents(outputs, cotangent_seed);
+    double total = 0.0;
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (!cotangents[k].defined()) continue;
+      total += (outputs[k].to(at::kDouble) * cotangents[k].to(outputs[k].device(), at::kDouble)).sum().item<double>();
+    }
+    return total;
+  };
+  // d loss / d target [same shape], by central differences, element by element.
+  auto differentiate = [&](const at::Tensor& target) {
+    GRADFUZZ_INTERNAL_ASSERT(target.scalar_type() == at::kDouble, "finite differences need float64 tensors");
+    const at::Tensor flat = target.detach().view({-1});
+    std::vector<double> grad(static_cast<size_t>(flat.numel()));
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const double saved = flat[i].item<double>();
+      flat[i].fill_(saved + step);
+      const double up = loss();
+      flat[i].fill_(saved - step);
+      const double down = loss();
+      flat[i].fill_(saved);
+      grad[static_cast<size_t>(i)] = (up - down) / (2.0 * step);
+    }
+    return at::tensor(grad, at::TensorOptions().dtype(at::kDouble)).view(target.sizes());
+  };
+
+  std::ostringstream failures;
+  bool ok = true;
+  auto check = [&](const at::Tensor& got_grad, const at::Tensor& target, const std::string& what) {
+    ::testing::AssertionResult r = tensors_close(got_grad, differentiate(target), tol, what + " vs finite differences");
+    if (!r) {
+      ok = false;
+      failures << r.message() << "\n";
+    }
+  };
+  if (input.requires_grad()) check(got.grad_input, x, "grad_input");
+  size_t op_index = 0;
+  for (const Module& module : sequential.modules()) {
+    const auto* op = std::get_if<BasicOpPtr>(&module);
+    if (!op) continue;
+    const std::vector<at::Tensor> params = (*op)->parameters();
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (!params[p].requires_grad()) continue;
+      check(op_index < got.grad_params.size() && p < got.grad_params[op_index].size() ? got.grad_params[op_index][p]
+                                                                                      : at::Tensor(),
+            params[p], "grad of op " + std::to_string(op_index) + " param " + std::to_string(p));
+    }
+    ++op_index;
+  }
+  for (size_t k = 0; k < extra_inputs.size(); ++k) {
+    const at::Tensor& e = extra_inputs[k];
+    if (!e.defined() || !e.requires_grad() || !at::isFloatingType(e.scalar_type())) continue;
+    check(k < got.grad_extra_inputs.size() ? got.grad_extra_inputs[k] : at::Tensor(), extras[k],
+          "grad of public extra input " + std::to_string(k));
+  }
+  if (ok) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << failures.str();
 }
 
 const PlanEntry* find_entry(const std::vector<PlanEntry>& plan, const std::string& name) {

@@ -108,6 +108,17 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
 ::testing::AssertionResult fused_matches_reference(Sequential& sequential, const at::Tensor& input,
                                                    const std::vector<at::Tensor>& extra_inputs, Tolerance tol);
 
+/// Central finite differences in float64 of L = Σ_k <outputs_k, cotangents_k> (the fused
+/// path's forward, grad mode off, the cotangents run_fused draws for `cotangent_seed`) with
+/// respect to every element of the input, of every parameter and of every floating public
+/// extra input that requires grad; compared with the gradients `got` (run_fused's result on
+/// the same data) within `tol`. Parameters are perturbed in place and restored. Every
+/// tensor must be float64.
+::testing::AssertionResult gradients_match_finite_differences(Sequential& sequential, const at::Tensor& input,
+                                                              const std::vector<at::Tensor>& extra_inputs,
+                                                              const PathResult& got, double step, Tolerance tol,
+                                                              uint64_t cotangent_seed = 77);
+
 /// The plan entry of `plan` named `name`, or nullptr.
 const PlanEntry* find_entry(const std::vector<PlanEntry>& plan, const std::string& name);
 
