@@ -27,7 +27,9 @@ def make_backend(name):
     if name == "te":
         from .te_backend import TEBackend
 
-        return TEBackend()
+        # GRADFUZZ_TE_DEVICE: where te.ops run (default CUDA's current device); the tests
+        # set "cpu" to run TE's Python code over a stubbed extension (tests/te_stub.py).
+        return TEBackend(device=os.environ.get("GRADFUZZ_TE_DEVICE") or None)
     raise ValueError(f"unknown backend '{name}'; known backends: te, torch")
 
 
@@ -107,7 +109,12 @@ def serve(backend_name, instream, outstream):
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []
         if reply is None:
             return 0
-        write_frame(outstream, *reply)
+        try:
+            write_frame(outstream, *reply)
+        except (ProtocolError, TypeError, ValueError) as e:
+            # Nothing was written yet (write_frame encodes everything first): answer instead.
+            traceback.print_exc(file=sys.stderr)
+            write_frame(outstream, {"ok": False, "error": f"cannot encode the reply: {e}"})
 
 
 def main(argv=None):

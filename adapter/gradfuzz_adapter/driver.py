@@ -188,6 +188,10 @@ def run_path(builder, case, path, tensors):
             for k, e in enumerate(extras):
                 caller.add(f"extra_input[{k}]", e)
             outputs = builder.forward(seq, x, extras)
+            for k, out in enumerate(outputs):
+                if not isinstance(out, torch.Tensor):
+                    outputs = []
+                    raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
             builder.after_forward(seq, case, ops)
 
             phase = PHASE_BACKWARD
@@ -285,15 +289,28 @@ def run_path(builder, case, path, tensors):
         except Exception:  # noqa: BLE001 - a plan we cannot read is left out, not an error
             plans = []
     result["plans"] = plans
-    result["outputs"] = [tensors.add(o) for o in outputs]
-    if grads:
-        result["grad_input"] = tensors.add(grads["input"])
-        result["grad_params"] = [[tensors.add(g) for g in gs] for gs in grads["params"]]
-        result["grad_extra_inputs"] = [tensors.add(g) for g in grads["extra"]]
-        result["channel_grads"] = [
-            {name: tensors.add(g) for name, g in chans.items() if g is not None}
-            for chans in grads["channel"]
-        ]
+    mark = len(tensors.tensors)
+    try:
+        result["outputs"] = [tensors.add(o) for o in outputs]
+        if grads:
+            result["grad_input"] = tensors.add(grads["input"])
+            result["grad_params"] = [[tensors.add(g) for g in gs] for gs in grads["params"]]
+            result["grad_extra_inputs"] = [tensors.add(g) for g in grads["extra"]]
+            result["channel_grads"] = [
+                {name: tensors.add(g) for name, g in chans.items() if g is not None}
+                for chans in grads["channel"]
+            ]
+    except Exception as exc:  # noqa: BLE001 - a result that cannot travel is the path's error
+        del tensors.tensors[mark:]
+        for key in ("outputs", "grad_input", "grad_params", "grad_extra_inputs", "channel_grads"):
+            result.pop(key, None)
+        result["status"] = "error"
+        result["error"] = {
+            "kind": "unrecognized",
+            "type": type(exc).__name__,
+            "message": f"the path's results cannot be sent: {exc}",
+            "phase": phase,
+        }
     result["modified"] = modified
     result.setdefault("left_locked", [])
     return result

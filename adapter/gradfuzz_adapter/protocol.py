@@ -150,6 +150,8 @@ class TensorList:
         """Index of `t` in the reply; floating tensors travel as float64, integers as int64."""
         if t is None:
             return None
+        if not isinstance(t, torch.Tensor):
+            raise ProtocolError(f"cannot send a {type(t).__name__} as a tensor")
         t = t.detach()
         if widen:
             if t.is_floating_point():
