@@ -1,5 +1,6 @@
 """Shared by the tests: run a CaseSpec through a backend and judge it against the reference."""
 
+import math
 import os
 
 from gradfuzz_adapter.case import decode_case, run_reference
@@ -42,10 +43,23 @@ def run(backend, case_spec, paths=None):
     return case, [path_result(r, out.tensors) for r in results]
 
 
+def harness_tolerance(case):
+    """The dtype's tolerance scaled for depth and reduction length as harness/tolerances.cc
+    scales it (sqrt(K/16) for sums of K terms; depth: linear for half types, n/4 for fp32)."""
+    tolerance = dict(TOLERANCE[case.dtype_name])
+    n = max(len(case.catalog_ops), 1)
+    longest = 1
+    for op in case.ops:
+        longest = max([longest, *op.input_shape, *op.output_shape])
+    depth = {"float16": n, "bfloat16": n, "float32": max(1.0, n / 4)}.get(case.dtype_name, 1.0)
+    tolerance["rtol"] *= max(1.0, math.sqrt(longest / 16)) * depth
+    return tolerance
+
+
 def judge(case, result, *, all_channels=True):
     """Mismatches of one ok path against the float64 reference (and the rounding baseline)."""
     assert result["status"] == "ok", result
     expected = run_reference(case)
-    tolerance = TOLERANCE[case.dtype_name]
+    tolerance = harness_tolerance(case)
     baseline = run_reference(case, dtype=case.dtype) if tolerance.get("baseline_factor") else None
     return compare_results(expected, result, tolerance, baseline, all_channels=all_channels)
