@@ -698,6 +698,14 @@ UNSUPPORTED = (
         "one GroupedLinear must share requires_grad)",
     ),
     (
+        # Seen on the H200 with TE 2.20.2 (the common library's source is not in the wheels):
+        # "Assertion failed: glu_interleave_size % 32 == 0. nvte_scaled_swiglu: nonzero
+        # glu_interleave_size must be a multiple of 32."
+        r"glu_interleave_size must be a multiple of 32",
+        "common/activation/scaled_activation.cu: check_gated_forward_tensors "
+        "(ScaledSwiGLU's kernel; SwiGLU deinterleaves in Python and takes any size)",
+    ),
+    (
         r"does not support activation recomputation in the fused grouped MLP",
         "swiglu.py: _ScaledGLU.__init__ (activation_recompute_in_mlp=True)",
     ),
@@ -775,20 +783,24 @@ def classify(exc):
 # The backend
 
 
-def te_options():
+def te_options(single_grouped_params=True):
     """Per catalog op: the options the generator draws for TE (catalog attrs and TE's own
-    constructor options, with the values that keep a case valid for TE)."""
+    constructor options, with the values that keep a case valid for TE).
+    `single_grouped_params`: whether this machine runs GroupedLinear's single grouped
+    weight/bias (else only 0 is drawn for them)."""
     activation = {"cache_quantized_input": [0, 1]}
-    interleave = [0, 1, 2, 4]
+    single = [0, 1] if single_grouped_params else [0]
     return {
         "Linear": {"accumulate_into_main_grad": [0, 1]},
         "ReLU": activation,
         "GELU": activation,
         "SReLU": activation,
-        "SwiGLU": dict(activation, interleave=interleave),
-        # swiglu.py: _ScaledGLU.__init__ rejects activation_recompute_in_mlp=True
-        # ("Must be False" in ScaledSwiGLU's docstring), so only 0 is drawn.
-        "ScaledSwiGLU": {"interleave": interleave, "activation_recompute_in_mlp": [0]},
+        # SwiGLU deinterleaves in Python (swiglu.py: SwiGLU.op_forward): any block size.
+        "SwiGLU": dict(activation, interleave=[0, 1, 2, 4]),
+        # ScaledSwiGLU's kernel takes multiples of 32 only (see UNSUPPORTED); and
+        # swiglu.py: _ScaledGLU.__init__ rejects activation_recompute_in_mlp=True ("Must be
+        # False" in ScaledSwiGLU's docstring), so only 0 is drawn.
+        "ScaledSwiGLU": {"interleave": [0, 32], "activation_recompute_in_mlp": [0]},
         "ScaledSReLU": {"activation_recompute_in_mlp": [0, 1]},
         "MakeExtraOutput": {"in_place": [0, 1]},
         "AddExtraInput": {"in_place": [0, 1]},
@@ -796,8 +808,8 @@ def te_options():
             "bias": [0, 1],
             "scale_bias": [0, 1],
             "accumulate_into_main_grad": [0, 1],
-            "single_grouped_weight": [0, 1],
-            "single_grouped_bias": [0, 1],
+            "single_grouped_weight": single,
+            "single_grouped_bias": single,
             "delay_wgrad_compute": [0, 1],
         },
         "RMSNorm": {"zero_centered_gamma": [0, 1], "sm_margin": [0, 1]},
@@ -1030,8 +1042,22 @@ class TEBackend:
                 out.append({"name": name, "pass": pass_name, "implementation": implementation})
         return out
 
+    def single_grouped_params(self):
+        """Whether GroupedLinear's single grouped parameters run here: they need the
+        grouped-tensor path (grouped_linear.py: GroupedLinear.fuser_forward raises
+        otherwise), which grouped_linear.py: is_op_fuser_grouped_tensor_path_supported
+        allows for bf16/fp16 on sm90+ with a recent enough cuBLASLt (not the H200 image of
+        2026-11, whose cuBLASLt is older than 13.4)."""
+        check = getattr(self.te.ops, "is_op_fuser_grouped_tensor_path_supported", None)
+        if check is None or not torch.cuda.is_available():
+            return False
+        try:
+            return any(check(None, dtype) for dtype in (torch.bfloat16, torch.float16))
+        except Exception:  # noqa: BLE001 - it queries the device; no answer means no
+            return False
+
     def hello(self):
-        options = te_options()
+        options = te_options(self.single_grouped_params())
         ops = {}
         for name, cls in TE_CLASSES.items():
             ops[name] = {

@@ -238,6 +238,183 @@ def cases():
     return out
 
 
+FLOAT_FUSIONS = [
+    "ForwardLinearBiasActivation",
+    "ForwardLinearBiasAdd",
+    "ForwardLinearScaleAdd",
+    "BackwardLinearAdd",
+    "BackwardLinearScale",
+    "BackwardActivationBias",
+    "BackwardAddRMSNorm",
+    "FusedResidual.joint",
+    "FusedResidual.forward",
+    "FusedResidual.backward",
+]
+
+
+def random_spec(rng, seed):
+    """A random valid chain: shapes follow the ops, every bound input has an earlier producer
+    of the same kind and shape in its fuser."""
+    rows = rng.choice([4, 8, 16])
+    features = rng.choice([8, 16, 32])
+    shape = [rows, features]
+    ops, channels = [], []  # channels: (name, kind, shape)
+    count = 0
+
+    def channel(kind, shape_):
+        nonlocal count
+        count += 1
+        name = f"c{count}"
+        channels.append((name, kind, list(shape_)))
+        return name
+
+    def take(kind, shape_):
+        matching = [c for c in channels if c[1] == kind and c[2] == list(shape_)]
+        return rng.choice(matching)[0] if matching and rng.random() < 0.8 else None
+
+    def out_binding(kind, shape_):
+        r = rng.random()
+        if r < 0.4:
+            return {"channel": None}
+        return {"channel": channel(kind, shape_), "output_to_caller": r < 0.6}
+
+    for _ in range(rng.randint(2, 7)):
+        f = shape[1]
+        choice = rng.choice(
+            [
+                "Linear",
+                "Linear",
+                "Bias",
+                "Bias",
+                "ConstantScale",
+                "ReLU",
+                "GELU",
+                "SReLU",
+                "SwiGLU",
+                "ScaledSwiGLU",
+                "ScaledSReLU",
+                "MakeExtraOutput",
+                "MakeExtraOutput",
+                "AddExtraInput",
+                "AddExtraInput",
+                "RowStat",
+                "DualExtraOutput",
+                "RMSNorm",
+                "LayerNorm",
+                "Identity",
+                "Boundary",
+                "GroupedLinear",
+                "Dispatch",
+            ]
+        )
+        op = {"name": choice}
+        if choice == "Linear":
+            op["attrs"] = {
+                "out": rng.choice([8, 16, 32]),
+                "accumulate_into_main_grad": int(rng.random() < 0.2),
+            }
+            shape = [rows, op["attrs"]["out"]]
+        elif choice == "ConstantScale":
+            op["attrs"] = {"scale": rng.choice([0.5, -1.25, 2.0])}
+        elif choice in ("SwiGLU", "ScaledSwiGLU"):
+            if f < 8:
+                continue
+            if choice == "ScaledSwiGLU":
+                op["input_channels"] = [take("float", [rows])]
+            shape = [rows, f // 2]
+        elif choice == "ScaledSReLU":
+            op["input_channels"] = [take("float", [rows])]
+        elif choice == "MakeExtraOutput":
+            op["attrs"] = {"in_place": int(rng.random() < 0.2)}
+            op["output_bindings"] = [out_binding("float", shape)]
+        elif choice == "AddExtraInput":
+            op["attrs"] = {"in_place": int(rng.random() < 0.2)}
+            op["input_channels"] = [take("float", shape)]
+        elif choice == "RowStat":
+            op["output_bindings"] = [out_binding("float", [rows])]
+        elif choice == "DualExtraOutput":
+            op["output_bindings"] = [out_binding("float", shape), out_binding("float", shape)]
+        elif choice in ("RMSNorm", "LayerNorm"):
+            op["attrs"] = {"zero_centered_gamma": int(rng.random() < 0.5)}
+        elif choice == "Boundary":
+            if not ops or ops[-1]["name"] == "Boundary":
+                continue
+            channels.clear()
+        elif choice == "GroupedLinear":
+            groups = rng.choice([1, 2, 3])
+            scale_bias = int(rng.random() < 0.3)
+            op["attrs"] = {
+                "groups": groups,
+                "out": rng.choice([8, 16]),
+                "scale_bias": scale_bias,
+                "accumulate_into_main_grad": int(rng.random() < 0.2),
+                "delay_wgrad_compute": int(rng.random() < 0.2),
+            }
+            op["input_channels"] = [take("split_sizes", [groups])]
+            if scale_bias:
+                op["input_channels"].append(take("float", [rows]))
+            shape = [rows, op["attrs"]["out"]]
+        elif choice == "Dispatch":
+            groups = rng.choice([2, 3])
+            op["attrs"] = {"groups": groups}
+            op["output_bindings"] = [
+                out_binding("split_sizes", [groups]),
+                out_binding("float", [rows]),
+                {"channel": None},
+            ]
+        ops.append(op)
+    while ops and ops[-1]["name"] == "Boundary":
+        ops.pop()
+    fusions = sorted(rng.sample(FLOAT_FUSIONS, rng.randint(0, 4)))
+    dtype = rng.choice(["float32", "float32", "bfloat16", "float16"])
+    return spec(ops, shape=(rows, features), dtype=dtype, seed=seed, fusions=fusions)
+
+
+def random_survey(backend, count, seed):
+    """Random cases: counts per verdict, and the cases that did not pass."""
+    import random
+
+    rng = random.Random(seed)
+    tally = {}
+    failures = []
+    for k in range(count):
+        case_spec = random_spec(rng, seed * 100000 + k)
+        if not case_spec["ops"]:
+            continue
+        paths = [
+            {"name": "fused", "fusions": case_spec["fusions"]},
+            {"name": "unfused", "fusions": []},
+        ]
+        try:
+            case, results = run(backend, case_spec, paths=paths)
+        except Exception:  # noqa: BLE001
+            failures.append({"spec": case_spec, "adapter_error": traceback.format_exc()})
+            tally["adapter_error"] = tally.get("adapter_error", 0) + 1
+            continue
+        for r in results:
+            if r["status"] == "ok":
+                problems = judge(case, r, all_channels=False)
+                verdict = "modified" if r["modified"] else ("mismatch" if problems else "pass")
+                if verdict != "pass":
+                    failures.append(
+                        {
+                            "spec": case_spec,
+                            "path": r["name"],
+                            "problems": problems,
+                            "modified": r["modified"],
+                        }
+                    )
+            elif r["status"] == "error":
+                verdict = f"error:{r['error']['kind']}"
+                failures.append({"spec": case_spec, "path": r["name"], "error": r["error"]})
+            else:
+                verdict = r["status"]
+                if verdict == "unsupported":
+                    failures.append({"spec": case_spec, "path": r["name"], "reason": r["reason"]})
+            tally[verdict] = tally.get(verdict, 0) + 1
+    return tally, failures
+
+
 def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     configure_torch()
@@ -303,6 +480,24 @@ def main(out_dir):
                 f"{name:32s} {e['path']:8s} {verdict:12s} fused={e['fused']} "
                 f"modified={e['modified']} {extra} ({ms:.0f} ms)"
             )
+
+    started_random = time.time()
+    tally, failures = random_survey(backend, int(os.environ.get("SURVEY_RANDOM_CASES", "300")), 7)
+    print(
+        f"random cases ({time.time() - started_random:.1f} s): {json.dumps(tally, sort_keys=True)}"
+    )
+    for failure in failures[:60]:
+        what = (
+            failure.get("problems")
+            or failure.get("error")
+            or failure.get("reason")
+            or failure.get("modified")
+        )
+        ops = [op["name"] for op in failure["spec"]["ops"]]
+        where = f"{failure['spec']['dtype']} {failure['spec']['fusions']} {failure.get('path')}"
+        print(f"  {where} {ops}: {str(what)[:400]}")
+    with open(os.path.join(out_dir, "random_failures.json"), "w") as f:
+        json.dump(failures, f, indent=1, default=str)
 
     # Exported scripts, as a TE maintainer runs them.
     scripts = {
