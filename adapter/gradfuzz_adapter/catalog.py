@@ -209,7 +209,10 @@ def scaled_srelu(x, scales):
 def make_extra_output(x):
     """y = x and extra output x. Both are views of x, so each is its own autograd node: the
     gradient of the extra output (a channel's value) is not mixed with the main output's,
-    as in the C++ reference (ops/basic/channel_ops.cc MakeExtraOutput::reference_impl)."""
+    as in the C++ reference (ops/basic/channel_ops.cc MakeExtraOutput::reference_impl).
+    The op's `in_place` (accumulate the main gradient into the extra output's gradient
+    buffer) is a backward memory detail that autograd's own out-of-place accumulation
+    replaces here: it has no effect, and no gradient tensor is ever written in place."""
     return x.view_as(x), (x.view_as(x),)
 
 
