@@ -1,6 +1,7 @@
 #include "corpus/case_file.h"
 
 #include "harness/backend.h"
+#include "harness/limits.h"
 #include "ops/fusion_registry.h"
 
 #include <dirent.h>
@@ -263,6 +264,14 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     throw CorpusError(file, "/wiring_error",
                       "declares '" + *out.wiring_error + "' but the spec has no static wiring problem");
   }
+  try {
+    harness::check_case_limits(out.spec);
+  } catch (const harness::SpecError& e) {
+    std::string message = e.what();
+    const std::string prefix = e.json_path() + ": ";
+    if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+    throw CorpusError(file, "/spec" + e.json_path(), message);
+  }
   return out;
 }
 
@@ -321,11 +330,23 @@ CaseFile load_case_file(const fs::path& path) {
   buffer << in.rdbuf();
   const std::string text = buffer.str();
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw CorpusError(file, "/", "empty file, no JSON");
+  const harness::CaseLimits limits;
+  if (text.size() > kMaxCaseFileBytes) {
+    throw CorpusError(file, "/", "file of " + std::to_string(text.size()) + " bytes, past the limit of " +
+                                     std::to_string(kMaxCaseFileBytes) + " for a case file");
+  }
+  if (const int64_t depth = harness::json_nesting_depth(text); depth > limits.max_json_depth) {
+    throw CorpusError(file, "/", "JSON nested " + std::to_string(depth) + " deep, past the limit of " +
+                                     std::to_string(limits.max_json_depth));
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw CorpusError(file, "/", "invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range: a number past what a double holds (1E400).
+    throw CorpusError(file, "/", std::string("invalid JSON: ") + e.what());
   }
   try {
     return case_file_from_json(j, file);
@@ -340,7 +361,10 @@ CaseFile load_case_file(const fs::path& path) {
 std::vector<fs::path> list_case_files(const fs::path& path) {
   const FileType type = file_type(path);
   if (type == FileType::kFile) return {path};
-  if (type != FileType::kDirectory) throw CorpusError(path.string(), "", "no such file or directory");
+  if (type == FileType::kMissing) throw CorpusError(path.string(), "", "no such file or directory");
+  if (type != FileType::kDirectory) {
+    throw CorpusError(path.string(), "", "not a regular file or a directory (a device, pipe or socket)");
+  }
   std::vector<fs::path> files;
   collect_json(path, files);
   std::sort(files.begin(), files.end());

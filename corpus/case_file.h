@@ -16,6 +16,8 @@ namespace gradfuzz::corpus {
 
 /// Version of the case-file format written and accepted.
 inline constexpr int64_t kSchemaVersion = 1;
+/// Largest case file read (a generated case file is a few KB).
+inline constexpr size_t kMaxCaseFileBytes = size_t{16} << 20;
 /// Sub-directories of a corpus (FuzzTest-like layout): cases replayed by every ctest run,
 /// and cases that killed a process.
 inline constexpr const char* kRegressionDir = "regression";

@@ -33,6 +33,9 @@ struct OpSignature {
   std::vector<int64_t> output_shape;
   std::vector<SlotSpec> extra_inputs;
   std::vector<SlotSpec> extra_outputs;
+  /// Shapes of the op's parameters (what create() will allocate), so a case's size can be
+  /// checked before anything is allocated.
+  std::vector<std::vector<int64_t>> parameter_shapes = {};
 };
 
 /// Creates the op for a main input of `input_shape`; parameters get `options` (dtype and

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <sstream>
 #include <memory>
@@ -41,7 +42,8 @@ std::string number_text(double v) {
   for (int precision = 1; precision < 17; ++precision) {
     std::ostringstream shorter;
     shorter << std::setprecision(precision) << v;
-    if (std::stod(shorter.str()) == v) return shorter.str();
+    // strtod, not stod: stod throws out_of_range for a subnormal such as 1e-310.
+    if (std::strtod(shorter.str().c_str(), nullptr) == v) return shorter.str();
   }
   return longest;
 }
@@ -55,7 +57,10 @@ double attr(const OpAttrs& attrs, const std::string& name, double fallback) {
 int64_t int_attr(const std::string& op, const OpAttrs& attrs, const std::string& name, double fallback,
                  int64_t min) {
   const double v = attr(attrs, name, fallback);
-  if (!std::isfinite(v) || v != std::floor(v) || v < static_cast<double>(min)) {
+  // Beyond 2^53 a double no longer holds every integer (and beyond 2^63 the conversion
+  // below would be undefined): no dimension is that large.
+  constexpr double kLargest = 9007199254740992.0;
+  if (!std::isfinite(v) || v != std::floor(v) || v < static_cast<double>(min) || v > kLargest) {
     throw InvalidArgumentError(op + ": attr '" + name + "' must be an integer >= " + std::to_string(min) + ", got " +
                                number_text(v));
   }
@@ -144,8 +149,7 @@ void register_catalog_ops(OpRegistry& registry) {
         auto [rows, features] = rows_features("Linear", shape);
         const int64_t out = int_attr("Linear", a, "out", kDefaultLinearOut, 1);
         check_neutral("Linear", a, linear_neutral);
-        (void)features;
-        return OpSignature{{rows, out}, {}, {}};
+        return OpSignature{{rows, out}, {}, {}, {{out, features}}};
       },
       [](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
         return std::make_shared<Linear>(LinearOptions(features, int_attr("Linear", a, "out", kDefaultLinearOut, 1)),
@@ -155,7 +159,9 @@ void register_catalog_ops(OpRegistry& registry) {
       registry, "Bias", "y = x + b; bias [n], non-zero", {},
       [](const OpAttrs&, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Bias", shape);
-        return same_shape(rows, features);
+        OpSignature sig = same_shape(rows, features);
+        sig.parameter_shapes = {{features}};
+        return sig;
       },
       [](const OpAttrs&, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
         return std::make_shared<Bias>(features, o);
@@ -342,6 +348,8 @@ void register_catalog_ops(OpRegistry& registry) {
         const GroupedLinearOptions options = grouped_options(a, features);
         OpSignature sig{{rows, options.out()}, {SlotSpec{TensorKind::kSplitSizes, {options.groups()}}}, {}};
         if (options.scale_bias()) sig.extra_inputs.push_back(float_slot({rows}));
+        sig.parameter_shapes = {{options.groups(), options.out(), features}};
+        if (options.bias()) sig.parameter_shapes.push_back({options.groups(), options.out()});
         return sig;
       },
       [grouped_options](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
@@ -368,7 +376,9 @@ void register_catalog_ops(OpRegistry& registry) {
       [norm_options](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("RMSNorm", shape);
         norm_options("RMSNorm", a, features);
-        return same_shape(rows, features);
+        OpSignature sig = same_shape(rows, features);
+        sig.parameter_shapes = {{features}};
+        return sig;
       },
       [norm_options](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
         return std::make_shared<RMSNorm>(norm_options("RMSNorm", a, features), o);
@@ -379,7 +389,9 @@ void register_catalog_ops(OpRegistry& registry) {
       [norm_options](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("LayerNorm", shape);
         norm_options("LayerNorm", a, features);
-        return same_shape(rows, features);
+        OpSignature sig = same_shape(rows, features);
+        sig.parameter_shapes = {{features}, {features}};
+        return sig;
       },
       [norm_options](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
         return std::make_shared<LayerNorm>(norm_options("LayerNorm", a, features), o);
