@@ -196,6 +196,15 @@ def param_groups(op, name):
     return []
 
 
+def _per_group(op, name, k):
+    """Whether model parameter k is stored as one TE parameter per group (GroupedLinear's
+    weight0.. / bias0..), so that values are split and gradients stacked along dim 0 (also
+    for a single group)."""
+    if name != "GroupedLinear":
+        return False
+    return not (op.single_grouped_weight if k == 0 else op.single_grouped_bias)
+
+
 def _storage(t):
     """Where to write a parameter's values: a GroupedTensor's packed rowwise data viewed in
     its wrapper shape (as grouped_linear.py: _get_packed_bias_tensor and backward_dw read
@@ -207,12 +216,12 @@ def _storage(t):
 def copy_param_values(op, name, values):
     """Copies the model-layout `values` (on the op's device and dtype) into TE's parameters."""
     with torch.no_grad():
-        for tensors, value in zip(param_groups(op, name), values):
-            if len(tensors) == 1:
-                _storage(tensors[0]).copy_(value.reshape(tuple(tensors[0].shape)))
-            else:
+        for k, (tensors, value) in enumerate(zip(param_groups(op, name), values)):
+            if _per_group(op, name, k):
                 for g, t in enumerate(tensors):
                     t.copy_(value[g])
+            else:
+                _storage(tensors[0]).copy_(value.reshape(tuple(tensors[0].shape)))
 
 
 def set_param_requires_grad(op, name, flags):
@@ -268,10 +277,10 @@ def model_param_grads(op, name, autograd_grads):
                 grads.append(autograd_grads.get(id(t)))
         if any(g is None for g in grads):
             out.append(None)  # a group without its gradient: the whole tensor has none
-        elif len(grads) == 1:
-            out.append(_storage(grads[0]).reshape(tuple(tensors[0].shape)))
-        else:
+        elif _per_group(op, name, k):
             out.append(torch.stack([g.reshape(tuple(t.shape)) for g, t in zip(grads, tensors)]))
+        else:
+            out.append(_storage(grads[0]).reshape(tuple(tensors[0].shape)))
     return out
 
 
@@ -385,7 +394,11 @@ def define_extensions(te):
             x = opmath(input_)
             stat = (x * x).mean(-1).to(input_.dtype)
             if basic_op_ctxs[0].requires_grad:
-                basic_op_ctxs[0].save_for_backward(input_)
+                # A detached alias, not input_ itself: input_ is also this op's output, so
+                # the next op may save the same tensor and free it in its backward (e.g.
+                # activation.py: _ActivationOperation.op_backward calls utils.py:
+                # clear_tensor_data on it), which runs before this op's backward.
+                basic_op_ctxs[0].save_for_backward(input_.detach())
             return input_, [pack(self.output_style, (stat,))]
 
         def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):

@@ -3,6 +3,8 @@ tested as they are; the rest runs on TE 2.20.2's real Python code (OperationFuse
 Sequential, op.py, the ops that need no kernel) with the compiled extension stubbed
 (te_stub.py), on the CPU, where TE's source and its Python dependencies are present."""
 
+import types
+
 import pytest
 import torch
 from helpers import judge, run, spec
@@ -336,3 +338,47 @@ def test_in_place_ops_writing_into_caller_tensors_are_reported(backend):
     # MakeExtraOutput(in_place) accumulates into the gradient it is handed, the caller's
     # cotangent routed through the channel.
     assert results[0]["modified"] == ["input", "cotangent[0]"]
+
+
+def fake_grouped_linear(groups, single_weight=False, single_bias=False, main_grad=False):
+    """Duck-typed stand-in for te.ops.GroupedLinear's parameters (grouped_linear.py)."""
+    op = types.SimpleNamespace(
+        num_groups=groups,
+        has_bias=True,
+        single_grouped_weight=single_weight,
+        single_grouped_bias=single_bias,
+        _accumulate_into_main_grad=main_grad,
+    )
+    if single_weight:
+        op.weight = torch.nn.Parameter(torch.zeros(groups, 3, 2))
+    for g in range(groups):
+        setattr(op, f"weight{g}", None if single_weight else torch.nn.Parameter(torch.zeros(3, 2)))
+        setattr(op, f"bias{g}", None if single_bias else torch.nn.Parameter(torch.zeros(3)))
+    if single_bias:
+        op.bias = torch.nn.Parameter(torch.zeros(groups, 3))
+    return op
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("single", [False, True])
+def test_grouped_linear_parameters_map_to_the_model_layout(groups, single):
+    op = fake_grouped_linear(groups, single_weight=single, single_bias=single)
+    weights = torch.arange(groups * 6, dtype=torch.float32).reshape(groups, 3, 2)
+    biases = torch.arange(groups * 3, dtype=torch.float32).reshape(groups, 3)
+    te_backend.copy_param_values(op, "GroupedLinear", [weights, biases])
+    leaves = te_backend.param_leaves(op, "GroupedLinear")
+    assert len(leaves) == (2 if single else 2 * groups)
+    # Gradients come back per TE parameter; the model wants [G, out, in] and [G, out].
+    grads = {id(t): t.detach() * 10 for t in leaves}
+    got = te_backend.model_param_grads(op, "GroupedLinear", grads)
+    assert torch.equal(got[0], weights * 10) and torch.equal(got[1], biases * 10)
+
+
+def test_main_grad_and_requires_grad_flags():
+    op = fake_grouped_linear(2, main_grad=True)
+    te_backend.set_param_requires_grad(op, "GroupedLinear", [True, False])
+    te_backend.attach_main_grads(op, "GroupedLinear")
+    assert op.weight0.main_grad.dtype == torch.float32 and op.weight1.main_grad.shape == (3, 2)
+    op.weight1.main_grad += 2.0  # what the wgrad GEMM accumulates
+    got = te_backend.model_param_grads(op, "GroupedLinear", {})  # autograd returned dummies
+    assert torch.equal(got[0][1], torch.full((3, 2), 2.0)) and got[1] is None
