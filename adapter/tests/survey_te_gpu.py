@@ -423,6 +423,7 @@ def main(out_dir):
     hello = server.handle({"op": "hello"}, [])[0]
     print("hello:", json.dumps({k: hello[k] for k in ("versions", "device_name")}))
     print("fusions:", [(f["name"], f["pass"]) for f in hello["capabilities"]["fusions"]])
+    print("GroupedLinear options:", hello["capabilities"]["ops"]["GroupedLinear"]["options"])
     print(f"TE started in {time.time() - started:.1f} s")
     backend = server.backend
     report = {}
