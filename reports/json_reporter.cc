@@ -46,13 +46,18 @@ Json finding_to_json(const Finding& finding, int64_t count, const std::vector<st
                            {"expected", d.expected},
                            {"got", d.got}});
   }
-  Json j{{"signature", r.signature()},
-         {"kind", harness::verdict_name(r.verdict)},
-         {"fault", optional_json(finding.fault)},
-         {"backend", r.backend},
-         {"case_file", finding.case_file},
-         {"ops", r.op_types},
-         {"details", std::move(details)}};
+  const std::string signature = r.signature();
+  Json j;
+  j["signature"] = signature;
+  // Only a key the signature does not already say (report merge and diff key clusters by it).
+  if (!finding.cluster.empty() && finding.cluster != signature) j["cluster"] = finding.cluster;
+  j["kind"] = harness::verdict_name(r.verdict);
+  j["fault"] = optional_json(finding.fault);
+  j["backend"] = r.backend;
+  if (!finding.dtype.empty()) j["dtype"] = finding.dtype;
+  j["case_file"] = finding.case_file;
+  j["ops"] = r.op_types;
+  j["details"] = std::move(details);
   if (!r.error_detail.empty()) j["error"] = r.error_detail;
   j["seed"] = r.seed;
   j["reproduce"] = finding.reproduce;

@@ -51,9 +51,10 @@ class JsonReporter final : public Reporter {
   std::map<std::string, std::vector<std::string>> cluster_examples_;
 };
 
-/// JSON form of one finding: {signature, kind, fault, backend, case_file, ops, details[...],
-/// seed, reproduce} (plus error when the result carries an error detail; plus count and
-/// examples when given: the failing cases counted in its cluster).
+/// JSON form of one finding: {signature, [cluster], kind, fault, backend, [dtype], case_file,
+/// ops, details[...], seed, reproduce} (cluster when its key is not the signature, dtype when
+/// known; plus error when the result carries an error detail; plus count and examples when
+/// given: the failing cases counted in its cluster).
 nlohmann::ordered_json finding_to_json(const Finding& finding, int64_t count = 0,
                                        const std::vector<std::string>& examples = {});
 

@@ -86,6 +86,9 @@ struct Finding {
   std::optional<std::string> fault;
   /// Cluster key (CaseRecord::cluster of the cases counted in it); empty: its signature.
   std::string cluster;
+  /// dtype of the failing case ("float32"); empty when unknown. The HTML report plots
+  /// errors per dtype from it.
+  std::string dtype;
 };
 
 /// Builds the reproduce line of fuzzer.md: `gradfuzz replay <case_file>` plus

@@ -375,6 +375,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
           if (options.backend != "model") found.finding.reproduce += " --backend " + options.backend;
           found.finding.fault = fault_opt;
           found.finding.cluster = key;
+          found.finding.dtype = minimal.dtype;
           found.shrunk_ops = minimal.num_ops();
           found.case_number = p.number;
           found.seconds = seconds;

@@ -78,6 +78,7 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
       finding.reproduce = reports::reproduce_line(finding.case_file, fault_text);
       if (caps.backend != "model") finding.reproduce += " --backend " + caps.backend;
       finding.fault = fault_text;
+      finding.dtype = spec.dtype;
       if (out) {
         *out << "FAIL " << harness::verdict_name(record.result.verdict) << ' ' << finding.case_file << " ["
              << record.result.signature() << "]: " << finding.reproduce << '\n';

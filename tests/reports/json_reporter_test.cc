@@ -45,7 +45,7 @@ void expect_golden(const std::string& name, const std::string& text) {
 ReportContext fixed_context(const std::string& command, std::optional<std::string> fault) {
   ReportContext c;
   c.tool = ToolInfo{"gradfuzz", "0.1.0", "abc1234"};
-  c.environment = EnvironmentInfo{"2.11.0", "cpu", "cpu"};
+  c.environment = EnvironmentInfo{"2.11.0", "cpu", "cpu", "model", {}};
   c.campaign.command = command;
   c.campaign.seed = 7;
   c.campaign.cases_requested = 2;
@@ -90,6 +90,13 @@ harness::CaseResult mismatch_result() {
   return r;
 }
 
+/// A passing case, counted in summary and coverage only.
+CaseRecord passing_record() {
+  CaseRecord record;
+  record.result = passing_result();
+  return record;
+}
+
 CaseRecord finding_record(const std::optional<std::string>& fault) {
   CaseRecord record;
   record.result = mismatch_result();
@@ -117,7 +124,7 @@ TEST(JsonReporter, FuzzReportMatchesGolden) {
   std::ostringstream out;
   JsonReporter reporter(out);
   reporter.report_context(fixed_context("fuzz", std::string("internal-requires-grad")));
-  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(passing_record());
   reporter.report_case(finding_record(std::string("internal-requires-grad")));
   reporter.report_case(cluster_member());
   reporter.finalize(RunSummary{2.5, std::nullopt});
@@ -128,7 +135,7 @@ TEST(JsonReporter, SelftestReportMatchesGolden) {
   std::ostringstream out;
   JsonReporter reporter(out);
   reporter.report_context(fixed_context("selftest", std::nullopt));
-  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(passing_record());
   reporter.report_case(finding_record(std::string("slot-order")));
   SelftestEntry found;
   found.name = "slot-order";
@@ -169,12 +176,29 @@ TEST(JsonReporter, CountsCoverageNamesOutsideTheListedOnes) {
   ReportContext context = fixed_context("fuzz", std::nullopt);
   context.coverage_names = {};
   reporter.report_context(context);
-  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
-  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(passing_record());
+  reporter.report_case(passing_record());
   const auto doc = reporter.document(RunSummary{1.0, std::nullopt});
   EXPECT_EQ(doc["coverage"]["ops"]["Linear"], 2);
   EXPECT_EQ(doc["coverage"]["fusions"]["ForwardLinearBiasActivation"], 2);
   EXPECT_EQ(doc["summary"]["cases_per_s"], 2.0);
+}
+
+TEST(JsonReporter, FindingCarriesItsDtypeAndAClusterKeyOtherThanItsSignature) {
+  Finding f;
+  f.result = mismatch_result();
+  f.case_file = "x.json";
+  f.dtype = "float32";
+  f.cluster = f.result.signature() + "|persists-without-fault";
+  auto j = finding_to_json(f);
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_EQ(j["cluster"], "mismatch|Dispatch,Linear|grad_channel|persists-without-fault");
+  // Neither is written when it says nothing: no dtype known, a cluster that is the signature.
+  f.dtype.clear();
+  f.cluster = f.result.signature();
+  j = finding_to_json(f);
+  EXPECT_FALSE(j.contains("dtype"));
+  EXPECT_FALSE(j.contains("cluster"));
 }
 
 TEST(ReproduceLine, NamesTheFaultOnlyWhenOneWasOn) {
@@ -186,7 +210,7 @@ TEST(ConsoleReporter, PrintsOneReproduceLinePerFindingAndASummary) {
   std::ostringstream out;
   ConsoleReporter reporter(out);
   reporter.report_context(fixed_context("fuzz", std::nullopt));
-  reporter.report_case(CaseRecord{passing_result(), std::nullopt});
+  reporter.report_case(passing_record());
   reporter.report_case(finding_record(std::nullopt));
   reporter.finalize(RunSummary{2.0, std::nullopt});
   EXPECT_THAT(out.str(), HasSubstr("gradfuzz replay gradfuzz-out/corpus/findings/0123456789abcdef.json\n"));
