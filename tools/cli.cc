@@ -29,6 +29,7 @@
 #include "tools/environment.h"
 #include "tools/exit_codes.h"
 #include "tools/replay.h"
+#include "tools/report_tool.h"
 #include "tools/selftest.h"
 #include "tools/files.h"
 #include "tools/sanitizer.h"
@@ -69,6 +70,7 @@ struct Flags {
   std::string shapes;
   int64_t max_tensor_elements = int64_t{1} << 24;
   std::string sanitize;
+  CiOutputs ci;
 };
 
 /// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
@@ -259,8 +261,9 @@ class ReportFile {
   std::string path_;
 };
 
-/// The reporters of one command: JSON to --report (when given) and console lines to `out`
-/// (unless quiet).
+/// The reporters of one command: JSON to --report (when given), JUnit and HTML from the
+/// final JSON document to --junit/--html (when given), and console lines to `out` (unless
+/// quiet).
 struct Reporters {
   std::unique_ptr<ReportFile> report_file;
   std::ostringstream json_sink;
@@ -268,12 +271,13 @@ struct Reporters {
   std::unique_ptr<reports::ConsoleReporter> console;
   std::unique_ptr<reports::MultiReporter> all;
   std::chrono::steady_clock::time_point last_snapshot{};
+  CiOutputs ci;
 
-  Reporters(const std::string& report_path, std::ostream& out, bool quiet) {
-    if (!report_path.empty()) {
-      report_file = std::make_unique<ReportFile>(report_path);
-      json = std::make_unique<reports::JsonReporter>(json_sink);
-    }
+  Reporters(const std::string& report_path, std::ostream& out, bool quiet, const CiOutputs& ci_outputs)
+      : ci(ci_outputs) {
+    ci.check_writable();
+    if (!report_path.empty()) report_file = std::make_unique<ReportFile>(report_path);
+    if (report_file || ci.any()) json = std::make_unique<reports::JsonReporter>(json_sink);
     if (!quiet) console = std::make_unique<reports::ConsoleReporter>(out);
     all = std::make_unique<reports::MultiReporter>(std::vector<reports::Reporter*>{json.get(), console.get()});
   }
@@ -296,6 +300,7 @@ struct Reporters {
   void finalize(const reports::RunSummary& summary) {
     all->finalize(summary);
     if (report_file) report_file->write(json->document(summary));
+    if (json) ci.write(json->document(summary));
   }
 };
 
@@ -388,7 +393,7 @@ int exit_for(int64_t failed) { return static_cast<int>(failed > 0 ? ExitCode::kF
 
 int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
   CampaignOptions options = campaign_options(f, sub);
-  Reporters reporters(f.report, out, f.quiet);
+  Reporters reporters(f.report, out, f.quiet, f.ci);
   std::unique_ptr<CaseRunner> runner = make_runner(f, options.run_options);
   fit_to_backend(options, runner->capabilities(), sub.count("--dtypes") > 0);
   // Cases in flight when an earlier run on this corpus ended abruptly run first.
@@ -433,7 +438,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
     }
     flags.backend = *recorded.begin();
   }
-  Reporters reporters(f.report, out, /*quiet=*/true);
+  Reporters reporters(f.report, out, /*quiet=*/true, f.ci);
   harness::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
@@ -466,7 +471,7 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   options.campaign = campaign_options(f, sub);
   if (!options.campaign.cases) options.campaign.cases = kDefaultSelftestCases;
   if (!f.corpus.empty()) options.corpus_dir = f.corpus;
-  Reporters reporters(f.report, out, /*quiet=*/false);
+  Reporters reporters(f.report, out, /*quiet=*/false, f.ci);
   reports::CampaignInfo info = campaign_info("selftest", options.campaign);
   info.fault.reset();
   // The hang fault is found by its time-out: selftest cases are tiny, so a short limit
@@ -671,17 +676,20 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_flag("--quiet", f.quiet, "print nothing but errors");
   add_backend_flags(*fuzz, f);
   fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
+  add_ci_output_flags(*fuzz, f.ci);
 
   CLI::App* replay = app.add_subcommand("replay", "run case files or directories of case files");
   replay->add_option("paths", f.paths, "case files or directories")->required();
   replay->add_option("--fault", f.fault, "switch one known defect on");
   replay->add_option("--report", f.report, "write the JSON report here");
+  add_ci_output_flags(*replay, f.ci);
   add_backend_flags(*replay, f);
 
   CLI::App* selftest = app.add_subcommand("selftest", "check that the default campaign finds every known fault");
   selftest->add_option("--faults", f.faults, "comma-separated fault names or 'all'")->default_str("all");
   selftest->add_option("--cases", f.cases, "case budget per fault (default 2000)");
   selftest->add_option("--report", f.report, "write the JSON report here");
+  add_ci_output_flags(*selftest, f.ci);
   add_campaign_flags(*selftest, f);
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");
   add_backend_flags(*selftest, f);
@@ -707,6 +715,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   bench->add_option("--cases", f.cases, "number of cases (default 200)");
   add_campaign_flags(*bench, f);
 
+  ReportCommand report(app);  // `report merge` and `report diff` (tools/report_tool.h)
+
   std::vector<const char*> argv{"gradfuzz"};
   for (const auto& a : args) argv.push_back(a.c_str());
   try {
@@ -727,6 +737,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (exporter->parsed()) return cmd_export(f, *exporter, out);
     if (worker->parsed()) return cmd_worker(f);
     if (bench->parsed()) return cmd_bench(f, *bench, out);
+    if (report.parsed()) return report.run(out);
     err << "gradfuzz: error: no command given\n";
     return static_cast<int>(ExitCode::kUsage);
   } catch (const InputError& e) {

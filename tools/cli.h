@@ -15,6 +15,8 @@ namespace gradfuzz::tools {
 ///                     (extras: [--seed S] [--device D] [--dtypes LIST] [--max-ops K] [--corpus DIR])
 ///   gradfuzz list ops|fusions|faults [--json]
 ///   gradfuzz bench [--cases N] [--seed S] [--device D] [--dtypes LIST] [--max-ops K]
+///   gradfuzz report merge OUT IN... | report diff LAST NEW [--json FILE]  (tools/report_tool.h)
+/// fuzz, replay, selftest and report merge also take --junit FILE and --html FILE.
 /// `args` excludes the program name. Human output goes to `out`, errors to `err`; progress
 /// lines go to `err` only when `terminal` is true (main passes isatty(stderr)). Returns the
 /// exit status: 0 no finding, 1 findings, 2 usage or input error, 3 internal error. Never

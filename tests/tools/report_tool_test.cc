@@ -1,0 +1,259 @@
+// `gradfuzz report merge|diff` and --junit/--html through the command line: exit statuses,
+// files written, and one test per way the user can get an input wrong (exit 2, naming the
+// file and, for a report, the JSON path).
+#include "tools/report_tool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/cli.h"
+#include "tools/exit_codes.h"
+#include "tools/files.h"
+
+namespace gradfuzz::tools {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using Json = nlohmann::ordered_json;
+
+struct CliRun {
+  int exit = -1;
+  std::string out;
+  std::string err;
+};
+
+CliRun run(const std::vector<std::string>& args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  CliRun r;
+  r.exit = run_cli(args, out, err, /*terminal=*/false);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+std::string data(const std::string& name) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  return std::string(root ? root : ".") + "/tests/reports/data/" + name;
+}
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+class ReportToolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = make_temp_dir(std::string("gradfuzz-report-tool-") +
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-").string();
+  }
+  void TearDown() override { remove_tree(dir_); }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name), std::ios::binary) << text;
+    return path(name);
+  }
+  /// A copy of a data report with `edit` applied.
+  std::string edited(const std::string& source, const std::string& name, void (*edit)(Json&)) const {
+    Json doc = Json::parse(read(data(source)));
+    edit(doc);
+    return write(name, doc.dump(2));
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ReportToolTest, MergeWritesTheMergedReportJunitAndHtmlAndExitsOneWithFindings) {
+  const CliRun r = run({"report", "merge", path("merged.json"), data("shard-2.json"), data("shard-1.json"), "--junit",
+                        path("merged.xml"), "--html", path("merged.html")});
+  EXPECT_EQ(r.exit, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("report merge: 2 report(s) -> " + path("merged.json") + ": 12 cases, 7 failed, 3 cluster(s)"));
+  const Json merged = Json::parse(read(path("merged.json")));
+  EXPECT_EQ(merged["summary"]["cases_run"], 12);
+  EXPECT_EQ(merged["merge"]["inputs"][0]["file"], data("shard-1.json"));
+  EXPECT_THAT(read(path("merged.xml")), HasSubstr("<testsuite name=\"gradfuzz.fuzz\" tests=\"3\" failures=\"3\""));
+  EXPECT_THAT(read(path("merged.html")), HasSubstr("id=\"summary-cases_run\">12</td>"));
+  // Written through a temporary file and a rename: none is left behind.
+  for (const auto& file : regular_files(dir_)) EXPECT_THAT(file.string(), Not(HasSubstr(".tmp-")));
+}
+
+TEST_F(ReportToolTest, MergeExitsZeroWithoutFinding) {
+  const std::string one = edited("shard-1.json", "one.json", [](Json& d) { d["findings"] = Json::array(); });
+  const std::string two = edited("shard-2.json", "two.json", [](Json& d) { d["findings"] = Json::array(); });
+  const CliRun r = run({"report", "merge", path("merged.json"), one, two});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_EQ(Json::parse(read(path("merged.json")))["summary"]["findings"], 0);
+}
+
+TEST_F(ReportToolTest, MergeReportsMissingShardsAndAnIncompleteRun) {
+  const std::string one = edited("shard-1.json", "one.json", [](Json& d) { d["campaign"]["shard"] = "1/3"; });
+  const CliRun r = run({"report", "merge", path("merged.json"), one});
+  EXPECT_EQ(r.exit, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("missing shards 2/3 3/3, incomplete"));
+}
+
+TEST_F(ReportToolTest, MergeRefusesAnUnreadableInputNamingIt) {
+  const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), path("absent.json")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(path("absent.json") + ": cannot read the report: No such file"));
+  EXPECT_FALSE(exists(path("merged.json")));
+}
+
+TEST_F(ReportToolTest, MergeRefusesAnInvalidInputNamingTheFileAndTheJsonPath) {
+  const std::string bad = edited("shard-2.json", "bad.json", [](Json& d) { d["summary"]["wall_s"] = "long"; });
+  const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), bad});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(bad + ": /summary/wall_s: expected a non-negative number of seconds, got string \"long\""));
+}
+
+TEST_F(ReportToolTest, MergeRefusesShardsOfDifferentCampaigns) {
+  const std::string other = edited("shard-2.json", "other.json", [](Json& d) { d["campaign"]["seed"] = 8; });
+  const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), other});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(other + ": /campaign/seed: 8 differs from 7 in " + data("shard-1.json")));
+  EXPECT_FALSE(exists(path("merged.json")));
+}
+
+TEST_F(ReportToolTest, MergeRefusesToOverwriteAShardWhenOutIsForgotten) {
+  const std::string one = write("shard-1.json", read(data("shard-1.json")));
+  const CliRun r = run({"report", "merge", one, data("shard-2.json")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(one + " is the report of shard 1/2; the first argument is the merged report to write"));
+  EXPECT_EQ(read(one), read(data("shard-1.json")));
+}
+
+TEST_F(ReportToolTest, MergeRefusesAnOutputThatIsAlsoAnInput) {
+  const CliRun r = run({"report", "merge", data("last.json"), data("last.json")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("is both the output and an input"));
+}
+
+TEST_F(ReportToolTest, MergeRefusesAnUnwritableJunitPathBeforeWriting) {
+  const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), data("shard-2.json"), "--junit",
+                        path("no-such-dir/merged.xml")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("--junit: cannot write '" + path("no-such-dir/merged.xml") + "' (No such file or directory)"));
+  EXPECT_FALSE(exists(path("merged.json")));
+}
+
+TEST_F(ReportToolTest, MergeNeedsAnInput) {
+  const CliRun r = run({"report", "merge", path("merged.json")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("inputs is required"));
+}
+
+TEST_F(ReportToolTest, DiffExitsOneOnANewClusterAndWritesJson) {
+  ASSERT_EQ(run({"report", "merge", path("merged.json"), data("shard-1.json"), data("shard-2.json")}).exit, 1);
+  const CliRun r = run({"report", "diff", data("last.json"), path("merged.json"), "--json", path("diff.json")});
+  EXPECT_EQ(r.exit, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(": 2 new, 1 fixed, 1 still failing\n"));
+  EXPECT_THAT(r.out, HasSubstr("  + missing_gradient|GroupedLinear|grad_param  count 1\n"));
+  EXPECT_THAT(r.out, HasSubstr("  = mismatch|Dispatch,Linear|grad_channel  count 1 -> 5\n"));
+  const Json diff = Json::parse(read(path("diff.json")));
+  EXPECT_EQ(diff["new_clusters"].size(), 2u);
+  EXPECT_EQ(diff["fixed"][0]["last_count"], 1);
+  EXPECT_EQ(diff["still_failing"][0]["new_count"], 5);
+}
+
+TEST_F(ReportToolTest, DiffExitsZeroWhenNothingIsNew) {
+  const CliRun r = run({"report", "diff", data("shard-2.json"), data("shard-2.json")});
+  EXPECT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(": 0 new, 0 fixed, 2 still failing\n"));
+  const CliRun fixed = run({"report", "diff", data("last.json"),
+                            edited("last.json", "clean.json", [](Json& d) { d["findings"] = Json::array(); })});
+  EXPECT_EQ(fixed.exit, 0);
+  EXPECT_THAT(fixed.out, HasSubstr(": 0 new, 2 fixed, 0 still failing\n"));
+}
+
+TEST_F(ReportToolTest, DiffRefusesAnInvalidReportNamingTheFileAndTheJsonPath) {
+  const std::string bad = edited("last.json", "bad.json", [](Json& d) { d["findings"][1].erase("signature"); });
+  const CliRun r = run({"report", "diff", bad, data("shard-1.json")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(bad + ": /findings/1/signature: missing (expected a string)"));
+}
+
+TEST_F(ReportToolTest, DiffRefusesAFileThatIsNotJson) {
+  const std::string bad = write("truncated.json", read(data("last.json")).substr(0, 100));
+  const CliRun r = run({"report", "diff", data("last.json"), bad});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(bad + ": not valid JSON"));
+}
+
+TEST_F(ReportToolTest, DiffRefusesAnUnwritableJsonOutput) {
+  const CliRun r = run({"report", "diff", data("last.json"), data("last.json"), "--json", dir_});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("--json: cannot write '" + dir_ + "'"));
+}
+
+TEST_F(ReportToolTest, ReportNeedsMergeOrDiff) {
+  EXPECT_EQ(run({"report"}).exit, 2);
+  EXPECT_EQ(run({"report", "diff", data("last.json")}).exit, 2);
+}
+
+TEST_F(ReportToolTest, FuzzWritesJunitAndHtmlOfItsReport) {
+  const CliRun r = run({"fuzz", "--cases", "3", "--workers", "0", "--quiet", "--corpus", path("corpus"), "--junit",
+                        path("fuzz.xml"), "--html", path("fuzz.html")});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(read(path("fuzz.xml")), HasSubstr("<testcase classname=\"gradfuzz.fuzz\" name=\"no finding in 3 cases\""));
+  EXPECT_THAT(read(path("fuzz.html")), HasSubstr("id=\"summary-cases_run\">3</td>"));
+}
+
+TEST_F(ReportToolTest, ReplayWritesAFailingTestcaseWithTheCaseFileAndItsDtype) {
+  const std::string case_file = "corpus/regression/b8139f4071ec738a.json";  // float32, internal-requires-grad
+  const CliRun r = run({"replay", case_file, "--fault", "internal-requires-grad", "--workers", "0", "--report",
+                        path("replay.json"), "--junit", path("replay.xml"), "--html", path("replay.html")});
+  ASSERT_EQ(r.exit, 1) << r.err;
+  const std::string xml = read(path("replay.xml"));
+  EXPECT_THAT(xml, HasSubstr("<failure type=\"mismatch\""));
+  EXPECT_THAT(xml, HasSubstr("case file: " + case_file));
+  EXPECT_THAT(xml, HasSubstr("reproduce: gradfuzz replay " + case_file + " --fault internal-requires-grad"));
+  EXPECT_EQ(Json::parse(read(path("replay.json")))["findings"][0]["dtype"], "float32");
+  EXPECT_THAT(read(path("replay.html")), HasSubstr("id=\"hist-dtype-float32\""));
+}
+
+TEST_F(ReportToolTest, RunCommandsRefuseAnUnwritableOutputBeforeRunning) {
+  CliRun r = run({"fuzz", "--cases", "1000000", "--workers", "0", "--corpus", path("corpus"), "--html",
+                  path("missing/r.html")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("--html: cannot write '" + path("missing/r.html") + "'"));
+  r = run({"selftest", "--faults", "slot-order", "--junit", path("missing/r.xml")});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("--junit: cannot write '" + path("missing/r.xml") + "'"));
+  r = run({"replay", "corpus/regression", "--junit", ""});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("expected a file name, got an empty one"));
+}
+
+TEST_F(ReportToolTest, WriteFileAtomicallyReplacesTheFileWhole) {
+  write_file_atomically(path("a.txt"), "first", "--x");
+  write_file_atomically(path("a.txt"), "second", "--x");
+  EXPECT_EQ(read(path("a.txt")), "second");
+  EXPECT_EQ(regular_files(dir_).size(), 1u);
+  try {
+    write_file_atomically(path("none/a.txt"), "x", "--x");
+    ADD_FAILURE() << "wrote into a missing directory";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--x: cannot write '" + path("none/a.txt") + "'"));
+  }
+}
+
+}  // namespace
+}  // namespace gradfuzz::tools

@@ -1,0 +1,208 @@
+#include "tools/report_tool.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ostream>
+#include <sstream>
+
+#include "reports/html_report.h"
+#include "reports/junit_report.h"
+#include "reports/report_diff.h"
+#include "reports/report_document.h"
+#include "reports/report_merge.h"
+#include "tools/exit_codes.h"
+
+namespace gradfuzz::tools {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string temp_name(const std::string& path) { return path + ".tmp-" + std::to_string(::getpid()); }
+
+/// Writes all of `text` to `fd`; false (errno set) when the system refuses.
+bool write_all(int fd, const std::string& text) {
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    written += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+[[noreturn]] void cannot_write(const std::string& flag, const std::string& path, const std::string& why) {
+  throw InputError(flag + ": cannot write '" + path + "' (" + why + ")");
+}
+
+void check_path_writable(const std::string& path, const std::string& flag) {
+  if (path.empty()) throw InputError(flag + ": expected a file name, got an empty one");
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) cannot_write(flag, path, "it is a directory");
+  const std::string tmp = temp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) cannot_write(flag, path, std::strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
+std::string empty_name_error(const std::string& value) {
+  return value.empty() ? std::string("expected a file name, got an empty one") : std::string();
+}
+
+Json load(const std::string& path) {
+  try {
+    return reports::load_report(path);
+  } catch (const reports::ReportError& e) {
+    throw InputError(e.what());
+  }
+}
+
+/// Whether `a` and `b` name one existing file (same device and inode).
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {};
+  struct stat sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& flag) {
+  if (path.empty()) throw InputError(flag + ": expected a file name, got an empty one");
+  const std::string tmp = temp_name(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) cannot_write(flag, path, std::string("cannot create ") + tmp + ": " + std::strerror(errno));
+  const bool ok = write_all(fd, text) && ::fsync(fd) == 0;
+  const std::string why = ok ? "" : std::strerror(errno);
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    cannot_write(flag, path, why);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string rename_error = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    cannot_write(flag, path, "rename failed: " + rename_error);
+  }
+}
+
+void CiOutputs::check_writable() const {
+  if (!junit.empty()) check_path_writable(junit, "--junit");
+  if (!html.empty()) check_path_writable(html, "--html");
+}
+
+void CiOutputs::write(const Json& report) const {
+  if (!any()) return;
+  try {
+    reports::check_report(report, "the run's report");
+  } catch (const reports::ReportError& e) {
+    throw InternalError(std::string("writing --junit/--html: ") + e.what(), "");
+  }
+  if (!junit.empty()) {
+    std::ostringstream xml;
+    reports::write_junit(report, xml);
+    write_file_atomically(junit, xml.str(), "--junit");
+  }
+  if (!html.empty()) {
+    std::ostringstream page;
+    reports::write_html(report, page);
+    write_file_atomically(html, page.str(), "--html");
+  }
+}
+
+void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs) {
+  sub.add_option("--junit", outputs.junit, "also write a JUnit XML document of the findings here (for CI dashboards)")
+      ->check(empty_name_error, "FILE");
+  sub.add_option("--html", outputs.html, "also write a self-contained HTML page of the report here")
+      ->check(empty_name_error, "FILE");
+}
+
+ReportCommand::ReportCommand(CLI::App& app) {
+  report_ = app.add_subcommand("report", "join and compare report documents (nightly CI)");
+  report_->require_subcommand(1);
+  merge_ = report_->add_subcommand(
+      "merge", "join the reports of the shards of one campaign (fuzz --shard i/N) into OUT; exit 1 when it has findings");
+  merge_->add_option("output", merge_output_, "the merged report to write (OUT.json)")->required();
+  merge_->add_option("inputs", merge_inputs_, "the shards' reports (IN.json...)")->required();
+  add_ci_output_flags(*merge_, merge_ci_);
+  diff_ = report_->add_subcommand(
+      "diff", "list clusters new in NEW, fixed since LAST and still failing; exit 1 when one is new");
+  diff_->add_option("last", diff_last_, "the earlier report (LAST.json)")->required();
+  diff_->add_option("new", diff_new_, "the later report (NEW.json)")->required();
+  diff_->add_option("--json", diff_json_, "also write the diff as JSON here")->check(empty_name_error, "FILE");
+}
+
+bool ReportCommand::parsed() const { return report_->parsed(); }
+
+int ReportCommand::run(std::ostream& out) const {
+  if (merge_->parsed()) return merge(out);
+  if (diff_->parsed()) return diff(out);
+  throw InputError("report: choose merge or diff");
+}
+
+int ReportCommand::merge(std::ostream& out) const {
+  if (merge_output_.empty()) throw InputError("report merge: expected the output file name first, got an empty one");
+  for (const auto& in : merge_inputs_) {
+    if (in == merge_output_ || same_file(in, merge_output_)) {
+      throw InputError("report merge: " + merge_output_ +
+                       " is both the output and an input; the first argument is the merged report to write");
+    }
+  }
+  // A forgotten OUT makes the first shard's report the output: refuse to overwrite a shard.
+  struct stat info {};
+  if (::stat(merge_output_.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+    Json existing;
+    bool is_report = true;
+    try {
+      existing = reports::load_report(merge_output_);
+    } catch (const reports::ReportError&) {
+      is_report = false;  // anything else (an older merge of another format, junk) is replaced
+    }
+    if (is_report && existing["campaign"]["shard"].is_string()) {
+      throw InputError("report merge: " + merge_output_ + " is the report of shard " +
+                       existing["campaign"]["shard"].get<std::string>() +
+                       "; the first argument is the merged report to write (report merge OUT.json IN.json...)");
+    }
+  }
+  merge_ci_.check_writable();
+  std::vector<reports::NamedReport> inputs;
+  for (const auto& path : merge_inputs_) inputs.push_back({path, load(path)});
+  Json merged;
+  try {
+    merged = reports::merge_reports(std::move(inputs));
+  } catch (const reports::ReportError& e) {
+    throw InputError(e.what());
+  }
+  write_file_atomically(merge_output_, merged.dump(2) + "\n", "report merge");
+  merge_ci_.write(merged);
+  const Json& summary = merged["summary"];
+  out << "report merge: " << merge_inputs_.size() << " report(s) -> " << merge_output_ << ": "
+      << summary["cases_run"].get<int64_t>() << " cases, " << summary["failed"].get<int64_t>() << " failed, "
+      << merged["findings"].size() << " cluster(s)";
+  if (!merged["merge"]["missing_shards"].empty()) {
+    out << ", missing shards";
+    for (const auto& m : merged["merge"]["missing_shards"]) out << ' ' << m.get<std::string>();
+  }
+  out << (summary["complete"].get<bool>() ? "" : ", incomplete") << '\n';
+  return static_cast<int>(merged["findings"].empty() ? ExitCode::kOk : ExitCode::kFindings);
+}
+
+int ReportCommand::diff(std::ostream& out) const {
+  const Json last = load(diff_last_);
+  const Json next = load(diff_new_);
+  const reports::ReportDiff result = reports::diff_reports(last, next);
+  if (!diff_json_.empty()) {
+    write_file_atomically(diff_json_, reports::diff_to_json(result, diff_last_, diff_new_).dump(2) + "\n", "--json");
+  }
+  reports::print_diff(result, diff_last_, diff_new_, out);
+  return static_cast<int>(result.added.empty() ? ExitCode::kOk : ExitCode::kFindings);
+}
+
+}  // namespace gradfuzz::tools

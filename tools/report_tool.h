@@ -1,0 +1,73 @@
+#pragma once
+
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace gradfuzz::tools {
+
+/// Writes `text` to `path` so that a reader never sees half a file: a temporary file beside
+/// it (same directory, so the rename cannot cross file systems), flushed to disk, then
+/// renamed over it. Throws InputError "<flag>: cannot write '<path>' (<reason>)".
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& flag);
+
+/// The --junit FILE and --html FILE outputs of a command that ends with a report document
+/// (fuzz, replay, selftest, report merge). Empty: not asked for.
+struct CiOutputs {
+  std::string junit;
+  std::string html;
+
+  bool any() const { return !junit.empty() || !html.empty(); }
+  /// Throws InputError naming the flag and the file when a given path cannot be written
+  /// (missing directory, no permission, a directory): checked before a run starts, so a
+  /// typo does not cost the run.
+  void check_writable() const;
+  /// Writes the JUnit XML and HTML documents of `report` (each atomically). Throws
+  /// InternalError when `report` is not a valid report document (gradfuzz's own bug) and
+  /// InputError when a file cannot be written.
+  void write(const nlohmann::ordered_json& report) const;
+};
+
+/// Registers --junit FILE and --html FILE on `sub` (an empty name is a usage error).
+void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs);
+
+/// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]` and
+/// `gradfuzz report diff LAST.json NEW.json [--json FILE]`, registered on the app by the
+/// constructor; the object must outlive parsing (CLI11 writes into its members).
+/// Exit statuses: merge 0 when the merged report has no finding, 1 when it has; diff 1 when
+/// NEW has a cluster LAST has not, else 0; 2 for an unreadable or invalid report (the
+/// message names the file and the JSON path), reports of different campaigns, or an output
+/// that cannot be written.
+class ReportCommand {
+ public:
+  explicit ReportCommand(CLI::App& app);
+  ReportCommand(const ReportCommand&) = delete;
+  ReportCommand& operator=(const ReportCommand&) = delete;
+
+  /// Whether the command line chose `report`.
+  bool parsed() const;
+  /// Runs the chosen subcommand, human output to `out`. Throws InputError for the usage
+  /// and input errors above.
+  int run(std::ostream& out) const;
+
+ private:
+  int merge(std::ostream& out) const;
+  int diff(std::ostream& out) const;
+
+  CLI::App* report_ = nullptr;
+  CLI::App* merge_ = nullptr;
+  CLI::App* diff_ = nullptr;
+  std::string merge_output_;
+  std::vector<std::string> merge_inputs_;
+  CiOutputs merge_ci_;
+  std::string diff_last_;
+  std::string diff_new_;
+  std::string diff_json_;
+};
+
+}  // namespace gradfuzz::tools
