@@ -1,0 +1,12 @@
+# Tests of scripts/: the nightly Slurm recipe end to end on a one-node Slurm cluster the test
+# starts itself (needs root and Debian's slurm-wlm and munge: scripts/ci-deps.sh). It fails,
+# never skips, when they are missing.
+add_test(NAME scripts.nightly_slurm
+         COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/nightly_slurm_test.sh
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(scripts.nightly_slurm PROPERTIES
+  ENVIRONMENT "GRADFUZZ_EXECUTABLE=${PROJECT_BINARY_DIR}/tools/gradfuzz;GRADFUZZ_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+  TIMEOUT 900
+  # Two shards and the merge job take both cores of a CI machine.
+  PROCESSORS 2
+  LABELS "slurm")
