@@ -58,8 +58,8 @@ class Builder:
         """The Sequential's outputs as a list (main output first)."""
         raise NotImplementedError
 
-    def after_forward(self, seq, case, ops):
-        """Called once forward returned (plans, backward observers)."""
+    def after_forward(self, seq, case, ops, outputs):
+        """Called once forward returned `outputs` (plans, backward observers)."""
 
     def param_leaves(self, op, op_case):
         """Backend tensors whose gradients autograd.grad should return (requiring grad)."""
@@ -192,7 +192,7 @@ def run_path(builder, case, path, tensors):
                 if not isinstance(out, torch.Tensor):
                     outputs = []
                     raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
-            builder.after_forward(seq, case, ops)
+            builder.after_forward(seq, case, ops, outputs)
 
             phase = PHASE_BACKWARD
             loss_outputs, loss_cotangents = [], []

@@ -29,6 +29,7 @@ TE_HELPERS = (
     "fusion_name",
     "only_fusions",
     "param_groups",
+    "_per_group",
     "_storage",
     "copy_param_values",
     "set_param_requires_grad",

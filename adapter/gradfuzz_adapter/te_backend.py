@@ -357,9 +357,11 @@ def define_extensions(te):
 
     class Boundary(torch.nn.Module):
         """A plain module: te.ops.Sequential (sequential.py: _make_module_groups) ends the
-        current OperationFuser at it and passes it only the main tensor."""
+        current OperationFuser at it and passes it only the main tensor (which it keeps as
+        last_input: the previous fuser's main output)."""
 
         def forward(self, x):
+            self.last_input = x
             return x
 
     class CustomOp(te.ops.BasicOperation):
@@ -924,21 +926,50 @@ class TEBuilder(Builder):
         groups = getattr(seq, "_module_groups", None) or []
         return [g for g in groups if isinstance(g, self.operation_fuser)]
 
-    def after_forward(self, seq, case, ops):
+    def _returned_twice(self, seq, outputs):
+        """Per fuser, the (op, slot) public extra outputs whose tensor the fuser returned more
+        than once (as its main output too, or as another public extra output): TE returns
+        the very tensor again (fuser.py: _OperationFuserAutogradFunction.forward, `return
+        x, *extra_outputs_flat`; MakeExtraOutput hands back its input), and PyTorch then
+        delivers the cotangents of all those outputs to the last of them, so no such slot
+        receives its own gradient."""
+        groups = getattr(seq, "_module_groups", None) or []
+        extras = iter(outputs[1:])
+        out = []
+        for k, group in enumerate(groups):
+            if not isinstance(group, self.operation_fuser):
+                continue
+            after = groups[k + 1] if k + 1 < len(groups) else None
+            main = getattr(after, "last_input", None) if after is not None else outputs[0]
+            slots = list(group._public_extra_output_slots)  # fuser.py: OperationFuser.__init__
+            public = [next(extras, None) for _ in slots]
+            returned = [main] + public
+            twice = {
+                slot
+                for slot, t in zip(slots, public)
+                if t is not None and sum(r is t for r in returned) > 1
+            }
+            out.append(twice)
+        return out
+
+    def after_forward(self, seq, case, ops, outputs):
         """Observes the gradient each channel producer's slot receives: the fuser sums the
         caller's gradient and every consumer's into basic_op_grad_extra_outputs before the
         producer's backward group runs (fuser.py: _OperationFuserAutogradFunction.backward).
         That total is visible only where the producer's group contains none of the
-        channel's consumers (a fused op owning both ends applies it internally)."""
+        channel's consumers (a fused op owning both ends applies it internally), and where
+        the slot's tensor was not returned twice (see _returned_twice)."""
         recorded = [dict() for _ in case.fusers]
         self.path.channel_grads = recorded
+        returned_twice = self._returned_twice(seq, outputs)
         for f, (fuser, members) in enumerate(zip(self._fusers(seq), case.fusers)):
+            twice = returned_twice[f] if f < len(returned_twice) else set()
             for op, idxs in fuser._backward_ops:
                 records = []
                 for p in idxs:
                     kinds = case.ops[members[p]].extra_output_kinds
                     for s, channel in enumerate(fuser._basic_op_extra_output_channels[p]):
-                        if channel is None or kinds[s] != "float":
+                        if channel is None or kinds[s] != "float" or (p, s) in twice:
                             continue
                         if any(c in idxs for c in fuser._basic_op_extra_output_consumers[p][s]):
                             continue

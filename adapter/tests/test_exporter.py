@@ -239,24 +239,28 @@ def test_te_scripts_run_on_tes_python_code(tmp_path):
     if reason:
         pytest.skip(reason)
     # Ops that run without kernels: channel ops, the adapter's custom ops, ConstantScale.
-    runnable = RESIDUAL[:4] + [
-        {
-            "name": "Dispatch",
-            "attrs": {"groups": 2},
-            "output_bindings": [
-                {"channel": None},
-                {"channel": None},
-                {"channel": "map", "output_to_caller": False},
-            ],
-        },
-        {"name": "RowStat", "output_bindings": [{"channel": "s", "output_to_caller": True}]},
-        {
-            "name": "DualExtraOutput",
-            "output_bindings": [{"channel": "d", "output_to_caller": False}],
-        },
-        {"name": "AddExtraInput", "input_channels": ["d"]},
-        {"name": "Combine", "input_channels": ["map"]},
-    ]
+    runnable = (
+        RESIDUAL[:3]
+        + [{"name": "Bias"}, {"name": "Boundary"}]
+        + [
+            {
+                "name": "Dispatch",
+                "attrs": {"groups": 2},
+                "output_bindings": [
+                    {"channel": None},
+                    {"channel": None},
+                    {"channel": "map", "output_to_caller": False},
+                ],
+            },
+            {"name": "RowStat", "output_bindings": [{"channel": "s", "output_to_caller": True}]},
+            {
+                "name": "DualExtraOutput",
+                "output_bindings": [{"channel": "d", "output_to_caller": False}],
+            },
+            {"name": "AddExtraInput", "input_channels": ["d"]},
+            {"name": "Combine", "input_channels": ["map"]},
+        ]
+    )
     paths = [
         {"name": "fused", "fusions": ["FusedResidual.joint"]},
         {"name": "unfused", "fusions": []},
@@ -272,7 +276,8 @@ def test_te_scripts_run_on_tes_python_code(tmp_path):
         "test_finding2.py": export(spec(generator, shape=(6, 8), dtype="float32", seed=3), "te"),
         # Review finding 3: a standalone call locks the op's bindings.
         "test_finding3.py": export(
-            spec(runnable, shape=(6, 8), dtype="float32", seed=3, call_then_bind=[{"op": 2}]), "te"
+            spec(runnable, shape=(6, 8), dtype="float32", seed=3, call_then_bind=[{"op": 2}]),
+            "te",
         ),
     }
     prelude = STUB_PRELUDE.format(tests=os.path.dirname(os.path.abspath(__file__)))

@@ -287,6 +287,24 @@ def test_custom_ops_and_mixed_routing_match_the_reference(backend):
     assert set(results[0]["channel_grads"][1]) == {"m"}
 
 
+def test_a_slot_returned_twice_exposes_no_channel_gradient(backend):
+    # MakeExtraOutput last: TE returns its input as the main output and as the public extra
+    # output, the same tensor twice; PyTorch hands both cotangents to the second, so the
+    # gradient the producer's slot receives is not the channel's.
+    ops = [
+        {"name": "ConstantScale", "attrs": {"scale": 2.0}},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("c", True)]},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("d", True)]},
+        {"name": "Bias"},
+        {"name": "RowStat", "output_bindings": [bound("s", True)]},
+    ]
+    case, results = run(backend, spec(ops, dtype="float32"))
+    assert results[0]["outputs"][1] is not None
+    assert judge(case, results[0], all_channels=False) == []
+    # c and d are the same tensor (MakeExtraOutput passes x through); s is RowStat's own.
+    assert set(results[0]["channel_grads"][0]) == {"s"}
+
+
 def test_review_findings_2_and_3_show_in_te(backend):
     ops = [{"name": "RowStat", "output_style": "generator"}]
     _, results = run(backend, spec(ops, dtype="float32"))
