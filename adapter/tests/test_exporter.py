@@ -201,6 +201,15 @@ def test_generating_a_te_script_imports_no_te():
     assert result.stdout.strip() == "[]"
 
 
+def test_te_script_of_a_style_te_lacks_says_so():
+    ops = [{"name": "MakeExtraOutput", "output_style": "generator"}]
+    script = export(spec(ops), "te")
+    compile(script, "exported_te.py", "exec")
+    assert (
+        "# te.ops has no 'generator' output style for MakeExtraOutput: built with tuples" in script
+    )
+
+
 def test_te_script_expecting_an_error_uses_tes_exception():
     ops = [
         {
