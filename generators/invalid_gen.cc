@@ -78,7 +78,7 @@ int64_t op_with_inputs(CaseSpec& spec) {
   return pos;
 }
 
-InvalidCase mutate(CaseSpec spec, int64_t which) {
+InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
   const auto layout = *compute_layout(spec);
   const int64_t n = static_cast<int64_t>(spec.ops.size());
   const int64_t pos = pick(0, n);
@@ -136,7 +136,10 @@ InvalidCase mutate(CaseSpec spec, int64_t which) {
     }
     case 3: {  // surplus or shortfall of public extra inputs
       const int64_t publics = count_public_inputs(spec, layout);
-      std::vector<int64_t> deltas{1, 2};
+      // A backend that documents ignoring a surplus (TE's Sequential) is only given a shortfall.
+      if (surplus_ignored && publics == 0) return mutate(std::move(spec), 2, surplus_ignored);  // nothing to withhold
+      std::vector<int64_t> deltas;
+      if (!surplus_ignored) deltas = {1, 2};
       if (publics > 0) deltas.push_back(-1);
       spec.extra_input_count_delta = deltas[static_cast<size_t>(pick(0, static_cast<int64_t>(deltas.size()) - 1))];
       out.expected_kind = ops::ExtraInputCountError::kKind;
@@ -221,10 +224,21 @@ std::ostream& operator<<(std::ostream& os, const InvalidCase& c) {
 
 rc::Gen<InvalidCase> gen_invalid_case(const GenOptions& options) {
   const auto base = gen_case(options);
-  return rc::gen::exec([base] {
+  // Invalid configurations that a backend's documented deviation makes valid are not drawn
+  // for it: TE ignores surplus extra inputs, and builds (and locks) its fusers at the first
+  // forward, so a binding set after its Sequential was constructed is legal there.
+  const auto* caps = options.capabilities.get();
+  const bool surplus_ignored = caps && caps->has_deviation("surplus_extra_inputs_ignored");
+  const bool lazy = caps && caps->has_deviation("lazy_fuser_construction");
+  std::vector<int64_t> kinds;
+  for (int64_t k = 0; k < static_cast<int64_t>(invalid_case_kinds().size()); ++k) {
+    if (lazy && invalid_case_kinds()[static_cast<size_t>(k)] == std::string(ops::LockedError::kKind)) continue;
+    kinds.push_back(k);
+  }
+  return rc::gen::exec([base, kinds, surplus_ignored] {
     const CaseSpec spec = *base;
-    const int64_t which = pick(0, static_cast<int64_t>(invalid_case_kinds().size()) - 1);
-    return mutate(spec, which);
+    const int64_t which = kinds[static_cast<size_t>(pick(0, static_cast<int64_t>(kinds.size()) - 1))];
+    return mutate(spec, which, surplus_ignored);
   });
 }
 

@@ -234,7 +234,12 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   // A time-only budget leaves the count unbounded.
   const int64_t max_cases =
       options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
-  const auto capabilities = std::make_shared<const harness::BackendCapabilities>(runner.capabilities());
+  // Generation follows the backend under test (its ops, options, fusions, deviations); the
+  // model's catalog is the null default, so model campaigns generate exactly as before.
+  std::shared_ptr<const harness::BackendCapabilities> generation = options.generate_as;
+  if (!generation && options.backend != "model") {
+    generation = std::make_shared<const harness::BackendCapabilities>(runner.capabilities());
+  }
 
   CampaignOutcome outcome;
   // Fault-attributable findings and failures that persist without the fault are
@@ -287,7 +292,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     } else {
       if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
       const int64_t global = next_index * options.shard_count + options.shard_index;
-      p.spec = campaign_case(options, global, options.backend == "model" ? nullptr : capabilities);
+      p.spec = campaign_case(options, global, generation);
       ++next_index;
       p.number = global + 1;
       p.fault = fault_name;
@@ -397,6 +402,16 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       }
     }
     reporter.report_case(record);
+    if (options.case_log) {
+      nlohmann::json line{{"number", p.number},
+                          {"verdict", harness::verdict_name(record.result.verdict)},
+                          {"signature", record.result.passed() ? std::string() : record.result.signature()},
+                          {"backend", record.result.backend},
+                          {"fused_forward", record.result.fused_forward},
+                          {"fused_backward", record.result.fused_backward},
+                          {"spec", p.spec}};
+      *options.case_log << line.dump() << '\n';
+    }
     inflight.give_back(p.file);
     if (p.leftover) remove_file(*p.leftover);  // its outcome is recorded now
     line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));

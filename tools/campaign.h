@@ -77,6 +77,11 @@ struct CampaignOptions {
   double time_grace_s = 2;
   /// Called after every case (the campaign's outcome so far), e.g. to rewrite the report.
   std::function<void(double wall_s)> on_case;
+  /// Generate cases for these capabilities instead of the runner's backend's (the same
+  /// cases on two backends: `--generate-as te` on the model).
+  std::shared_ptr<const harness::BackendCapabilities> generate_as;
+  /// When set, one JSON line per case: {number, verdict, signature, backend, spec}.
+  std::ostream* case_log = nullptr;
 };
 
 /// One new finding of a campaign, shrunk and saved.
