@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -35,6 +37,7 @@
 #include "tools/sanitizer.h"
 #include "tools/worker_pool.h"
 #include "harness/remote_backend.h"
+#include "harness/limits.h"
 #include "harness/tolerances.h"
 
 namespace gradfuzz::tools {
@@ -71,7 +74,58 @@ struct Flags {
   int64_t max_tensor_elements = int64_t{1} << 24;
   std::string sanitize;
   CiOutputs ci;
+  // Numbers as typed: converted by parse_numbers, which refuses what does not fit instead of
+  // clamping it (CLI11 clamps 99999999999999999999 and wraps -1 into 2^64-1).
+  std::string cases_text;
+  std::string seed_text;
+  std::string max_ops_text;
+  std::string workers_text;
+  std::string dtypes_text;
+  std::string case_log;
+  std::string generate_as;
+  std::string max_shrink_calls_text;
 };
+
+/// A whole number in [min, max] typed as plain decimal digits; InputError naming the option
+/// otherwise.
+uint64_t parse_whole(const std::string& text, const std::string& option, uint64_t min, uint64_t max) {
+  const bool digits = !text.empty() && text.size() <= 20 && text.find_first_not_of("0123456789") == std::string::npos;
+  errno = 0;
+  const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+  if (!digits || errno == ERANGE || v < min || v > max) {
+    throw InputError(option + ": expected a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
+                     ", got '" + text + "'");
+  }
+  return v;
+}
+
+/// Fills the numeric flags from their text (only those given).
+void parse_numbers(Flags& f) {
+  if (!f.cases_text.empty()) {
+    f.cases = static_cast<int64_t>(parse_whole(f.cases_text, "--cases", 0, uint64_t{1} << 53));
+  }
+  if (!f.seed_text.empty()) f.seed = parse_whole(f.seed_text, "--seed", 0, UINT64_MAX);
+  if (!f.max_ops_text.empty()) {
+    f.max_ops = static_cast<int>(parse_whole(f.max_ops_text, "--max-ops", 1, static_cast<uint64_t>(harness::CaseLimits{}.max_ops)));
+  }
+  if (!f.workers_text.empty()) f.workers = static_cast<int>(parse_whole(f.workers_text, "--workers", 0, 1024));
+  if (!f.dtypes_text.empty()) {
+    f.dtypes.clear();
+    std::stringstream in(f.dtypes_text);
+    std::string d;
+    while (std::getline(in, d, ',')) {
+      if (d.empty()) {
+        throw InputError("--dtypes: expected a comma-separated list of float64, float32, bfloat16, float16, got '" +
+                         f.dtypes_text + "'");
+      }
+      f.dtypes.push_back(d);
+    }
+    if (f.dtypes.empty() || f.dtypes_text.back() == ',') {
+      throw InputError("--dtypes: expected a comma-separated list of float64, float32, bfloat16, float16, got '" +
+                       f.dtypes_text + "'");
+    }
+  }
+}
 
 /// Set by SIGTERM and SIGINT during a campaign: the run ends cleanly with its partial report.
 std::atomic<bool> g_stop{false};
@@ -311,7 +365,9 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
     o.cases = f.cases;
   }
   if (sub.get_option_no_throw("--time") && sub.count("--time")) {
-    if (!(f.time_s > 0)) throw InputError("--time: expected a positive number of seconds");
+    if (!(f.time_s > 0) || !(f.time_s <= 1e7)) {
+      throw InputError("--time: expected a positive number of seconds (at most 1e7), got " + std::to_string(f.time_s));
+    }
     o.time_s = f.time_s;
   }
   o.seed = f.seed;
@@ -327,6 +383,9 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   }
   o.backend = f.backend;
   o.run_options.finite_differences = !f.no_finite_differences;
+  if (!f.max_shrink_calls_text.empty()) {
+    o.max_shrink_calls = static_cast<int64_t>(parse_whole(f.max_shrink_calls_text, "--max-shrink-calls", 0, 1000000));
+  }
   if (!f.shapes.empty()) {
     try {
       o.shapes = generators::shape_regime_from_name(f.shapes);
@@ -407,6 +466,38 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
   info.workers = f.workers;
   info.shard = f.shard;
   reporters.context(backend_context(info, options.device, runner->capabilities()));
+  std::unique_ptr<std::ofstream> case_log;
+  if (!f.case_log.empty()) {
+    case_log = std::make_unique<std::ofstream>(f.case_log, std::ios::trunc);
+    if (!*case_log) throw InputError("--case-log: cannot write '" + f.case_log + "'");
+    options.case_log = case_log.get();
+  }
+  if (!f.generate_as.empty()) {
+    // The same cases as a campaign on that backend: its capabilities drive the generator.
+    // A backend name starts it; a file holds what `gradfuzz list capabilities --json` wrote
+    // (so the model can run TE's cases where TE is not installed).
+    const auto& names = harness::backend_names();
+    if (std::find(names.begin(), names.end(), f.generate_as) != names.end()) {
+      Flags other = f;
+      other.backend = f.generate_as;
+      try {
+        auto backend = harness::make_backend(backend_options(other));
+        options.generate_as = std::make_shared<const harness::BackendCapabilities>(backend->capabilities());
+      } catch (const harness::BackendUnavailable& e) {
+        throw InputError(std::string("--generate-as ") + f.generate_as + ": " + e.what());
+      }
+    } else {
+      std::ifstream in(f.generate_as);
+      if (!in) throw InputError("--generate-as: expected model, te, torch or a capabilities file, got '" + f.generate_as + "'");
+      try {
+        options.generate_as =
+            std::make_shared<const harness::BackendCapabilities>(nlohmann::json::parse(in).get<harness::BackendCapabilities>());
+      } catch (const std::exception& e) {
+        throw InputError("--generate-as " + f.generate_as + ": not a capabilities document: " + e.what());
+      }
+    }
+    fit_to_backend(options, *options.generate_as, sub.count("--dtypes") > 0);
+  }
   StopSignals signals;
   options.stop = &g_stop;
   size_t findings_seen = 0;
@@ -495,6 +586,10 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
 
 int cmd_list(const Flags& f, std::ostream& out) {
   nlohmann::ordered_json j = nlohmann::ordered_json::array();
+  if (f.what == "capabilities" && f.backend == "model") {
+    out << nlohmann::json(harness::model_capabilities()).dump(2) << '\n';
+    return static_cast<int>(ExitCode::kOk);
+  }
   if (f.backend != "model" && f.what != "faults") {
     std::unique_ptr<harness::Backend> backend;
     const harness::BackendCapabilities* caps = nullptr;
@@ -503,6 +598,10 @@ int cmd_list(const Flags& f, std::ostream& out) {
       caps = &backend->capabilities();
     } catch (const harness::BackendUnavailable& e) {
       throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
+    }
+    if (f.what == "capabilities") {
+      out << nlohmann::json(*caps).dump(2) << '\n';
+      return static_cast<int>(ExitCode::kOk);
     }
     if (f.what == "ops") {
       for (const auto& op : caps->ops) {
@@ -574,12 +673,11 @@ void use_single_intra_op_thread() {
 }
 
 void add_campaign_flags(CLI::App& sub, Flags& f) {
-  sub.add_option("--seed", f.seed, "campaign seed (case i uses a seed derived from it and i)");
+  sub.add_option("--seed", f.seed_text, "campaign seed (case i uses a seed derived from it and i)");
   sub.add_option("--device", f.device, "cpu, cuda or auto (cuda when available)")->default_str("cpu");
-  sub.add_option("--dtypes", f.dtypes, "comma-separated dtypes (float64,float32,bfloat16,float16)")
-      ->delimiter(',')
+  sub.add_option("--dtypes", f.dtypes_text, "comma-separated dtypes (float64,float32,bfloat16,float16)")
       ->default_str("float64,float32");
-  sub.add_option("--max-ops", f.max_ops, "upper bound on catalog ops per case")->default_str("8");
+  sub.add_option("--max-ops", f.max_ops_text, "upper bound on catalog ops per case (1 to 256)")->default_str("8");
   sub.add_option("--shapes", f.shapes, "tiny, edge, large or mix (default: mix on cuda, tiny on cpu)");
   sub.add_option("--max-tensor-elements", f.max_tensor_elements, "element budget of one tensor in edge/large cases")
       ->default_str("16777216");
@@ -592,7 +690,7 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   sub.add_option("--case-timeout", f.case_timeout_s, "seconds one case may run before it is a timeout")
       ->default_str("60");
   if (with_workers) {
-    sub.add_option("--workers", f.workers, "worker processes (0: run cases in this process)")->default_str("1");
+    sub.add_option("--workers", f.workers_text, "worker processes (0: run cases in this process)")->default_str("1");
     sub.add_option("--devices", f.devices, "CUDA devices handed to workers round-robin (e.g. 0,1)")->delimiter(',');
   }
   sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
@@ -666,7 +764,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   Flags f;
 
   CLI::App* fuzz = app.add_subcommand("fuzz", "run a seeded campaign of generated cases");
-  auto* cases_opt = fuzz->add_option("--cases", f.cases, "number of cases (default 100)");
+  auto* cases_opt = fuzz->add_option("--cases", f.cases_text, "number of cases (default 100)");
   auto* time_opt = fuzz->add_option("--time", f.time_s, "wall-time budget in seconds");
   cases_opt->excludes(time_opt);
   add_campaign_flags(*fuzz, f);
@@ -675,6 +773,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_option("--report", f.report, "write the JSON report here");
   fuzz->add_flag("--quiet", f.quiet, "print nothing but errors");
   add_backend_flags(*fuzz, f);
+  fuzz->add_option("--max-shrink-calls", f.max_shrink_calls_text, "cap on the runs one shrink may make (default 2000)");
+  fuzz->add_option("--case-log", f.case_log, "write one JSON line per case (number, verdict, signature, spec)");
+  fuzz->add_option("--generate-as", f.generate_as,
+                   "generate the cases a campaign on this backend would run (te: compare the model on TE's cases)");
   fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
   add_ci_output_flags(*fuzz, f.ci);
 
@@ -687,7 +789,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   CLI::App* selftest = app.add_subcommand("selftest", "check that the default campaign finds every known fault");
   selftest->add_option("--faults", f.faults, "comma-separated fault names or 'all'")->default_str("all");
-  selftest->add_option("--cases", f.cases, "case budget per fault (default 2000)");
+  selftest->add_option("--cases", f.cases_text, "case budget per fault (default 2000)");
   selftest->add_option("--report", f.report, "write the JSON report here");
   add_ci_output_flags(*selftest, f.ci);
   add_campaign_flags(*selftest, f);
@@ -697,7 +799,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   CLI::App* list = app.add_subcommand("list", "list catalog ops, fusions or faults");
   list->add_option("what", f.what, "ops, fusions or faults")
       ->required()
-      ->check(CLI::IsMember({"ops", "fusions", "faults"}));
+      ->check(CLI::IsMember({"ops", "fusions", "faults", "capabilities"}));
   list->add_flag("--json", f.json, "print JSON");
   add_backend_flags(*list, f, /*with_workers=*/false);
 
@@ -712,7 +814,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_backend_flags(*worker, f, /*with_workers=*/false);
 
   CLI::App* bench = app.add_subcommand("bench", "campaign throughput against the bare fused+reference floor");
-  bench->add_option("--cases", f.cases, "number of cases (default 200)");
+  bench->add_option("--cases", f.cases_text, "number of cases (default 200)");
   add_campaign_flags(*bench, f);
 
   ReportCommand report(app);  // `report merge` and `report diff` (tools/report_tool.h)
@@ -729,6 +831,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
 
   try {
+    parse_numbers(f);
     if (!list->parsed()) use_single_intra_op_thread();
     if (fuzz->parsed()) return cmd_fuzz(f, *fuzz, out, err, terminal);
     if (replay->parsed()) return cmd_replay(f, *replay, out, err);
