@@ -2,13 +2,13 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
+#include "harness/limits.h"
 #include "reports/reporter.h"
 
 namespace gradfuzz::reports {
@@ -266,39 +266,10 @@ class Checker {
 
 }  // namespace
 
-namespace detail {
-
-int64_t json_depth(const std::string& text) {
-  int64_t depth = 0;
-  int64_t deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
-}  // namespace detail
-
 void check_report(const Json& doc, const std::string& name) { Checker(name).report(doc); }
 
 Json parse_report(const std::string& text, const std::string& name) {
-  if (detail::json_depth(text) > kMaxReportDepth) {
+  if (harness::json_nesting_depth(text) > kMaxReportDepth) {
     throw ReportError(name + ": not a gradfuzz report: JSON nested deeper than " + std::to_string(kMaxReportDepth) +
                       " levels");
   }

@@ -43,9 +43,4 @@ std::string cluster_key(const nlohmann::ordered_json& finding);
 /// reports each failing file as its own finding, without a count).
 int64_t cluster_count(const nlohmann::ordered_json& finding);
 
-namespace detail {
-/// Deepest nesting of arrays and objects in `text`, strings skipped, without parsing.
-int64_t json_depth(const std::string& text);
-}  // namespace detail
-
 }  // namespace gradfuzz::reports

@@ -145,9 +145,5 @@ TEST(ClusterCount, IsOneForAFindingWithoutCount) {
   EXPECT_EQ(cluster_count(Json{{"signature", "s"}, {"count", 4}}), 4);
 }
 
-TEST(JsonDepth, SkipsBracketsInStrings) {
-  EXPECT_EQ(detail::json_depth(R"({"a": "[[[[", "b": [[1]], "c": "\"{"})"), 3);
-}
-
 }  // namespace
 }  // namespace gradfuzz::reports
