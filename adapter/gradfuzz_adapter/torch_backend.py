@@ -5,6 +5,7 @@ on the CPU and, where present, CUDA. Its capability "fusions" is empty, so its f
 unfused paths are the same computation (the unfused one is skipped when asked to be).
 """
 
+import os
 import platform
 
 import torch
@@ -148,7 +149,35 @@ class TorchBackend:
         }
 
     def run(self, case, paths, tensors):
-        return run_paths(self.builder, case, paths, tensors)
+        # One intra-op thread suits tiny cases (see __main__.configure_torch); a large case
+        # (more elements in a tensor than the harness's on-device reference threshold, 2^16)
+        # gets every core: a [4096, 4096] matmul takes seconds per thread.
+        small = torch.get_num_threads()
+        large = _largest_tensor(case) > LARGE_CASE_ELEMENTS
+        if large:
+            torch.set_num_threads(
+                int(os.environ.get("GRADFUZZ_ADAPTER_THREADS_LARGE", "0")) or (os.cpu_count() or 1)
+            )
+        try:
+            return run_paths(self.builder, case, paths, tensors)
+        finally:
+            if large:
+                torch.set_num_threads(small)
+
+
+LARGE_CASE_ELEMENTS = 1 << 16
+
+
+def _largest_tensor(case):
+    """Element count of the case's largest main-path tensor or parameter."""
+    largest = 1
+    for op in case.ops:
+        for shape in [op.input_shape, op.output_shape, *op.param_shapes]:
+            n = 1
+            for d in shape:
+                n *= int(d)
+            largest = max(largest, n)
+    return largest
 
 
 def _implementation(name):
