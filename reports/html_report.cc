@@ -158,6 +158,14 @@ void header(std::ostream& out, const Json& report) {
   const int64_t clusters = static_cast<int64_t>(report["findings"].size());
   std::string status_class = clusters > 0 ? "fail" : "ok";
   std::string status = clusters > 0 ? std::to_string(clusters) + " finding cluster(s)" : "no finding";
+  if (report.contains("selftest")) {
+    // Selftest expects findings (the faults'): its verdict is whether each fault was caught.
+    int64_t ok = 0;
+    for (const auto& e : report["selftest"]) ok += e["ok"].get<bool>() ? 1 : 0;
+    const auto faults = static_cast<int64_t>(report["selftest"].size());
+    status_class = ok == faults ? "ok" : "fail";
+    status = "selftest: " + std::to_string(ok) + " of " + std::to_string(faults) + " faults caught";
+  }
   if (!complete) {
     status_class = "incomplete";
     status += ", stopped before its budget";

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "reports/report_document.h"
 #include "reports/report_merge.h"
 #include "tests/reports/report_test_util.h"
 
@@ -128,6 +129,12 @@ TEST(HtmlReport, ShowsMissingShardsOfAMergedReport) {
   const std::string html = html_of(merge_reports({{"shard-1.json", shard}}));
   EXPECT_THAT(html, HasSubstr("id=\"missing-shards\">missing shards: 2/3, 3/3</p>"));
   EXPECT_THAT(html, HasSubstr("stopped before its budget"));
+}
+
+TEST(HtmlReport, SelftestStatusSaysWhichFaultsWereCaught) {
+  const std::string html = html_of(load_report(test_util::golden_path("selftest_report.json")));
+  EXPECT_THAT(html, HasSubstr("<span id=\"status\" class=\"status fail\">selftest: 1 of 2 faults caught</span>"));
+  EXPECT_THAT(html, HasSubstr("<section id=\"selftest\">"));
 }
 
 TEST(ErrorDistribution, GroupsLogRatiosByOpAndDtype) {
