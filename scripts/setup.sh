@@ -30,6 +30,11 @@ if ! "$venv/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "torch==$torch_version"
 fi
+# The Python adapter's test suite (adapter/tests, run by ctest) needs pytest.
+if ! "$venv/bin/python" -c "import pytest" 2>/dev/null; then
+  log "installing pytest into $venv"
+  "$venv/bin/pip" install -q pytest
+fi
 prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
 if [ ! -f "$build/build.ninja" ]; then

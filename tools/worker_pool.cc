@@ -13,6 +13,7 @@
 #include "harness/wire.h"
 
 #include <fstream>
+#include <sstream>
 
 #include <ATen/Context.h>
 #ifdef GRADFUZZ_WITH_CUDA
@@ -57,6 +58,8 @@ struct WorkerPool::Slot {
   std::optional<Job> job;
   Clock::time_point deadline;
   int64_t cases = 0;
+  /// This worker's compute-sanitizer log (empty without --sanitize).
+  std::string sanitizer_log;
 };
 
 WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
@@ -110,9 +113,18 @@ void WorkerPool::start(Slot& slot) {
     process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
   }
   if (options_.sanitizer) {
-    process.argv = sanitizer_argv(*options_.sanitizer, process.argv);
+    // One log per worker start, named by the supervisor: a memcheck error usually kills the
+    // CUDA context and the worker with it, and then the supervisor reads the log itself.
+    SanitizerOptions sanitizer = *options_.sanitizer;
+    slot.sanitizer_log = sanitizer.log_pattern;
+    const auto at = slot.sanitizer_log.find("%p");
+    if (at != std::string::npos) {
+      slot.sanitizer_log.replace(at, 2, "slot" + std::to_string(slot.index) + "-" + std::to_string(started_));
+    }
+    sanitizer.log_pattern = slot.sanitizer_log;
+    process.argv = sanitizer_argv(sanitizer, process.argv);
     for (const auto& [k, v] : sanitizer_environment()) process.env[k] = v;
-    process.env[kSanitizerLogEnv] = options_.sanitizer->log_pattern;
+    process.env[kSanitizerLogEnv] = slot.sanitizer_log;
   }
   process.new_process_group = true;
   slot.child = std::make_unique<harness::ChildProcess>(process);
@@ -181,6 +193,19 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
   }
   const std::string tail = slot.child ? slot.child->stderr_tail(3000) : std::string();
   r.error_detail = why + (tail.empty() ? std::string() : "; the worker's stderr ends with:\n" + tail);
+  if (!slot.sanitizer_log.empty()) {
+    // The worker died reading the rest of its log; a sanitizer error is why it died.
+    std::ifstream in(slot.sanitizer_log, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    const SanitizerReport report = parse_sanitizer_log(text.str());
+    if (report.errors > 0) {
+      r.verdict = harness::VerdictKind::kSanitizer;
+      r.error_kinds = "sanitizer:" + report.kernel;
+      r.error_detail = std::to_string(report.errors) + " sanitizer error(s) before the worker died (" + why +
+                       "); the first: " + report.first_error;
+    }
+  }
   restart(slot);
   return out;
 }

@@ -85,6 +85,16 @@ TEST(Sanitizer, CountsEveryMemcheckErrorAndNamesTheFirstOnesKernel) {
   EXPECT_EQ(r.kernel, "gradfuzz::ops::cuda::detail::bias_activation_forward_kernel<float>");
 }
 
+TEST(Sanitizer, ParsesTheLogRecordedOnTheH200WithThePlantedOutOfBoundsAccess) {
+  // compute-sanitizer 2025 memcheck on the H200 (2026-12-01), oob-write fault on: the
+  // kernel's read of the byte past its output, then the launch failure it caused.
+  const SanitizerReport r = parse_sanitizer_log(read_data("memcheck_h200_oob.log"));
+  EXPECT_EQ(r.errors, 2);
+  EXPECT_THAT(r.first_error, HasSubstr("Invalid __global__ read of size 1 bytes"));
+  EXPECT_THAT(r.first_error, HasSubstr("is out of bounds"));
+  EXPECT_EQ(r.kernel, "gradfuzz::ops::cuda::detail::bias_activation_forward_kernel<double>");
+}
+
 TEST(Sanitizer, ReadsRacecheckHazardsAndSkipsItsSummary) {
   const SanitizerReport r = parse_sanitizer_log(read_data("racecheck_hazard.log"));
   EXPECT_EQ(r.errors, 1);

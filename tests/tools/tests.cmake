@@ -6,5 +6,6 @@ gradfuzz_add_test(tools_test
     ${CMAKE_CURRENT_LIST_DIR}/files_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/report_tool_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/sanitizer_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/torch_backend_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/worker_pool_test.cc
   LIBS gradfuzz::cli)

@@ -1,0 +1,113 @@
+// The torch backend end to end on the CPU (what CI can run of the adapter): a campaign
+// through worker processes and the Python adapter, a worker killed mid-case, and an
+// exported script run under pytest.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "harness/case_spec.h"
+#include "tools/cli.h"
+#include "tools/files.h"
+#include "tools/worker_pool.h"
+
+namespace gradfuzz::tools {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct CliRun {
+  int exit = 0;
+  std::string out;
+  std::string err;
+};
+
+CliRun cli(const std::vector<std::string>& args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  const int code = run_cli(args, out, err, /*terminal=*/false);
+  return {code, out.str(), err.str()};
+}
+
+class TorchBackend : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir("gradfuzz-torch-"); }
+  void TearDown() override { remove_tree(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TorchBackend, A500CaseCampaignPassesAndCoversEveryOp) {
+  const std::string report = (dir_ / "r.json").string();
+  const CliRun r = cli({"fuzz", "--backend", "torch", "--cases", "500", "--seed", "1", "--device", "cpu", "--workers",
+                        "2", "--corpus", (dir_ / "c").string(), "--report", report, "--quiet"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["summary"]["cases_run"], 500);
+  EXPECT_EQ(j["summary"]["failed"], 0);
+  EXPECT_EQ(j["environment"]["backend"], "torch");
+  EXPECT_TRUE(j["environment"]["backend_versions"].contains("torch"));
+  for (const auto& [op, count] : j["coverage"]["ops"].items()) EXPECT_GT(count.get<int>(), 0) << op << " never drawn";
+}
+
+TEST_F(TorchBackend, AWorkerKilledMidCaseIsACrashFindingAndTheCampaignGoesOn) {
+  WorkerPoolOptions o;
+  o.workers = 1;
+  o.backend.name = "torch";
+  o.case_timeout_s = 60;
+  WorkerPool pool(o);
+  // A case big enough to take a while on the CPU, so the kill lands in the middle of it.
+  harness::CaseSpec big;
+  big.ops = {harness::OpSpec{"Linear", {{"out", 2048}}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+             harness::OpSpec{"GELU", {}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+             harness::OpSpec{"Linear", {{"out", 2048}}, {}, {}, ops::OutputStyle::kVector, {}, {}}};
+  big.input_shape = {2048, 2048};
+  big.dtype = "float32";
+  const int slot = pool.submit(Job{1, big, ""});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::kill(pool.worker_pids()[static_cast<size_t>(slot)], SIGKILL);
+  const auto killed = pool.wait(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(killed.has_value());
+  EXPECT_EQ(killed->result.verdict, harness::VerdictKind::kCrash);
+  // The replacement worker (and its adapter) runs the next case.
+  harness::CaseSpec small = big;
+  small.input_shape = {4, 8};
+  small.ops[0].attrs["out"] = 6;
+  small.ops[2].attrs["out"] = 4;
+  EXPECT_EQ(pool.run_now(small, "").verdict, harness::VerdictKind::kPass);
+}
+
+TEST_F(TorchBackend, TheExportedScriptOfARegressionCaseRunsUnderPytest) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  const std::string source = root ? root : ".";
+  const std::string script = (dir_ / "test_regression_case.py").string();
+  const CliRun r = cli({"export", "--python", source + "/corpus/regression/b6e9acb245d0ad86.json", "--backend", "torch",
+                        "-o", script});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::ifstream in(script);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("import torch"));
+  // Standalone: the adapter's code is inlined (its comments name where it came from), never
+  // imported.
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("import gradfuzz_adapter")));
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("from gradfuzz_adapter")));
+  const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
+  const std::string py = python ? python : source + "/.venv/bin/python";
+  const std::string command = py + " -m pytest -q -p no:cacheprovider " + script + " > " + (dir_ / "pytest.log").string() + " 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream log(dir_ / "pytest.log");
+  std::stringstream log_text;
+  log_text << log.rdbuf();
+  EXPECT_EQ(status, 0) << log_text.str();
+  EXPECT_THAT(log_text.str(), HasSubstr("passed"));
+}
+
+}  // namespace
+}  // namespace gradfuzz::tools
