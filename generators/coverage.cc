@@ -72,7 +72,7 @@ const std::vector<std::string>& coverage_feature_names() {
   static const std::vector<std::string> kNames{
       "bound_input",    "public_input",   "mixed_slot_order", "hidden_output",       "public_bound_output",
       "fanout",         "fresh_producer", "generator_outputs", "call_then_bind",     "fuser_boundary",
-      "same_fusion_channel", "scale_bias", "no_grad_input"};
+      "same_fusion_channel", "scale_bias", "no_grad_input", "repeat_calls", "no_grad_call"};
   return kNames;
 }
 
@@ -180,6 +180,10 @@ StaticCoverage static_coverage(const CaseSpec& spec) {
   }
   if (!spec.call_then_bind.empty()) features.insert("call_then_bind");
   if (!spec.input_requires_grad) features.insert("no_grad_input");
+  if (!spec.repeat_calls.empty()) features.insert("repeat_calls");
+  for (const auto& call : spec.repeat_calls) {
+    if (call.no_grad) features.insert("no_grad_call");
+  }
   for (const auto& f : features) cov.features[f] = 1;
   return cov;
 }

@@ -151,6 +151,11 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
     c.call_then_bind.erase(c.call_then_bind.begin() + static_cast<long>(k));
     raw.push_back(std::move(c));
   }
+  for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
+    CaseSpec c = spec;
+    c.repeat_calls.erase(c.repeat_calls.begin() + static_cast<long>(k));
+    raw.push_back(std::move(c));
+  }
   for (size_t i = 0; i < spec.ops.size(); ++i) {
     for (size_t s = 0; s < spec.ops[i].input_channels.size(); ++s) {
       if (!spec.ops[i].input_channels[s]) continue;

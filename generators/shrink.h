@@ -43,8 +43,9 @@ struct ShrinkResult {
 /// different from `spec`: remove one module (unbinding consumers of the channels it
 /// produced, dropping call-then-bind steps and late binds that point at it, renumbering the
 /// rest; when that leaves a binding whose slots no longer match, also a variant with those
-/// bindings unbound), remove one fusion, remove one call-then-bind step, remove one input
-/// binding, remove one output binding (its consumers unbound), halve rows / features /
+/// bindings unbound), remove one fusion, remove one call-then-bind step, remove one repeat
+/// call, remove one input binding, remove one output binding (its consumers unbound), halve
+/// rows / features /
 /// Linear out / GroupedLinear out / every op's groups at once / one op's groups, set one
 /// op's output style to vector, reset the main input's and each op's requires-grad flags.
 /// Candidates may be statically invalid; shrink() filters them.

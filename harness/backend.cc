@@ -93,6 +93,7 @@ void to_json(json& j, const BackendCapabilities& caps) {
   j = json{{"backend", caps.backend}, {"devices", caps.devices},   {"dtypes", caps.dtypes},
            {"ops", ops_json},         {"fusions", fusions},        {"deviations", caps.deviations},
            {"versions", caps.versions}, {"device_name", caps.device_name}};
+  if (caps.repeat_calls) j["repeat_calls"] = true;
 }
 
 void from_json(const json& j, BackendCapabilities& caps) {
@@ -120,6 +121,7 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("deviations")) caps.deviations = j["deviations"].get<std::vector<std::string>>();
   if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
   if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
+  caps.repeat_calls = j.value("repeat_calls", false);
 }
 
 const std::vector<std::string>& backend_names() {
@@ -139,6 +141,7 @@ BackendCapabilities model_capabilities() {
   caps.devices = {"cpu"};
   if (at::hasCUDA()) caps.devices.push_back("cuda");
   caps.dtypes = {"float64", "float32", "bfloat16", "float16"};
+  caps.repeat_calls = true;
   const auto& registry = ops::OpRegistry::catalog();
   for (const auto& name : registry.names()) {
     OpCapability op;

@@ -48,6 +48,9 @@ struct BackendCapabilities {
   /// "python", "torch", "transformer_engine" versions (remote backends).
   std::map<std::string, std::string> versions;
   std::string device_name;
+  /// Whether the backend runs a case's repeat_calls (further calls of the same Sequential
+  /// with their plans); the generator draws them only then.
+  bool repeat_calls = false;
 
   const OpCapability* op(const std::string& name) const;
   bool has_deviation(const std::string& name) const;

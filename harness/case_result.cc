@@ -115,6 +115,7 @@ void to_json(nlohmann::json& j, const TensorMismatch& d) {
                      {"atol", number_json(d.atol)},
                      {"rtol", number_json(d.rtol)},
                      {"scale", number_json(d.scale)}};
+  if (d.rounding != 0) j["rounding"] = number_json(d.rounding);  // only low-precision details have one
 }
 
 void from_json(const nlohmann::json& j, TensorMismatch& d) {
@@ -130,6 +131,7 @@ void from_json(const nlohmann::json& j, TensorMismatch& d) {
   d.atol = number_from(j.at("atol"));
   d.rtol = number_from(j.at("rtol"));
   d.scale = number_from(j.at("scale"));
+  d.rounding = j.contains("rounding") ? number_from(j.at("rounding")) : 0.0;
 }
 
 void to_json(nlohmann::json& j, const CaseResult& r) {

@@ -52,6 +52,9 @@ struct TensorMismatch {
   double rtol = 0;
   /// Largest |expected| of the tensor (0 when unknown): how big a structural error there is.
   double scale = 0;
+  /// The rounding baseline's own error at the worst element (0 without a baseline): what the
+  /// case's dtype costs there, e.g. the noise of a gradient that is zero by symmetry.
+  double rounding = 0;
 };
 
 /// The outcome of one case: a value, never a bare bool.

@@ -23,7 +23,8 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
   return ops == o.ops && fusions == o.fusions && call_then_bind == o.call_then_bind &&
          input_requires_grad == o.input_requires_grad && input_shape == o.input_shape && dtype == o.dtype &&
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
-         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds;
+         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds &&
+         repeat_calls == o.repeat_calls;
 }
 
 int64_t CaseSpec::num_ops() const {
@@ -89,6 +90,13 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
   j["dtype"] = spec.dtype;
   j["device"] = spec.device;
   j["seed"] = spec.seed;
+  if (!spec.repeat_calls.empty()) {
+    nlohmann::json calls = nlohmann::json::array();
+    for (const auto& call : spec.repeat_calls) {
+      calls.push_back({{"no_grad", call.no_grad}, {"input_requires_grad", call.input_requires_grad}});
+    }
+    j["repeat_calls"] = std::move(calls);
+  }
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
   if (!spec.late_binds.empty()) {
@@ -300,7 +308,7 @@ int64_t op_index(const Reader& r, const CaseSpec& spec) {
 void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
   r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
-                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds"});
+                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -356,6 +364,15 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
     if (!is_known_device(out.device)) device.fail("unknown device '" + out.device + "'; known devices: cpu, cuda");
   }
   out.seed = r.required("seed").unsigned_integer();
+  if (r.has("repeat_calls")) {
+    for (const Reader& entry : r.child("repeat_calls").elements()) {
+      entry.expect_object({"no_grad", "input_requires_grad"});
+      RepeatCall call;
+      if (entry.has("no_grad")) call.no_grad = entry.child("no_grad").boolean();
+      if (entry.has("input_requires_grad")) call.input_requires_grad = entry.child("input_requires_grad").boolean();
+      out.repeat_calls.push_back(call);
+    }
+  }
   if (r.has("extra_input_count_delta")) out.extra_input_count_delta = r.child("extra_input_count_delta").integer();
   if (r.has("corrupt_split_sizes")) out.corrupt_split_sizes = r.child("corrupt_split_sizes").boolean();
   if (r.has("late_binds")) {

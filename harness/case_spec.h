@@ -63,6 +63,21 @@ struct LateBindStep {
   bool operator==(const LateBindStep& o) const { return op == o.op && slot == o.slot && channel == o.channel; }
 };
 
+/// A further call of the built Sequential after the first forward and backward, with the
+/// same values (input, extra inputs, parameters, cotangents): the same fusers and locked ops
+/// must give the same outputs and gradients, and plans equal to those a fresh Sequential
+/// builds for this call's requires-grad pattern (runtime.md sections 4 and 5: plans are
+/// rebuilt when first_op_requiring_backward changes).
+struct RepeatCall {
+  /// Forward only, with grad mode off (first_op_requiring_backward = n).
+  bool no_grad = false;
+  /// Whether the main input requires grad in this call.
+  bool input_requires_grad = true;
+  bool operator==(const RepeatCall& o) const {
+    return no_grad == o.no_grad && input_requires_grad == o.input_requires_grad;
+  }
+};
+
 /// Everything that describes one test case, independent of any generator (fuzzer.md "Case").
 struct CaseSpec {
   std::vector<OpSpec> ops;
@@ -76,6 +91,8 @@ struct CaseSpec {
   std::string device = "cpu";     // cpu | cuda
   /// Seed of every tensor value (inputs, parameters, cotangents).
   uint64_t seed = 0;
+  /// Calls after the first (empty: one call, as most cases).
+  std::vector<RepeatCall> repeat_calls;
 
   // Invalid-configuration knobs (the invalid generator sets them; valid cases leave them).
   /// Added to the number of public extra inputs passed (surplus > 0, shortfall < 0).

@@ -52,6 +52,9 @@ void check_case_limits(const CaseSpec& spec, const CaseLimits& limits) {
   if (static_cast<int64_t>(spec.late_binds.size()) > limits.max_steps) {
     over("/late_binds", "", std::to_string(spec.late_binds.size()) + " steps", limits.max_steps);
   }
+  if (static_cast<int64_t>(spec.repeat_calls.size()) > limits.max_repeat_calls) {
+    over("/repeat_calls", "", std::to_string(spec.repeat_calls.size()) + " calls", limits.max_repeat_calls);
+  }
   for (size_t i = 0; i < spec.ops.size(); ++i) {
     for (const auto& [name, value] : spec.ops[i].attrs) {
       const bool is_count = name == "groups";

@@ -24,6 +24,8 @@ struct CaseLimits {
   int64_t max_extra_input_count_delta = 64;
   /// call_then_bind and late_binds steps.
   int64_t max_steps = 256;
+  /// repeat_calls (each is another forward and backward of every path).
+  int64_t max_repeat_calls = 16;
   /// Nesting of a case file's JSON (a case file nests about 6 deep).
   int64_t max_json_depth = 64;
 };

@@ -77,6 +77,88 @@ void collect_loss_terms(const std::vector<at::Tensor>& outputs, const std::vecto
   }
 }
 
+/// Runs one call of `sequential` (forward, then backward of the loss unless the call is
+/// no_grad) with the case's values and puts its outputs and gradients into `into`.
+/// `caller` (optional) records the caller-owned tensors it hands over.
+void run_call(ops::Sequential& sequential, const BuiltCase& built, const CaseSpec& spec, const CaseTensors& tensors,
+              const BuildOptions& build, const RepeatCall& call, PathRun& into, CallerTensors& caller) {
+  into.error_stage = "forward";
+  const auto options = at::TensorOptions().dtype(build.dtype).device(build.device);
+  at::Tensor input = tensors.input.to(options, false, true).requires_grad_(call.input_requires_grad);
+  std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
+  caller.add("input", input);
+  for (size_t k = 0; k < extras.size(); ++k) caller.add("extra_input[" + std::to_string(k) + "]", extras[k]);
+  into.grad_params.resize(spec.ops.size());
+  into.grad_extra_inputs.resize(extras.size());
+  if (call.no_grad) {
+    at::NoGradGuard no_grad;
+    into.outputs = sequential.forward(input, extras);
+    return;
+  }
+  into.outputs = sequential.forward(input, extras);
+
+  into.error_stage = "backward";
+  // Autograd inputs: main input, parameters, public extra inputs that require grad.
+  std::vector<at::Tensor> leaves;
+  std::vector<std::pair<int64_t, int64_t>> where;  // (-1,0) input, (op, j) param, (-2, k) extra
+  if (input.requires_grad()) {
+    leaves.push_back(input);
+    where.emplace_back(-1, 0);
+  }
+  for (size_t i = 0; i < built.ops.size(); ++i) {
+    if (!built.ops[i]) continue;
+    auto params = built.ops[i]->parameters();
+    into.grad_params[i].resize(params.size());
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (!params[j].requires_grad()) continue;
+      leaves.push_back(params[j]);
+      where.emplace_back(static_cast<int64_t>(i), static_cast<int64_t>(j));
+    }
+  }
+  for (size_t k = 0; k < extras.size(); ++k) {
+    if (!extras[k].defined() || !extras[k].requires_grad()) continue;
+    leaves.push_back(extras[k]);
+    where.emplace_back(-2, static_cast<int64_t>(k));
+  }
+  std::vector<at::Tensor> loss_outputs;
+  std::vector<at::Tensor> loss_cotangents;
+  collect_loss_terms(into.outputs, tensors.cotangents, loss_outputs, loss_cotangents, caller);
+  if (leaves.empty() || loss_outputs.empty()) return;
+  // Gradients of sum_i <output_i, cotangent_i>, without building the scalar loss.
+  auto grads = torch::autograd::grad(loss_outputs, leaves, loss_cotangents, /*retain_graph=*/false,
+                                     /*create_graph=*/false, /*allow_unused=*/true);
+  for (size_t n = 0; n < grads.size(); ++n) {
+    const auto [kind, index] = where[n];
+    if (kind == -1) {
+      into.grad_input = grads[n];
+    } else if (kind == -2) {
+      into.grad_extra_inputs[static_cast<size_t>(index)] = grads[n];
+    } else {
+      into.grad_params[static_cast<size_t>(kind)][static_cast<size_t>(index)] = grads[n];
+    }
+  }
+}
+
+/// The plans each fuser of `sequential` ran its last call with, in spec op indices; with
+/// `channel_grads`, also each fuser's channel gradients of that call.
+void record_plans(const ops::Sequential& sequential, const CasePlan& plan, std::vector<FuserPlans>& plans,
+                  std::vector<std::map<std::string, at::Tensor>>* channel_grads) {
+  const auto members = fuser_members(plan);
+  const auto& fusers = sequential.fusers();
+  for (size_t f = 0; f < fusers.size() && f < members.size(); ++f) {
+    auto trace = fusers[f]->last_trace();
+    FuserPlans p;
+    if (trace) {
+      p.forward = to_spec_indices(trace->forward_plan, members[f]);
+      p.backward = to_spec_indices(trace->backward_plan, members[f]);
+    }
+    plans.push_back(std::move(p));
+    if (channel_grads) {
+      channel_grads->push_back(trace ? trace->channel_grads : std::map<std::string, at::Tensor>{});
+    }
+  }
+}
+
 PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const CasePlan& plan,
                        const CaseTensors& tensors) {
   PathRun run;
@@ -91,83 +173,29 @@ PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const C
     if (std::find(known.begin(), known.end(), f) != known.end()) fusions.push_back(f);
   }
   build.fusions = ops::FusionRegistry::catalog().only(fusions);
-  BuiltCase built;
-  run_guarded(run, [&] {
-    run.error_stage = build_stage_name(BuildStage::kCreate);
+  auto build_sequential = [&](BuiltCase& built, PathRun& into) {
+    into.error_stage = build_stage_name(BuildStage::kCreate);
     create_ops(spec, plan, &tensors, build, built);
     try {
       build_case(spec, plan, tensors, build, built);
     } catch (...) {
-      run.error_stage = build_stage_name(built.stage);
+      into.error_stage = build_stage_name(built.stage);
       throw;
     }
-    run.error_stage = "forward";
-    const auto options = at::TensorOptions().dtype(build.dtype).device(build.device);
-    at::Tensor input = tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
-    std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
+  };
+  BuiltCase built;
+  run_guarded(run, [&] {
+    build_sequential(built, run);
     CallerTensors caller;
-    caller.add("input", input);
-    for (size_t k = 0; k < extras.size(); ++k) caller.add("extra_input[" + std::to_string(k) + "]", extras[k]);
-    run.outputs = built.sequential->forward(input, extras);
-
-    run.error_stage = "backward";
-    // Autograd inputs: main input, parameters, public extra inputs that require grad.
-    std::vector<at::Tensor> leaves;
-    std::vector<std::pair<int64_t, int64_t>> where;  // (-1,0) input, (op, j) param, (-2, k) extra
-    if (input.requires_grad()) {
-      leaves.push_back(input);
-      where.emplace_back(-1, 0);
-    }
-    run.grad_params.resize(spec.ops.size());
-    for (size_t i = 0; i < built.ops.size(); ++i) {
-      if (!built.ops[i]) continue;
-      auto params = built.ops[i]->parameters();
-      run.grad_params[i].resize(params.size());
-      for (size_t j = 0; j < params.size(); ++j) {
-        if (!params[j].requires_grad()) continue;
-        leaves.push_back(params[j]);
-        where.emplace_back(static_cast<int64_t>(i), static_cast<int64_t>(j));
-      }
-    }
-    run.grad_extra_inputs.resize(extras.size());
-    for (size_t k = 0; k < extras.size(); ++k) {
-      if (!extras[k].defined() || !extras[k].requires_grad()) continue;
-      leaves.push_back(extras[k]);
-      where.emplace_back(-2, static_cast<int64_t>(k));
-    }
-    std::vector<at::Tensor> loss_outputs;
-    std::vector<at::Tensor> loss_cotangents;
-    collect_loss_terms(run.outputs, tensors.cotangents, loss_outputs, loss_cotangents, caller);
-    if (!leaves.empty() && !loss_outputs.empty()) {
-      // Gradients of sum_i <output_i, cotangent_i>, without building the scalar loss.
-      auto grads = torch::autograd::grad(loss_outputs, leaves, loss_cotangents, /*retain_graph=*/false,
-                                         /*create_graph=*/false, /*allow_unused=*/true);
-      for (size_t n = 0; n < grads.size(); ++n) {
-        const auto [kind, index] = where[n];
-        if (kind == -1) {
-          run.grad_input = grads[n];
-        } else if (kind == -2) {
-          run.grad_extra_inputs[static_cast<size_t>(index)] = grads[n];
-        } else {
-          run.grad_params[static_cast<size_t>(kind)][static_cast<size_t>(index)] = grads[n];
-        }
-      }
-    }
+    run_call(*built.sequential, built, spec, tensors, build, RepeatCall{false, spec.input_requires_grad}, run, caller);
     run.modified = caller.modified();
   });
   // Plans and channel gradients of whatever ran (a failed backward still leaves its forward plan).
   if (built.sequential) {
-    const auto members = fuser_members(plan);
-    const auto& fusers = built.sequential->fusers();
-    for (size_t f = 0; f < fusers.size() && f < members.size(); ++f) {
-      auto trace = fusers[f]->last_trace();
-      FuserPlans plans;
-      if (trace) {
-        plans.forward = to_spec_indices(trace->forward_plan, members[f]);
-        plans.backward = to_spec_indices(trace->backward_plan, members[f]);
-      }
-      run.plans.push_back(std::move(plans));
-      run.channel_grads.push_back(trace && run.ok() ? trace->channel_grads : std::map<std::string, at::Tensor>{});
+    std::vector<std::map<std::string, at::Tensor>> channel_grads;
+    record_plans(*built.sequential, plan, run.plans, &channel_grads);
+    for (auto& grads : channel_grads) {
+      run.channel_grads.push_back(run.ok() ? std::move(grads) : std::map<std::string, at::Tensor>{});
     }
   }
   // Ops that a failed Sequential construction left locked (they were unlocked before it).
@@ -176,6 +204,37 @@ PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const C
       const bool before = i < built.locked_before_construct.size() && built.locked_before_construct[i];
       if (built.ops[i] && built.ops[i]->locked() && !before) run.left_locked.push_back(static_cast<int64_t>(i));
     }
+  }
+  // Further calls of the same Sequential (same fusers, plans cached per
+  // first_op_requiring_backward), each against a fresh Sequential's plans for that call.
+  for (size_t k = 0; run.ok() && k < spec.repeat_calls.size(); ++k) {
+    const RepeatCall& call = spec.repeat_calls[k];
+    PathRun repeat;
+    repeat.name = run.name + ".call[" + std::to_string(k + 1) + "]";
+    run_guarded(repeat, [&] {
+      CallerTensors caller;
+      run_call(*built.sequential, built, spec, tensors, build, call, repeat, caller);
+      repeat.modified = caller.modified();
+      record_plans(*built.sequential, plan, repeat.plans, nullptr);
+      if (!fusions.empty()) {
+        repeat.error_stage = "a fresh Sequential for the plan check";
+        BuiltCase fresh;
+        PathRun scratch;
+        build_sequential(fresh, scratch);
+        CallerTensors unused;
+        run_call(*fresh.sequential, fresh, spec, tensors, build, call, scratch, unused);
+        record_plans(*fresh.sequential, plan, repeat.expected_plans, nullptr);
+      }
+    });
+    if (!repeat.ok()) {
+      // The whole path raised, at this call: its error is the path's.
+      run.status = repeat.status;
+      run.error_kind = repeat.error_kind;
+      run.error_message = repeat.error_message;
+      run.error_type = repeat.error_type;
+      run.error_stage = repeat.name + " " + repeat.error_stage;
+    }
+    run.repeats.push_back(std::move(repeat));
   }
   return run;
 }

@@ -163,6 +163,7 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
   d.max_abs_err = max_abs;
   d.max_rel_err = max_rel;
   d.scale = scale;
+  if (r && std::isfinite(r[worst])) d.rounding = r[worst];
   details_.push_back(std::move(d));
 }
 
@@ -234,6 +235,53 @@ void compare_paths(const std::string& path_pair, const CaseSpec& spec, const Pat
       if (!got_exposes_all_channels && !has_channel(&got, f, channel)) continue;
       comparer.compare(path_pair, channel_label(f, channel), "grad_channel", e, channel_grad_at(&got, f, channel), true,
                        tolerance, channel_grad_at(rounding, f, channel));
+    }
+  }
+}
+
+PathRun expected_for_call(const PathRun& reference, const at::Tensor& grad_input, const RepeatCall& call) {
+  PathRun expected;
+  expected.name = reference.name;
+  expected.outputs = reference.outputs;
+  if (call.no_grad) return expected;
+  if (call.input_requires_grad) expected.grad_input = grad_input;
+  expected.grad_params = reference.grad_params;
+  expected.grad_extra_inputs = reference.grad_extra_inputs;
+  return expected;
+}
+
+namespace {
+
+std::string plan_text(const std::vector<PlanGroup>& groups) {
+  std::string text;
+  for (const auto& g : groups) {
+    text += (text.empty() ? "" : " ") + g.name + "[" + std::to_string(g.begin) + "," + std::to_string(g.end) + ")";
+  }
+  return text.empty() ? "(none)" : text;
+}
+
+}  // namespace
+
+void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, std::vector<std::string>& notes) {
+  if (repeat.expected_plans.empty()) return;
+  const size_t n = std::max(repeat.plans.size(), repeat.expected_plans.size());
+  for (size_t f = 0; f < n; ++f) {
+    const FuserPlans none;
+    const FuserPlans& got = f < repeat.plans.size() ? repeat.plans[f] : none;
+    const FuserPlans& want = f < repeat.expected_plans.size() ? repeat.expected_plans[f] : none;
+    for (const auto& [pass, g, e] : {std::make_tuple("forward", &got.forward, &want.forward),
+                                     std::make_tuple("backward", &got.backward, &want.backward)}) {
+      if (*g == *e) continue;
+      TensorMismatch d;
+      d.kind = VerdictKind::kMismatch;
+      d.path_pair = repeat.name + "~fresh_sequential";
+      d.tensor = "plan[fuser " + std::to_string(f) + "]." + pass;
+      d.role = "plan";
+      d.max_abs_err = std::numeric_limits<double>::infinity();
+      d.max_rel_err = std::numeric_limits<double>::infinity();
+      details.push_back(std::move(d));
+      notes.push_back(repeat.name + ": fuser " + std::to_string(f) + " ran the " + pass + " plan " + plan_text(*g) +
+                      "; a fresh Sequential plans " + plan_text(*e) + " for this call");
     }
   }
 }

@@ -59,6 +59,17 @@ void compare_paths(const std::string& path_pair, const CaseSpec& spec, const Pat
                    const Tolerance& tolerance, Comparer& comparer, const PathRun* rounding = nullptr,
                    bool got_exposes_all_channels = true);
 
+/// What call `call` of a repeat (CaseSpec::repeat_calls) must give, from the first call's
+/// float64 reference (the values are the same): its outputs; unless the call is no_grad, the
+/// parameter and extra-input gradients, and `grad_input` (the reference's input gradient,
+/// taken even where the first call does not want it) when the call's input requires grad.
+/// No channel gradients (those are judged on the first call).
+PathRun expected_for_call(const PathRun& reference, const at::Tensor& grad_input, const RepeatCall& call);
+
+/// Records a detail (role "plan") for each fuser whose plan in a repeat call differs from
+/// the plan a fresh Sequential built for that call, with a note showing both.
+void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, std::vector<std::string>& notes);
+
 /// Whether every output and gradient of a path is finite.
 bool all_finite(const PathRun& run);
 

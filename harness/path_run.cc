@@ -16,6 +16,10 @@ bool any_fused(const PathRun& run) {
       }
     }
   }
+  // A later call with another requires-grad pattern may fuse where the first did not.
+  for (const auto& repeat : run.repeats) {
+    if (any_fused(repeat)) return true;
+  }
   return false;
 }
 

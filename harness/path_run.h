@@ -71,17 +71,25 @@ struct PathRun {
   /// Caller-owned tensors whose values changed while the path ran ("input",
   /// "extra_input[1]", "cotangent[0]").
   std::vector<std::string> modified;
+  /// One per CaseSpec::repeat_calls entry, named "<path>.call[k]" (k from 1: the first call
+  /// is this run): what that call of the same Sequential gave (no channel gradients), with
+  /// `expected_plans` set to the plans a fresh Sequential built for the same call.
+  std::vector<PathRun> repeats;
+  /// Repeat runs only: per fuser, the plans of a fresh Sequential's first call with this
+  /// call's requires-grad pattern (empty when the path has no fusions to plan).
+  std::vector<FuserPlans> expected_plans;
 };
 
 /// "fused", "unfused", "forward_fused", "backward_fused": which fusions a path enables.
 struct PathRequest {
   std::string name;
   std::vector<std::string> fusions;
-  /// Skip when the previous path ran without error and no fused op ran in it.
+  /// Skip when the first path ran without error and no fused op ran in it (this path would
+  /// repeat it).
   bool skip_if_nothing_fused = false;
 };
 
-/// Whether any group of any pass of `run` is a fused op.
+/// Whether any group of any pass of `run` (or of its repeat calls) is a fused op.
 bool any_fused(const PathRun& run);
 
 /// Describes an error path: "<name> raised <kind> during <stage>: <message>".

@@ -30,7 +30,7 @@ struct ToleranceContext {
 
 /// Factor applied to rtol for reductions: max(1, sqrt(length / 16)).
 double reduction_factor(int64_t max_reduction_length);
-/// Factor applied to rtol for op depth: n for fp16/bf16, max(1, n/4) for fp32, 1 for fp64.
+/// Factor applied to rtol for op depth: sqrt(n) for fp16/bf16, max(1, n/4) for fp32, 1 for fp64.
 double depth_factor(at::ScalarType dtype, int64_t num_ops);
 
 /// Tolerance of a `dtype` path against the float64 reference for a case described by `context`:

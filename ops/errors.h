@@ -42,6 +42,8 @@ GRADFUZZ_DECLARE_ERROR(ProducerNotEarlierError, "producer-not-earlier");
 GRADFUZZ_DECLARE_ERROR(PlanMismatchError, "plan-mismatch");
 /// An op or group returned the wrong number of extra outputs or extra-input gradients.
 GRADFUZZ_DECLARE_ERROR(ExtraCountError, "extra-count");
+/// A backward returned a parameter-gradient list whose length is not the op's parameter count.
+GRADFUZZ_DECLARE_ERROR(ParamGradCountError, "param-grad-count");
 /// A public extra output came back undefined.
 GRADFUZZ_DECLARE_ERROR(PublicOutputNoneError, "public-output-returned-none");
 /// An extra output came back undefined although a consumer outside its group needs it.

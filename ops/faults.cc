@@ -8,7 +8,7 @@
 namespace gradfuzz::ops {
 namespace {
 
-constexpr size_t kNumFaults = 12;
+constexpr size_t kNumFaults = 13;
 std::array<std::atomic<bool>, kNumFaults> g_switchboard{};
 
 size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
@@ -19,7 +19,7 @@ const std::vector<Fault>& all_faults() {
   static const std::vector<Fault> faults = {
       Fault::kInternalRequiresGrad, Fault::kGeneratorOutputs, Fault::kTransientLock,
       Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad,
-      Fault::kInPlaceExtraInput,    Fault::kAliasedChannelGrad, Fault::kCrashSegfault,
+      Fault::kInPlaceExtraInput,    Fault::kAliasedChannelGrad, Fault::kStalePlan, Fault::kCrashSegfault,
       Fault::kCrashAbort,           Fault::kHang,             Fault::kOobWrite};
   return faults;
 }
@@ -34,6 +34,7 @@ std::string fault_name(Fault fault) {
     case Fault::kScaleBiasGrad: return "scale-bias-grad";
     case Fault::kInPlaceExtraInput: return "inplace-extra-input";
     case Fault::kAliasedChannelGrad: return "aliased-channel-grad";
+    case Fault::kStalePlan: return "stale-plan";
     case Fault::kCrashSegfault: return "crash-segfault";
     case Fault::kCrashAbort: return "crash-abort";
     case Fault::kHang: return "hang";

@@ -16,6 +16,8 @@ enum class Fault {
   // runtime.md section 11 hazards, repaired in the runtime:
   kInPlaceExtraInput,  // an op writing into its extra input gets the channel's own tensor, not a copy
   kAliasedChannelGrad,  // the first stored channel gradient is the consumer's tensor, not a copy
+  // runtime.md section 5: plans are rebuilt when first_op_requiring_backward changes.
+  kStalePlan,  // a fuser keeps its first call's plans for every later call
   // Process-level defects, to prove worker isolation (a campaign must survive each):
   kCrashSegfault,  // SIGSEGV in forward when a fused group spans three or more ops
   kCrashAbort,     // abort() in backward when a channel collects a second consumer's gradient

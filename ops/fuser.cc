@@ -333,7 +333,14 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         const size_t num_params = (i + 1 < static_cast<int64_t>(ops.size()) ? state->param_offsets[i + 1]
                                                                             : state->num_params) -
                                   state->param_offsets[i];
-        for (size_t p = 0; p < pgrads.size() && p < num_params; ++p) {
+        // As TE's fuser does: a backward owes one entry (possibly undefined) per parameter;
+        // a short list would otherwise leave the missing gradients silently undefined.
+        if (pgrads.size() != num_params) {
+          throw ParamGradCountError(group.name() + " backward returned " + std::to_string(pgrads.size()) +
+                                    " parameter gradient(s) for " + op.type() + " (op " + std::to_string(i) +
+                                    "), which has " + std::to_string(num_params) + " parameter(s)");
+        }
+        for (size_t p = 0; p < num_params; ++p) {
           grads[kInputArg + 1 + state->param_offsets[i] + p] = pgrads[p];
         }
       }
@@ -449,6 +456,7 @@ int64_t OperationFuser::first_op_requiring_backward(const at::Tensor& input,
 
 void OperationFuser::build_plans(int64_t first_op_requiring_backward) {
   if (plans_built_for_ == first_op_requiring_backward) return;
+  if (plans_built_for_ >= 0 && fault_enabled(Fault::kStalePlan)) return;
   std::vector<FusedOpPtr> groups;
   for (const BasicOpPtr& op : ops_) groups.push_back(std::make_shared<SingleOpGroup>(op));
   const FusionContext context{first_op_requiring_backward, &ops_};

@@ -142,30 +142,14 @@ bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const
   }
 }
 
-harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::optional<ops::Fault>& passes_without,
-                                 const harness::RunOptions& run_options, int64_t max_calls) {
-  auto still_fails = [&](const harness::CaseSpec& candidate) {
-    try {
-      if (harness::run_case(candidate, run_options).verdict != kind) return false;
-    } catch (const std::exception&) {
-      // A candidate that trips an internal assertion is a different problem, not this one.
-      return false;
-    }
-    return !passes_without || passes_without_fault(candidate, *passes_without, run_options);
-  };
-  generators::ShrinkOptions shrink_options;
-  shrink_options.set_max_predicate_calls(max_calls);
-  return generators::shrink(spec, still_fails, shrink_options).minimal;
-}
-
 harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
-                                 const std::function<bool()>& keep_going) {
+                                 const std::string& role, const std::string& fault, bool require_passes_without,
+                                 int64_t max_calls, const std::function<bool()>& keep_going) {
   auto still_fails = [&](const harness::CaseSpec& candidate) {
     if (keep_going && !keep_going()) return false;
     try {
-      if (runner.run_now(candidate, fault).verdict != kind) return false;
+      const harness::CaseResult result = runner.run_now(candidate, fault);
+      if (result.verdict != kind || result.signature_role() != role) return false;
       return !require_passes_without || runner.run_now(candidate, "").passed();
     } catch (const WorkerInternalError&) {
       return false;  // a different problem than the one being shrunk
@@ -349,11 +333,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
                               : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
                                                                        : options.max_shrink_calls;
         if (options.shrink) {
-          minimal = shrink_failure(runner, p.spec, kind, case_fault, attribute && attributable, calls, keep_going);
+          minimal = shrink_failure(runner, p.spec, kind, role, case_fault, attribute && attributable, calls, keep_going);
         }
         if (!(minimal == p.spec)) {
           minimal_result = runner.run_now(minimal, case_fault);
-          if (minimal_result.verdict != kind) {
+          if (minimal_result.verdict != kind || minimal_result.signature_role() != role) {
             // Shrinking is only trusted when the minimal case reproduces: keep the original.
             minimal = p.spec;
             minimal_result = record.result;
@@ -403,14 +387,14 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     }
     reporter.report_case(record);
     if (options.case_log) {
-      nlohmann::json line{{"number", p.number},
+      nlohmann::json entry{{"number", p.number},
                           {"verdict", harness::verdict_name(record.result.verdict)},
                           {"signature", record.result.passed() ? std::string() : record.result.signature()},
                           {"backend", record.result.backend},
                           {"fused_forward", record.result.fused_forward},
                           {"fused_backward", record.result.fused_backward},
                           {"spec", p.spec}};
-      *options.case_log << line.dump() << '\n';
+      *options.case_log << entry.dump() << '\n';
     }
     inflight.give_back(p.file);
     if (p.leftover) remove_file(*p.leftover);  // its outcome is recorded now

@@ -169,18 +169,17 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
 /// run_campaign in this process on the model backend (selftest, bench, tests).
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress);
 
-/// Shrinks a failing `spec` (verdict `kind` under the current fault switchboard) to a
-/// locally minimal case with the same verdict kind and, when `passes_without` is given,
-/// that still passes with that fault switched off. Predicate calls that raise count as
-/// "does not fail the same way".
-harness::CaseSpec shrink_failure(const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::optional<ops::Fault>& passes_without,
-                                 const harness::RunOptions& run_options, int64_t max_calls);
-/// The same on `runner`, with `fault` on for every candidate; `keep_going` (when set) ends
-/// the shrink early when it returns false (the best case so far is returned).
+/// Shrinks a failing `spec` on `runner`, with `fault` on for every candidate, to a locally
+/// minimal case that fails the same way: the same verdict kind and the same tensor role
+/// (CaseResult::signature_role(): "grad_channel", "modified_input", an error's kinds...), so
+/// that a channel-gradient finding does not shrink into some other mismatch its smaller
+/// cases happen to show. With `require_passes_without`, every candidate must also pass with
+/// the fault off. Candidates whose run raises count as "does not fail the same way".
+/// `keep_going` (when set) ends the shrink early when it returns false (the best case so far
+/// is returned).
 harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
-                                 const std::function<bool()>& keep_going = {});
+                                 const std::string& role, const std::string& fault, bool require_passes_without,
+                                 int64_t max_calls, const std::function<bool()>& keep_going = {});
 
 /// Whether `spec` passes with `fault` switched off (other faults as they are). Raising
 /// counts as not passing.

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <sstream>
 
 namespace gradfuzz::harness {
@@ -84,6 +86,46 @@ TEST(CaseResult, PrintsEveryDetailField) {
   os << r;
   EXPECT_THAT(os.str(), HasSubstr("fused~reference grad_input at [1,2]: expected 1.5, got 2.5"));
   EXPECT_THAT(os.str(), HasSubstr("seed 5"));
+}
+
+}  // namespace
+}  // namespace gradfuzz::harness
+
+namespace gradfuzz::harness {
+namespace {
+
+TEST(TensorMismatchJson, RoundTripsEveryFieldAndTheOptionalRounding) {
+  TensorMismatch d;
+  d.kind = VerdictKind::kMissingGradient;
+  d.path_pair = "fused~unfused";
+  d.tensor = "grad_channel[probs]";
+  d.role = "grad_channel";
+  d.index = {3, 1};
+  d.expected = -0.25;
+  d.got = 0.5;
+  d.max_abs_err = 0.75;
+  d.max_rel_err = 3;
+  d.atol = 1e-5;
+  d.rtol = 1.6e-2;
+  d.scale = 0.9;
+  nlohmann::json j = d;
+  EXPECT_FALSE(j.contains("rounding"));  // none without a baseline: old files stay as they were
+  d.rounding = 0.125;
+  j = d;
+  const TensorMismatch back = j.get<TensorMismatch>();
+  EXPECT_EQ(back.kind, d.kind);
+  EXPECT_EQ(back.path_pair, d.path_pair);
+  EXPECT_EQ(back.tensor, d.tensor);
+  EXPECT_EQ(back.role, d.role);
+  EXPECT_EQ(back.index, d.index);
+  EXPECT_DOUBLE_EQ(back.expected, d.expected);
+  EXPECT_DOUBLE_EQ(back.got, d.got);
+  EXPECT_DOUBLE_EQ(back.max_abs_err, d.max_abs_err);
+  EXPECT_DOUBLE_EQ(back.max_rel_err, d.max_rel_err);
+  EXPECT_DOUBLE_EQ(back.atol, d.atol);
+  EXPECT_DOUBLE_EQ(back.rtol, d.rtol);
+  EXPECT_DOUBLE_EQ(back.scale, d.scale);
+  EXPECT_DOUBLE_EQ(back.rounding, d.rounding);
 }
 
 }  // namespace

@@ -99,7 +99,10 @@ rc::Gen<CaseSpec> gen_spec() {
                          : rc::gen::container<std::vector<LateBindStep>>(rc::gen::build<LateBindStep>(
                                rc::gen::set(&LateBindStep::op, op_index),
                                rc::gen::set(&LateBindStep::slot, rc::gen::inRange<int64_t>(0, 4)),
-                               rc::gen::set(&LateBindStep::channel, rc::gen::element<std::string>("a", "b"))))));
+                               rc::gen::set(&LateBindStep::channel, rc::gen::element<std::string>("a", "b"))))),
+        rc::gen::set(&CaseSpec::repeat_calls,
+                     rc::gen::container<std::vector<RepeatCall>>(rc::gen::build<RepeatCall>(
+                         rc::gen::set(&RepeatCall::no_grad), rc::gen::set(&RepeatCall::input_requires_grad)))));
   });
 }
 
@@ -243,6 +246,30 @@ TEST(CaseSpecJson, RejectsMalformedFusionNamesAndBadStepIndices) {
   j = spec_json(spec);
   j["ops"][1]["input_channels"] = {"c"};
   EXPECT_THAT(error_of(j), HasSubstr("/ops/1 | "));
+}
+
+TEST(CaseSpecJson, RepeatCallsAreObjectsOfTwoFlags) {
+  nlohmann::json j;
+  CaseSpec spec;
+  spec.repeat_calls = {{true, false}, {false, true}};
+  to_json(j, spec);
+  EXPECT_EQ(j.at("repeat_calls"),
+            nlohmann::json::parse(R"([{"no_grad":true,"input_requires_grad":false},{"no_grad":false,"input_requires_grad":true}])"));
+  j["repeat_calls"][1]["grad"] = true;
+  try {
+    j.get<CaseSpec>();
+    FAIL() << "an unknown key in a repeat call was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), "/repeat_calls/1/grad");
+  }
+  j["repeat_calls"][1].erase("grad");
+  j["repeat_calls"][0]["no_grad"] = 1;
+  try {
+    j.get<CaseSpec>();
+    FAIL() << "a number for a flag was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), "/repeat_calls/0/no_grad");
+  }
 }
 
 TEST(CaseSpec, NumOpsCountsCatalogOpsOnly) {

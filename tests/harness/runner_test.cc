@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "harness/model_backend.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
 #include "tests/harness/test_specs.h"
@@ -83,7 +84,7 @@ TEST(RunCase, ResidualFusionsPassAndReportTheSameFusionChannel) {
 TEST(RunCase, SameFusionGradDropFaultIsAMismatch) {
   ops::FaultScope fault(ops::Fault::kSameFusionGradDrop);
   const CaseResult r = run_case(residual("FusedResidual.joint"));
-  EXPECT_NE(r.verdict, VerdictKind::kPass) << describe(r);
+  EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
   ASSERT_FALSE(r.details.empty());
   const TensorMismatch& d = r.details.front();
   EXPECT_EQ(d.path_pair, "fused~reference");
@@ -125,7 +126,111 @@ TEST(RunCase, GeneratorOutputsFaultIsCaught) {
   EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
   EXPECT_THAT(ok.features, Contains("generator_outputs"));
   ops::FaultScope fault(ops::Fault::kGeneratorOutputs);
-  EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+  const CaseResult broken = run_case(spec);
+  // The fused path misuses the generator container: an error the reference does not raise.
+  EXPECT_EQ(broken.verdict, VerdictKind::kUnexpectedError) << describe(broken);
+  EXPECT_THAT(broken.error_kinds, HasSubstr("generator-misuse")) << describe(broken);
+}
+
+TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
+  // The same defects as the float64 tests above, judged in every lower precision (the
+  // rounding allowance must not excuse a gradient in the wrong slot or a dropped one).
+  CaseSpec scale_bias;
+  scale_bias.input_shape = {6, 4};
+  scale_bias.ops = {op("RowStat", {}, {}, {hidden("s")}),
+                    op("GroupedLinear", {{"groups", 2}, {"out", 3}, {"scale_bias", 1}}, {std::nullopt, std::string("s")})};
+  // scale-bias-grad leaves the scales' channel without a gradient (missing_gradient) and
+  // puts it into the input's (a mismatch the per-element oracle must not excuse);
+  // same-fusion-grad-drop loses the residual's gradient (a mismatch).
+  struct Case {
+    ops::Fault fault;
+    CaseSpec spec;
+    VerdictKind verdict;
+  };
+  const std::vector<Case> cases = {{ops::Fault::kScaleBiasGrad, scale_bias, VerdictKind::kMissingGradient},
+                                   {ops::Fault::kSameFusionGradDrop, residual("FusedResidual.joint"),
+                                    VerdictKind::kMismatch}};
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
+    for (auto [fault, spec, verdict] : cases) {
+      spec.dtype = dtype;
+      for (uint64_t seed : {21u, 22u, 23u}) {
+        spec.seed = seed;
+        SCOPED_TRACE(std::string(dtype) + " " + ops::fault_name(fault) + " seed " + std::to_string(seed));
+        const CaseResult ok = run_case(spec);
+        EXPECT_EQ(ok.verdict, VerdictKind::kPass) << describe(ok);
+        ops::FaultScope on(fault);
+        const CaseResult broken = run_case(spec);
+        EXPECT_EQ(broken.verdict, verdict) << describe(broken);
+        // Every low-precision case fails a value comparison too, not only a structural check.
+        EXPECT_TRUE(std::any_of(broken.details.begin(), broken.details.end(),
+                                [](const TensorMismatch& d) { return d.kind == VerdictKind::kMismatch; }))
+            << describe(broken);
+      }
+    }
+  }
+}
+
+TEST(RunCase, RepeatCallsGiveTheFirstCallsValuesAndFreshPlans) {
+  // FusedResidual.joint fuses only where all three ops need backward: a no_grad call plans
+  // no fused op, a call whose input requires no grad neither (no parameters here).
+  for (const char* dtype : {"float64", "float32", "bfloat16"}) {
+    CaseSpec spec = residual("FusedResidual.joint");
+    spec.dtype = dtype;
+    spec.repeat_calls = {{true, true}, {false, false}, {false, true}};
+    const CaseResult r = run_case(spec);
+    EXPECT_EQ(r.verdict, VerdictKind::kPass) << dtype << ": " << describe(r);
+    EXPECT_THAT(r.features, Contains("repeat_calls"));
+    EXPECT_THAT(r.features, Contains("no_grad_call"));
+  }
+  // The first call without grad on the input, later calls with it.
+  CaseSpec late = residual("FusedResidual.joint");
+  late.input_requires_grad = false;
+  late.repeat_calls = {{false, true}, {true, false}};
+  const CaseResult r = run_case(late);
+  EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
+}
+
+TEST(RunCase, StalePlanFaultIsAPlanMismatchOnTheRepeatCall) {
+  CaseSpec spec = residual("FusedResidual.joint");
+  spec.repeat_calls = {{true, true}};
+  ops::FaultScope fault(ops::Fault::kStalePlan);
+  const CaseResult r = run_case(spec);
+  EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
+  ASSERT_FALSE(r.details.empty()) << describe(r);
+  EXPECT_EQ(r.details.front().role, "plan");
+  EXPECT_EQ(r.details.front().path_pair, "fused.call[1]~fresh_sequential");
+  EXPECT_EQ(r.details.front().tensor, "plan[fuser 0].forward");
+  // Only the plan differs: the values of every call are still right.
+  for (const auto& d : r.details) EXPECT_EQ(d.role, "plan") << d.tensor;
+  // One call only: nothing to go stale.
+  spec.repeat_calls.clear();
+  EXPECT_EQ(run_case(spec).verdict, VerdictKind::kPass);
+}
+
+TEST(RunCase, RepeatCallsOnABackendWithoutThemAreUnsupported) {
+  class NoRepeats final : public Backend {
+   public:
+    NoRepeats() : caps_(model_capabilities()) {
+      caps_.repeat_calls = false;
+      caps_.backend = "norepeats";
+    }
+    std::string name() const override { return "norepeats"; }
+    const BackendCapabilities& capabilities() override { return caps_; }
+    std::vector<PathRun> run_paths(const CaseSpec& s, const CasePlan& p, const CaseTensors& t,
+                                   const std::vector<PathRequest>& r) override {
+      return model_.run_paths(s, p, t, r);
+    }
+
+   private:
+    BackendCapabilities caps_;
+    ModelBackend model_;
+  };
+  CaseSpec spec = residual("FusedResidual.joint");
+  spec.repeat_calls = {{true, true}};
+  NoRepeats backend;
+  const CaseResult r = run_case(spec, backend, RunOptions{});
+  EXPECT_EQ(r.verdict, VerdictKind::kUnsupported) << describe(r);
+  EXPECT_THAT(r.error_detail, HasSubstr("does not run repeat_calls"));
 }
 
 TEST(RunCase, SlotOrderAndScaleBiasFaultsAreCaught) {
@@ -142,11 +247,16 @@ TEST(RunCase, SlotOrderAndScaleBiasFaultsAreCaught) {
   EXPECT_THAT(ok.features, Contains("scale_bias"));
   {
     ops::FaultScope fault(ops::Fault::kSlotOrder);
-    EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+    const CaseResult broken = run_case(spec);
+    // The public split sizes land in the scales' slot: the fused path raises, the reference not.
+    EXPECT_EQ(broken.verdict, VerdictKind::kUnexpectedError) << describe(broken);
+    EXPECT_THAT(broken.error_kinds, HasSubstr("fused=invalid-argument")) << describe(broken);
   }
   {
     ops::FaultScope fault(ops::Fault::kScaleBiasGrad);
-    EXPECT_NE(run_case(spec).verdict, VerdictKind::kPass);
+    const CaseResult broken = run_case(spec);
+    // The scales' gradient goes elsewhere: the channel gets none.
+    EXPECT_EQ(broken.verdict, VerdictKind::kMissingGradient) << describe(broken);
   }
 }
 

@@ -21,6 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using testing::CountingIdentity;
+using testing::fused_differs_from_reference;
 using testing::fused_matches_reference;
 using testing::int_tensor;
 using testing::kFloat64Tol;
@@ -96,6 +97,30 @@ class TooManyGradsOp final : public BasicOp {
                                  const std::vector<at::Tensor>&) const override {
     return {x + e[0], {}};
   }
+};
+
+/// y = x * w with one parameter w; its backward returns `returned` parameter gradients.
+class ParamGradCountOp final : public BasicOp {
+ public:
+  explicit ParamGradCountOp(size_t returned)
+      : BasicOp("ParamGradCountOp"), w_(at::full({1}, 2.0, test_options()).requires_grad_(true)), returned_(returned) {}
+  std::vector<at::Tensor> parameters() const override { return {w_}; }
+
+ protected:
+  ForwardResult forward_impl(OpContext&, const at::Tensor& x, const std::vector<at::Tensor>&) const override {
+    return {x * w_.detach(), pack({})};
+  }
+  BackwardResult backward_impl(OpContext&, const at::Tensor& g, const std::vector<at::Tensor>&) const override {
+    return {g * w_.detach(), std::vector<at::Tensor>(returned_, g.sum().reshape({1})), pack({})};
+  }
+  ReferenceResult reference_impl(const at::Tensor& x, const std::vector<at::Tensor>&,
+                                 const std::vector<at::Tensor>& params) const override {
+    return {x * params.at(0), {}};
+  }
+
+ private:
+  at::Tensor w_;
+  size_t returned_;
 };
 
 /// A fused op that claims ops in the given order (used for plans that skip an op).
@@ -360,6 +385,33 @@ TEST(Fuser, BackwardReturningTooManyExtraInputGradientsIsExtraCountError) {
   }
 }
 
+TEST(Fuser, BackwardReturningTheWrongNumberOfParameterGradientsIsParamGradCountError) {
+  for (size_t returned : {size_t{0}, size_t{2}}) {
+    SCOPED_TRACE("returned " + std::to_string(returned));
+    OperationFuser fuser({std::make_shared<ParamGradCountOp>(returned)}, FusionRegistry{}, Locking::kTransient);
+    const at::Tensor x = at::ones({2, 2}, test_options()).requires_grad_(true);
+    std::vector<at::Tensor> out = fuser.forward(x, {});
+    try {
+      out[0].sum().backward();
+      FAIL() << returned << " parameter gradients for one parameter accepted";
+    } catch (const std::exception& err) {
+      EXPECT_THAT(err.what(), HasSubstr("param-grad-count"));
+      EXPECT_THAT(err.what(), HasSubstr("returned " + std::to_string(returned) +
+                                        " parameter gradient(s) for ParamGradCountOp (op 0), which has 1"));
+    }
+  }
+}
+
+TEST(Fuser, BackwardReturningOneGradientPerParameterDeliversIt) {
+  auto op = std::make_shared<ParamGradCountOp>(1);
+  OperationFuser fuser({op}, FusionRegistry{}, Locking::kTransient);
+  const at::Tensor x = at::ones({2, 2}, test_options()).requires_grad_(true);
+  fuser.forward(x, {})[0].sum().backward();
+  const at::Tensor w = op->parameters()[0];
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_DOUBLE_EQ(w.grad().item<double>(), 4.0);
+}
+
 // ---- which ops need backward ---------------------------------------------------------------
 
 TEST(Fuser, FirstOpRequiringBackwardFollowsInputParamsAndPublicExtras) {
@@ -570,13 +622,21 @@ TEST(FuserSlotOrder, GroupedLinearPublicSplitSizesBeforeBoundScalesWithinOneOp) 
 TEST(FuserSlotOrder, SlotOrderFaultBreaksPublicBeforeBoundWithinOneOp) {
   FaultScope fault(Fault::kSlotOrder);
   PublicThenBound c = public_then_bound({2, 0, 3});
-  EXPECT_FALSE(fused_matches_reference(*c.seq, c.x, {c.splits}, kFloat64Tol));
+  // Bound-first matching hands the caller's split sizes to the scales' slot and leaves the
+  // split sizes' slot empty: the fused path raises on a configuration the reference runs.
+  EXPECT_NO_THROW(run_reference(*c.seq, c.x, {c.splits}));
+  try {
+    run_fused(*c.seq, c.x, {c.splits});
+    FAIL() << "the slot-order fault went unnoticed";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("invalid-argument: GroupedLinear slot 0: split sizes must be an int64 tensor"));
+  }
 }
 
 TEST(FuserSlotOrder, ScaleBiasFaultBreaksPublicSplitSizesWithBoundScales) {
   FaultScope fault(Fault::kScaleBiasGrad);
   PublicThenBound c = public_then_bound({2, 0, 3});
-  EXPECT_FALSE(fused_matches_reference(*c.seq, c.x, {c.splits}, kFloat64Tol));
+  EXPECT_TRUE(fused_differs_from_reference(*c.seq, c.x, {c.splits}, kFloat64Tol));
 }
 
 /// SplitSource feeds GroupedLinear(scale_bias) slot 0; slot 1 (scales) is public.
@@ -612,7 +672,7 @@ TEST(FuserSlotOrder, GroupedLinearBoundSplitSizesThenPublicScales) {
 TEST(FuserSlotOrder, ScaleBiasFaultBreaksBoundSplitSizesThenPublicScales) {
   FaultScope fault(Fault::kScaleBiasGrad);
   BoundThenPublic c = bound_then_public();
-  EXPECT_FALSE(fused_matches_reference(*c.seq, c.x, {c.scales}, kFloat64Tol));
+  EXPECT_TRUE(fused_differs_from_reference(*c.seq, c.x, {c.scales}, kFloat64Tol));
 }
 
 TEST(FuserSlotOrder, SlotOrderFaultLeavesBoundThenPublicIntact) {

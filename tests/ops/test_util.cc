@@ -234,20 +234,43 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
   }
   for (size_t k = 0; k < got.outputs.size(); ++k) check(got.outputs[k], expected.outputs[k], "output " + std::to_string(k));
   check(got.grad_input, expected.grad_input, "grad_input");
-  for (size_t i = 0; i < expected.grad_params.size() && i < got.grad_params.size(); ++i) {
-    for (size_t p = 0; p < expected.grad_params[i].size() && p < got.grad_params[i].size(); ++p) {
-      check(got.grad_params[i][p], expected.grad_params[i][p],
-            "grad of op " + std::to_string(i) + " param " + std::to_string(p));
+  // Every list must have the same length: comparing up to the shorter one would let a
+  // dropped gradient or a surplus one pass.
+  auto same_count = [&](size_t g, size_t e, const std::string& what) {
+    if (g == e) return true;
+    ok = false;
+    failures << "got " << g << " " << what << ", expected " << e << "\n";
+    return false;
+  };
+  if (same_count(got.grad_params.size(), expected.grad_params.size(), "ops' parameter-gradient lists")) {
+    for (size_t i = 0; i < expected.grad_params.size(); ++i) {
+      if (!same_count(got.grad_params[i].size(), expected.grad_params[i].size(),
+                      "parameter gradients of op " + std::to_string(i))) {
+        continue;
+      }
+      for (size_t p = 0; p < expected.grad_params[i].size(); ++p) {
+        check(got.grad_params[i][p], expected.grad_params[i][p],
+              "grad of op " + std::to_string(i) + " param " + std::to_string(p));
+      }
     }
   }
-  for (size_t k = 0; k < expected.grad_extra_inputs.size() && k < got.grad_extra_inputs.size(); ++k) {
-    check(got.grad_extra_inputs[k], expected.grad_extra_inputs[k], "grad of public extra input " + std::to_string(k));
+  if (same_count(got.grad_extra_inputs.size(), expected.grad_extra_inputs.size(), "public extra-input gradients")) {
+    for (size_t k = 0; k < expected.grad_extra_inputs.size(); ++k) {
+      check(got.grad_extra_inputs[k], expected.grad_extra_inputs[k], "grad of public extra input " + std::to_string(k));
+    }
   }
-  for (size_t f = 0; f < expected.channel_grads.size() && f < got.channel_grads.size(); ++f) {
-    for (const auto& [name, grad] : expected.channel_grads[f]) {
-      auto it = got.channel_grads[f].find(name);
-      check(it == got.channel_grads[f].end() ? at::Tensor() : it->second, grad,
-            "channel '" + name + "' grad (fuser " + std::to_string(f) + ")");
+  if (same_count(got.channel_grads.size(), expected.channel_grads.size(), "fusers' channel-gradient maps")) {
+    for (size_t f = 0; f < expected.channel_grads.size(); ++f) {
+      for (const auto& [name, grad] : expected.channel_grads[f]) {
+        auto it = got.channel_grads[f].find(name);
+        check(it == got.channel_grads[f].end() ? at::Tensor() : it->second, grad,
+              "channel '" + name + "' grad (fuser " + std::to_string(f) + ")");
+      }
+      for (const auto& [name, grad] : got.channel_grads[f]) {
+        if (!expected.channel_grads[f].count(name)) {
+          check(grad, at::Tensor(), "channel '" + name + "' grad (fuser " + std::to_string(f) + ", not in the expected)");
+        }
+      }
     }
   }
   if (ok) return ::testing::AssertionSuccess();
@@ -263,6 +286,20 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
   } catch (const std::exception& e) {
     return ::testing::AssertionFailure() << "threw: " << e.what();
   }
+}
+
+::testing::AssertionResult fused_differs_from_reference(Sequential& sequential, const at::Tensor& input,
+                                                        const std::vector<at::Tensor>& extra_inputs, Tolerance tol) {
+  PathResult expected;
+  PathResult got;
+  try {
+    expected = run_reference(sequential, input, extra_inputs);
+    got = run_fused(sequential, input, extra_inputs);
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw instead of differing: " << e.what();
+  }
+  if (results_close(got, expected, tol)) return ::testing::AssertionFailure() << "the fused path matched the reference";
+  return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult gradients_match_finite_differences(Sequential& sequential, const at::Tensor& input,

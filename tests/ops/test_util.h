@@ -103,10 +103,13 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
 ::testing::AssertionResult results_close(const PathResult& got, const PathResult& expected, Tolerance tol);
 
 /// Builds a Sequential (with `fusions`), runs the fused path and the reference on the same
-/// data and compares them; exceptions are caught and reported as a failure. For checks
-/// that a fault breaks a scenario (EXPECT_FALSE).
+/// data and compares them; exceptions are caught and reported as a failure.
 ::testing::AssertionResult fused_matches_reference(Sequential& sequential, const at::Tensor& input,
                                                    const std::vector<at::Tensor>& extra_inputs, Tolerance tol);
+/// The opposite check, for faults: succeeds only when both paths run and some value or
+/// gradient differs beyond `tol` (a throw is a failure, so a broken build cannot pass it).
+::testing::AssertionResult fused_differs_from_reference(Sequential& sequential, const at::Tensor& input,
+                                                        const std::vector<at::Tensor>& extra_inputs, Tolerance tol);
 
 /// Central finite differences in float64 of L = Σ_k <outputs_k, cotangents_k> (the fused
 /// path's forward, grad mode off, the cotangents run_fused draws for `cotangent_seed`) with

@@ -90,6 +90,45 @@ TEST(Campaign, ShardsPartitionTheUnshardedCampaignsCases) {
   EXPECT_EQ(joined, whole);
 }
 
+/// Answers every case with a mismatch whose tensor role depends on the case's size: a
+/// channel gradient while the case keeps at least `min_ops` ops, the output below that.
+class RoleBySizeRunner final : public CaseRunner {
+ public:
+  explicit RoleBySizeRunner(size_t min_ops) : min_ops_(min_ops) {}
+  const harness::BackendCapabilities& capabilities() override { return caps_; }
+  int slots() const override { return 1; }
+  int idle() const override { return 1; }
+  int in_flight() const override { return 0; }
+  int submit(Job) override { return 0; }
+  std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point>) override { return std::nullopt; }
+  harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string&) override {
+    harness::CaseResult r;
+    r.verdict = harness::VerdictKind::kMismatch;
+    harness::TensorMismatch d;
+    d.role = spec.ops.size() >= min_ops_ ? "grad_channel" : "output";
+    r.details.push_back(d);
+    return r;
+  }
+  void cancel_in_flight() override {}
+
+ private:
+  size_t min_ops_;
+  harness::BackendCapabilities caps_;
+};
+
+TEST(Campaign, ShrinkingKeepsTheFindingsTensorRoleNotOnlyItsKind) {
+  CampaignOptions options;
+  options.seed = 3;
+  harness::CaseSpec big;
+  for (int64_t i = 50; big.ops.size() < 6; ++i) big = campaign_case(options, i);
+  RoleBySizeRunner runner(3);
+  const harness::CaseSpec minimal =
+      shrink_failure(runner, big, harness::VerdictKind::kMismatch, "grad_channel", "", false, 2000);
+  // A shrink that only kept the kind would go on to one op (an output mismatch there).
+  EXPECT_EQ(minimal.ops.size(), 3u);
+  EXPECT_EQ(runner.run_now(minimal, "").signature_role(), "grad_channel");
+}
+
 TEST(Campaign, RunsTheRequestedCasesAndLeavesNoInflightFiles) {
   TempDir dir("campaign");
   CampaignOptions options;
@@ -171,7 +210,8 @@ TEST(Campaign, FaultFindingIsShrunkSavedWithItsFaultAndDeduplicated) {
   const reports::Finding& finding = found->finding;
   const corpus::CaseFile file = corpus::load_case_file(finding.case_file);
   EXPECT_EQ(file.verdict.fault, std::optional<std::string>("scale-bias-grad"));
-  EXPECT_NE(file.verdict.kind, harness::VerdictKind::kPass);
+  // The scales' gradient lands in the wrong slot: the scales get none.
+  EXPECT_EQ(file.verdict.kind, harness::VerdictKind::kMissingGradient);
   EXPECT_THAT(finding.reproduce, ::testing::EndsWith(" --fault scale-bias-grad"));
   EXPECT_LE(found->shrunk_ops, campaign_case(options, outcome.cases_run - 1).num_ops());
   // The saved case fails with the fault and passes without it.
