@@ -13,11 +13,15 @@
 // draws yes with probability p and shrinks towards no):
 // - rows uniform in 1..8; features (also Linear/GroupedLinear `out`): with chance 3/4 an
 //   even value of {2,4,6,8}, else an odd one of {3,5,7};
-// - catalog-op count n uniform in [1, budget] (see case_gen.h); blocks are appended until n
-//   ops exist: each block is, with chance 1/2, one catalog op drawn uniformly from the
-//   registry (ops whose attrs cannot fit the current shape are skipped), else one motif
-//   drawn from those that fit the remaining budget and shape, weighted by how many fusion
-//   registrations its pattern forms (residual 3, the others 1):
+// - catalog-op count n the largest of three uniform draws in [1, budget] (see case_gen.h);
+//   blocks are appended until n ops exist: each block is, with chance 1/5, one catalog op
+//   drawn uniformly from the registry (ops whose attrs cannot fit the current shape are
+//   skipped), else one motif
+//   drawn from those that fit the remaining budget and shape, weighted so that every fusion
+//   registration fires in at least 5% of a default 2000-case campaign (measured per seed:
+//   docs/BENCHMARKS.md): residual 16 (three registrations, the joint one hiding the two
+//   others), moe 17 (five ops of the budget), linear_bias_add, linear_bias_act, extra_linear
+//   and extra_rmsnorm 4, linear_scale_add 5, the others 1:
 //     linear_bias_act   Linear, Bias[, ReLU|GELU]                      (1/3 each tail)
 //     linear_bias_add   Linear[, Bias], AddExtraInput
 //     linear_scale_add  Linear, ConstantScale, AddExtraInput
@@ -26,8 +30,10 @@
 //     bias_act          Bias, ReLU|GELU
 //     extra_rmsnorm     MakeExtraOutput, RMSNorm
 //     moe               Dispatch, GroupedLinear, ScaledSwiGLU|ScaledSReLU, GroupedLinear,
-//                       Combine (split sizes, probs and routing map suggested as channels)
-//     residual          MakeExtraOutput, <one shape-preserving op>, AddExtraInput (same C)
+//                       Combine (split sizes, probs and routing map suggested as channels;
+//                       the second GroupedLinear of the first one's bias kind with chance 3/4)
+//     residual          MakeExtraOutput, <one shape-preserving op>, AddExtraInput (same C;
+//                       the middle op without extra tensors with chance 3/4)
 //     fresh_scale       RowStat|Dispatch, ScaledSReLU|ScaledSwiGLU|GroupedLinear(scale_bias)
 //                       (the fresh tensor suggested for the scales slot)
 //   Before every block after the first, a Boundary module with chance 1/5.
@@ -46,9 +52,11 @@
 // - per op: generator output style with chance 1/2; a call-then-bind step with chance 1/6
 //   (grad mode on/off 1/2 each); with chance 1/4 random per-parameter requires-grad flags
 //   (each off with chance 1/2), and likewise for public floating extra inputs.
-// - main input requires grad with chance 3/4; fusions, one mode in three each: all allowed
-//   ones; each independently with chance 1/2; only the fusions of one pass (joint, forward
-//   or backward, uniform). dtype uniform over options; seed uniform u64.
+// - main input requires grad with chance 3/4; fusions: all allowed ones (1/5); each
+//   independently with chance 1/2 (1/5); only the fusions of one pass (joint 1/5, forward
+//   2/5, backward 2/5) (3/5). dtype uniform over options; seed uniform u64.
+// - with chance 1/4, one or two repeat calls (where the backend runs them): no_grad with
+//   chance 1/3, the input requiring grad with chance 1/2.
 
 namespace gradfuzz::generators {
 namespace {
@@ -136,6 +144,15 @@ int64_t draw_features(const Draft& d) {
   return out;
 }
 
+/// The values the backend documents for option `attr` of op `name` (nullptr: any).
+const std::vector<double>* backend_domain(const Draft& d, const std::string& name, const std::string& attr) {
+  if (!d.caps) return nullptr;
+  const auto* op = d.caps->op(name);
+  if (!op) return nullptr;
+  auto it = op->options.find(attr);
+  return it == op->options.end() || it->second.empty() ? nullptr : &it->second;
+}
+
 /// `attrs` plus, for a backend with option domains for op `name`, one value of each option
 /// the caller left unset (drawn uniformly).
 OpAttrs with_backend_options(const Draft& d, const std::string& name, OpAttrs attrs) {
@@ -217,9 +234,13 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
             {"scale_bias", scale_bias ? 1.0 : 0.0}};
   }
   if (name == "SwiGLU" || name == "ScaledSwiGLU") {
+    // Every block width that divides the features; a backend that documents its own values
+    // (TE's kernels take 0 or multiples of 32) narrows them to those.
+    const std::vector<double>* domain = backend_domain(d, name, "interleave");
     std::vector<int64_t> choices{0};
     for (int64_t k = 1; 2 * k <= f; ++k) {
-      if (f % (2 * k) == 0) choices.push_back(k);
+      const bool offered = !domain || std::find(domain->begin(), domain->end(), static_cast<double>(k)) != domain->end();
+      if (f % (2 * k) == 0 && offered) choices.push_back(k);
     }
     return {{"interleave", static_cast<double>(pick_of(choices))}};
   }
@@ -274,18 +295,23 @@ struct Motif {
   int64_t max_ops;
   int64_t weight;
 };
-const std::vector<Motif> kMotifs{{"linear_bias_act", 3, 1}, {"linear_bias_add", 3, 1}, {"linear_scale_add", 3, 1},
-                                 {"linear_scale", 2, 1},    {"extra_linear", 2, 1},    {"bias_act", 2, 1},
-                                 {"extra_rmsnorm", 2, 1},   {"moe", 5, 1},             {"residual", 3, 3},
+const std::vector<Motif> kMotifs{{"linear_bias_act", 3, 4}, {"linear_bias_add", 3, 4}, {"linear_scale_add", 3, 5},
+                                 {"linear_scale", 2, 1},    {"extra_linear", 2, 4},    {"bias_act", 2, 1},
+                                 {"extra_rmsnorm", 2, 4},   {"moe", 5, 17},            {"residual", 3, 16},
                                  {"fresh_scale", 2, 1}};
 
 void moe_block(Draft& d) {
   const int64_t groups = pick(1, 4);
   const bool swiglu = chance(1, 2);
   const int64_t dispatch = append(d, "Dispatch", {{"groups", static_cast<double>(groups)}});
+  // The second GroupedLinear mostly takes the first one's bias kind (GroupedMLP fuses only
+  // linears of one kind); one in four draws its own.
+  std::optional<std::pair<bool, bool>> kind;
   auto grouped = [&](int64_t out) {
-    const bool scale_bias = chance(1, 2);
-    const bool bias = scale_bias || chance(1, 2);
+    const bool own = !kind || chance(1, 4);
+    const bool scale_bias = own ? chance(1, 2) : kind->first;
+    const bool bias = own ? scale_bias || chance(1, 2) : kind->second;
+    if (!kind) kind = std::make_pair(scale_bias, bias);
     const int64_t idx = append(d, "GroupedLinear",
                                {{"groups", static_cast<double>(groups)},
                                 {"out", static_cast<double>(out)},
@@ -308,11 +334,20 @@ void moe_block(Draft& d) {
 void residual_block(Draft& d) {
   const int64_t f = d.features();
   const int64_t producer = append(d, "MakeExtraOutput", choose_attrs("MakeExtraOutput", d));
+  // Mostly a middle op without extra tensors (the FusedResidual pattern); one in four with
+  // extras of its own, where the pattern must not fuse.
   std::vector<std::string> middles;
-  for (const char* name : {"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "ScaledSReLU", "RMSNorm",
-                           "LayerNorm", "Identity", "MakeExtraOutput", "AddExtraInput", "RowStat", "DualExtraOutput",
-                           "Dispatch", "Combine", "GroupedLinear"}) {
+  const std::vector<const char*> plain{"Linear", "Bias",     "ConstantScale", "ReLU",    "GELU",
+                                       "SReLU",  "RMSNorm", "LayerNorm",     "Identity"};
+  const std::vector<const char*> with_extras{"ScaledSReLU", "MakeExtraOutput", "AddExtraInput", "RowStat",
+                                             "DualExtraOutput", "Dispatch", "Combine", "GroupedLinear"};
+  for (const char* name : chance(1, 4) ? with_extras : plain) {
     if (fits(name, d) && d.has(name)) middles.emplace_back(name);
+  }
+  if (middles.empty()) {
+    for (const char* name : plain) {
+      if (fits(name, d) && d.has(name)) middles.emplace_back(name);
+    }
   }
   const std::string middle = pick_of(middles);
   OpAttrs attrs = choose_attrs(middle, d);
@@ -500,10 +535,12 @@ CaseSpec draw_case(const GenOptions& options) {
   CaseSpec spec;
   spec.input_shape = d.shape;
 
-  const int64_t target = pick(1, budget);
+  // The largest of three uniform draws: most cases have room for two motifs (a fusion needs
+  // its whole pattern), and small cases stay common enough.
+  const int64_t target = std::max({pick(1, budget), pick(1, budget), pick(1, budget)});
   for (int attempts = 0; d.num_catalog_ops < target && attempts < 4 * target + 8; ++attempts) {
     if (d.num_catalog_ops > 0 && chance(1, 5)) append_boundary(d);
-    if (chance(1, 2)) {
+    if (chance(1, 5)) {
       single_op_block(d);
     } else {
       motif_block(d, target - d.num_catalog_ops);
@@ -550,8 +587,8 @@ CaseSpec draw_case(const GenOptions& options) {
     for (const auto& [name, pass] : registrations) allowed.push_back(name);
   }
   // A joint registration hides the forward- and backward-only registrations of the same
-  // pattern, so one mode in three enables a single pass: each pass then runs on its own.
-  const int64_t fusion_mode = pick(0, 2);
+  // pattern, so three cases in five enable a single pass: each pass then runs on its own.
+  const int64_t fusion_mode = pick(0, 4);
   if (fusion_mode == 0) {
     spec.fusions = allowed;
   } else if (fusion_mode == 1) {
@@ -559,7 +596,11 @@ CaseSpec draw_case(const GenOptions& options) {
       if (!chance(1, 2)) spec.fusions.push_back(f);
     }
   } else {
-    const auto pass = static_cast<ops::FusionPass>(pick(0, 2));
+    // Forward or backward more often than joint: the "all" mode already plans joint
+    // registrations first, and a joint one hides the single-pass ones of its pattern.
+    const auto pass = pick_of<ops::FusionPass>({ops::FusionPass::kJoint, ops::FusionPass::kForward,
+                                                ops::FusionPass::kForward, ops::FusionPass::kBackward,
+                                                ops::FusionPass::kBackward});
     for (const auto& [name, entry_pass] : registrations) {
       if (entry_pass == pass && std::find(allowed.begin(), allowed.end(), name) != allowed.end()) {
         spec.fusions.push_back(name);
@@ -570,6 +611,19 @@ CaseSpec draw_case(const GenOptions& options) {
   spec.device = options.device;
   spec.seed = *rc::gen::noShrink(rc::gen::resize(
       rc::kNominalSize, rc::gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max())));
+  // Further calls of the built Sequential (one case in four, where the backend runs them):
+  // the main input with another requires-grad flag, or a no_grad forward. The fusers' plans
+  // must follow each call's first_op_requiring_backward, and every call give the same values.
+  const bool repeats = options.capabilities ? options.capabilities->repeat_calls : true;
+  if (repeats && chance(1, 4)) {
+    const int64_t n = pick(1, 2);
+    for (int64_t k = 0; k < n; ++k) {
+      harness::RepeatCall call;
+      call.no_grad = chance(1, 3);
+      call.input_requires_grad = !chance(1, 2);
+      spec.repeat_calls.push_back(call);
+    }
+  }
   canonicalize(spec);
   return spec;
 }

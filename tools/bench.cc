@@ -5,6 +5,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -13,6 +14,7 @@
 
 #include "harness/builder.h"
 #include "harness/tolerances.h"
+#include "ops/fusion_registry.h"
 #include "ops/reference.h"
 #include "tools/files.h"
 
@@ -107,15 +109,25 @@ void run_floor_case(const PreparedCase& c, FloorTimes& times) {
       synchronize(device);
       auto t1 = Clock::now();
       const auto options = at::TensorOptions().dtype(dtype).device(device);
-      at::Tensor input = c.tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
-      std::vector<at::Tensor> extras =
-          harness::to_path(c.tensors.extra_inputs, c.tensors.extra_input_requires_grad, options);
       std::vector<std::vector<at::Tensor>> params;
       for (const auto& op : built.ops) {
         if (op) params.push_back(op->parameters());
       }
-      auto outputs = built.sequential->forward(input, extras);
-      backward(outputs, c.tensors.cotangents, grad_leaves(input, extras, params));
+      // The first call and the case's repeat calls, each with its own input tensor.
+      std::vector<harness::RepeatCall> calls{{false, spec.input_requires_grad}};
+      calls.insert(calls.end(), spec.repeat_calls.begin(), spec.repeat_calls.end());
+      for (const harness::RepeatCall& call : calls) {
+        at::Tensor input = c.tensors.input.to(options, false, true).requires_grad_(call.input_requires_grad);
+        std::vector<at::Tensor> extras =
+            harness::to_path(c.tensors.extra_inputs, c.tensors.extra_input_requires_grad, options);
+        if (call.no_grad) {
+          at::NoGradGuard no_grad;
+          built.sequential->forward(input, extras);
+          continue;
+        }
+        auto outputs = built.sequential->forward(input, extras);
+        backward(outputs, c.tensors.cotangents, grad_leaves(input, extras, params));
+      }
       synchronize(device);
       auto t2 = Clock::now();
       times.build_s += std::chrono::duration<double>(t1 - t0).count();
@@ -220,6 +232,76 @@ BenchOutcome run_bench(CampaignOptions options) {
   outcome.run_case_s = std::chrono::duration<double>(Clock::now() - t0).count();
   remove_tree(dir);
   return outcome;
+}
+
+namespace {
+
+harness::CaseSpec scaling_case(int64_t rows, int64_t features, const std::string& device, const std::string& dtype) {
+  auto make = [](std::string name, ops::OpAttrs attrs) {
+    harness::OpSpec op;
+    op.name = std::move(name);
+    op.attrs = std::move(attrs);
+    return op;
+  };
+  harness::CaseSpec spec;
+  harness::OpSpec producer = make("MakeExtraOutput", {});
+  producer.output_bindings = {harness::OutputBindingSpec{std::string("r"), false}};
+  harness::OpSpec consumer = make("AddExtraInput", {});
+  consumer.input_channels = {std::string("r")};
+  spec.ops = {producer, make("Linear", {{"out", static_cast<double>(features)}}), make("Bias", {}), make("GELU", {}),
+              consumer};
+  spec.fusions = ops::FusionRegistry::catalog().names();
+  spec.input_shape = {rows, features};
+  spec.dtype = dtype;
+  spec.device = device;
+  spec.seed = 1;
+  return spec;
+}
+
+}  // namespace
+
+std::vector<ScalingRow> run_shape_scaling(const std::string& device, const std::string& dtype, int64_t max_elements,
+                                          const harness::RunOptions& run_options) {
+  harness::disable_tf32();
+  std::vector<ScalingRow> rows;
+  for (int64_t n = 100; n <= max_elements; n *= 10) {
+    ScalingRow row;
+    // Features grow as sqrt(n) up to 256 (a Linear's cost is rows * features^2), rows take
+    // the rest.
+    int64_t f = 8;
+    while (f * 2 <= 256 && f * 2 * f * 2 <= n) f *= 2;
+    row.features = f;
+    row.rows = std::max<int64_t>(1, n / f);
+    row.elements = row.rows * row.features;
+    const harness::CaseSpec spec = scaling_case(row.rows, row.features, device, dtype);
+    // Small cases repeat to rise above the clock's noise; each keeps its fastest run.
+    row.repeats = n <= 100000 ? 20 : n <= 1000000 ? 3 : 1;
+    harness::run_case(spec, run_options);  // warm-up: allocator, lazy init
+    for (int r = 0; r < row.repeats; ++r) {
+      auto t0 = Clock::now();
+      const harness::CaseResult result = harness::run_case(spec, run_options);
+      synchronize(device == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU));
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (r == 0 || s < row.case_s) row.case_s = s;
+      row.verdict = harness::verdict_name(result.verdict);
+      const FloorTimes floor = measure_floor({spec});
+      if (r == 0 || floor.total_s() < row.floor_s) row.floor_s = floor.total_s();
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void print_scaling(const std::vector<ScalingRow>& rows, std::ostream& out) {
+  out << "elements   rows x features   ms/case   floor ms   ns/element   harness/floor   verdict\n";
+  for (const auto& r : rows) {
+    out << std::setw(9) << r.elements << "  " << std::setw(8) << r.rows << " x " << std::setw(4) << r.features << "   "
+        << std::fixed << std::setprecision(3) << std::setw(8) << r.case_s * 1e3 << "   " << std::setw(8)
+        << r.floor_s * 1e3 << "   " << std::setprecision(1) << std::setw(10)
+        << r.case_s * 1e9 / static_cast<double>(r.elements) << "   " << std::setprecision(2) << std::setw(13)
+        << (r.floor_s > 0 ? r.case_s / r.floor_s : 0.0) << "   " << r.verdict << '\n'
+        << std::defaultfloat;
+  }
 }
 
 void print_bench(const BenchOutcome& o, std::ostream& out) {

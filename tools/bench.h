@@ -63,4 +63,27 @@ BenchOutcome run_bench(CampaignOptions options);
 /// Prints the bench result as aligned text lines.
 void print_bench(const BenchOutcome& outcome, std::ostream& out);
 
+/// One size of `gradfuzz bench --shapes scaling`: a fixed residual chain
+/// (MakeExtraOutput, Linear, Bias, GELU, AddExtraInput with every fusion on) on an input of
+/// rows x features elements.
+struct ScalingRow {
+  int64_t elements = 0;  // rows * features of the input (every activation has as many)
+  int64_t rows = 0;
+  int64_t features = 0;
+  /// Seconds per case: harness::run_case (fused, unfused and reference paths, comparison)
+  /// and the bare fused+reference floor on the same case (the fastest of its repeats).
+  double case_s = 0;
+  double floor_s = 0;
+  int repeats = 0;
+  std::string verdict;
+};
+
+/// Times the chain at 10^2, 10^3, ... up to `max_elements` input elements in `dtype` on
+/// `device` ("cpu" or "cuda").
+std::vector<ScalingRow> run_shape_scaling(const std::string& device, const std::string& dtype, int64_t max_elements,
+                                          const harness::RunOptions& run_options);
+
+/// Prints the rows as a table, with the time per element and the harness/floor ratio.
+void print_scaling(const std::vector<ScalingRow>& rows, std::ostream& out);
+
 }  // namespace gradfuzz::tools

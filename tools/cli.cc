@@ -214,7 +214,8 @@ std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOption
 
 /// Checks the campaign's dtypes and device against what the backend runs; dtypes the user
 /// did not choose are narrowed to those the backend has.
-void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps, bool dtypes_given) {
+void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps, bool dtypes_given,
+                    bool check_device = true) {
   auto has = [](const std::vector<std::string>& v, const std::string& x) {
     return std::find(v.begin(), v.end(), x) != v.end();
   };
@@ -230,7 +231,7 @@ void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps
   }
   if (kept.empty() && !caps.dtypes.empty()) kept.push_back(has(caps.dtypes, "float32") ? "float32" : caps.dtypes.front());
   o.dtypes = kept;
-  if (!has(caps.devices, o.device)) {
+  if (check_device && !has(caps.devices, o.device)) {
     std::string devices;
     for (const auto& d : caps.devices) devices += (devices.empty() ? "" : ", ") + d;
     throw InputError("--device " + o.device + ": the " + o.backend + " backend runs on " + devices);
@@ -496,7 +497,8 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
         throw InputError("--generate-as " + f.generate_as + ": not a capabilities document: " + e.what());
       }
     }
-    fit_to_backend(options, *options.generate_as, sub.count("--dtypes") > 0);
+    // The cases, not the device: the model may run TE's cases on the CPU.
+    fit_to_backend(options, *options.generate_as, sub.count("--dtypes") > 0, /*check_device=*/false);
   }
   StopSignals signals;
   options.stop = &g_stop;
@@ -656,6 +658,26 @@ int cmd_list(const Flags& f, std::ostream& out) {
 }
 
 int cmd_bench(const Flags& f, const CLI::App& sub, std::ostream& out) {
+  if (f.shapes == "scaling") {
+    // How the cost of one case grows with its size (docs/BENCHMARKS.md).
+    const std::string device = resolve_device(f.device);
+    std::string dtype = "float32";
+    if (sub.count("--dtypes")) {
+      check_dtypes(f.dtypes);
+      if (f.dtypes.size() != 1) throw InputError("--dtypes: bench --shapes scaling takes one dtype");
+      dtype = f.dtypes.front();
+    }
+    const int64_t max_elements = sub.count("--max-tensor-elements")
+                                     ? f.max_tensor_elements
+                                     : (device == "cuda" ? int64_t{100000000} : int64_t{10000000});
+    if (max_elements < 100 || max_elements > (int64_t{1} << 32)) {
+      throw InputError("--max-tensor-elements: expected 100 to 2^32, got " + std::to_string(max_elements));
+    }
+    out << "bench --shapes scaling: MakeExtraOutput, Linear, Bias, GELU, AddExtraInput (all fusions), " << dtype
+        << ", device " << device << '\n';
+    print_scaling(run_shape_scaling(device, dtype, max_elements, harness::RunOptions{}), out);
+    return static_cast<int>(ExitCode::kOk);
+  }
   CampaignOptions options = campaign_options(f, sub);
   if (!options.cases) options.cases = kDefaultBenchCases;
   out << "bench: " << *options.cases << " cases, seed " << options.seed << ", device " << options.device << '\n';
@@ -678,7 +700,9 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
   sub.add_option("--dtypes", f.dtypes_text, "comma-separated dtypes (float64,float32,bfloat16,float16)")
       ->default_str("float64,float32");
   sub.add_option("--max-ops", f.max_ops_text, "upper bound on catalog ops per case (1 to 256)")->default_str("8");
-  sub.add_option("--shapes", f.shapes, "tiny, edge, large or mix (default: mix on cuda, tiny on cpu)");
+  sub.add_option("--shapes", f.shapes,
+                 "tiny, edge, large or mix (default: mix on cuda, tiny on cpu); bench also takes 'scaling' (time "
+                 "per case against elements per case)");
   sub.add_option("--max-tensor-elements", f.max_tensor_elements, "element budget of one tensor in edge/large cases")
       ->default_str("16777216");
 }
@@ -715,6 +739,11 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
     throw InputError("--backend: export writes te or torch scripts, got '" + target + "'");
   }
   const harness::CaseSpec& spec = c.file.spec;
+  if (!spec.repeat_calls.empty()) {
+    // The scripts make the one call te and torch run; repeat calls run on the model only.
+    throw InputError(c.path.string() + ": /repeat_calls: a case with repeat calls cannot be exported (the " + target +
+                     " backend does not run them)");
+  }
   harness::PreparedCase prepared;
   try {
     prepared = harness::prepare_case(spec);
@@ -796,8 +825,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");
   add_backend_flags(*selftest, f);
 
-  CLI::App* list = app.add_subcommand("list", "list catalog ops, fusions or faults");
-  list->add_option("what", f.what, "ops, fusions or faults")
+  CLI::App* list = app.add_subcommand("list", "list catalog ops, fusions, faults or a backend's capabilities");
+  list->add_option("what", f.what, "ops, fusions, faults or capabilities")
       ->required()
       ->check(CLI::IsMember({"ops", "fusions", "faults", "capabilities"}));
   list->add_flag("--json", f.json, "print JSON");

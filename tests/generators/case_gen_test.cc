@@ -128,3 +128,32 @@ TEST(CaseGen, GeneratedCasesRunWithoutErrors) {
 
 }  // namespace
 }  // namespace gradfuzz::generators
+
+namespace gradfuzz::generators {
+namespace {
+
+TEST(CaseGen, ABackendsDocumentedOptionValuesNarrowTheDraw) {
+  // TE's GLU kernels take interleave 0 or 32: a case with interleave 4 would be `unsupported`
+  // there, a draw wasted.
+  auto caps = std::make_shared<harness::BackendCapabilities>(harness::model_capabilities());
+  for (auto& op : caps->ops) {
+    if (op.name == "SwiGLU" || op.name == "ScaledSwiGLU") op.options["interleave"] = {0, 32};
+  }
+  GenOptions options;
+  options.set_capabilities(caps);
+  std::map<double, int> seen;
+  for (uint64_t seed = 0; seed < 3000; ++seed) {
+    const CaseSpec spec = generate_case(seed, 100, options);
+    for (const auto& op : spec.ops) {
+      if (op.name != "SwiGLU" && op.name != "ScaledSwiGLU") continue;
+      auto it = op.attrs.find("interleave");
+      ASSERT_NE(it, op.attrs.end());
+      ++seen[it->second];
+    }
+  }
+  ASSERT_FALSE(seen.empty());
+  for (const auto& [value, count] : seen) EXPECT_TRUE(value == 0 || value == 32) << "interleave " << value << " drawn";
+}
+
+}  // namespace
+}  // namespace gradfuzz::generators

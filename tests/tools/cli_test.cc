@@ -194,3 +194,22 @@ TEST_F(CliTest, ReportToAnUnwritablePathIsAUsageError) {
 
 }  // namespace
 }  // namespace gradfuzz::tools
+
+namespace gradfuzz::tools {
+namespace {
+
+TEST(CliBench, ShapesScalingPrintsOneRowPerDecadeOfElements) {
+  const CliRun r = run({"bench", "--shapes", "scaling", "--device", "cpu", "--max-tensor-elements", "1000"});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::HasSubstr("elements   rows x features"));
+  // 10^2 and 10^3 elements: 12 x 8 and 62 x 16 (features grow as sqrt, rows take the rest);
+  // 10^4 (156 x 64) is past the limit.
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("96 +12 x +8 .* pass"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("992 +62 x +16 .* pass"));
+  EXPECT_THAT(r.out, ::testing::Not(::testing::HasSubstr("9984")));
+  EXPECT_EQ(run({"bench", "--shapes", "scaling", "--dtypes", "float32,float16"}).exit, 2);
+  EXPECT_EQ(run({"bench", "--shapes", "scaling", "--max-tensor-elements", "10"}).exit, 2);
+}
+
+}  // namespace
+}  // namespace gradfuzz::tools
