@@ -274,14 +274,14 @@ void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, 
       if (*g == *e) continue;
       TensorMismatch d;
       d.kind = VerdictKind::kMismatch;
-      d.path_pair = repeat.name + "~fresh_sequential";
+      d.path_pair = repeat.name + "~fresh_plans";
       d.tensor = "plan[fuser " + std::to_string(f) + "]." + pass;
       d.role = "plan";
       d.max_abs_err = std::numeric_limits<double>::infinity();
       d.max_rel_err = std::numeric_limits<double>::infinity();
       details.push_back(std::move(d));
       notes.push_back(repeat.name + ": fuser " + std::to_string(f) + " ran the " + pass + " plan " + plan_text(*g) +
-                      "; a fresh Sequential plans " + plan_text(*e) + " for this call");
+                      "; planned afresh for this call: " + plan_text(*e));
     }
   }
 }

@@ -73,10 +73,10 @@ struct PathRun {
   std::vector<std::string> modified;
   /// One per CaseSpec::repeat_calls entry, named "<path>.call[k]" (k from 1: the first call
   /// is this run): what that call of the same Sequential gave (no channel gradients), with
-  /// `expected_plans` set to the plans a fresh Sequential built for the same call.
+  /// `expected_plans` set to the plans a fresh Sequential builds for the same call.
   std::vector<PathRun> repeats;
-  /// Repeat runs only: per fuser, the plans of a fresh Sequential's first call with this
-  /// call's requires-grad pattern (empty when the path has no fusions to plan).
+  /// Repeat runs only: per fuser, the plans computed afresh (runtime.md section 5, no
+  /// cache) for this call's first_op_requiring_backward (empty when the path has no fusions).
   std::vector<FuserPlans> expected_plans;
 };
 

@@ -454,17 +454,28 @@ int64_t OperationFuser::first_op_requiring_backward(const at::Tensor& input,
   return n;
 }
 
+FusionPlans make_fusion_plans(const std::vector<BasicOpPtr>& ops, const FusionRegistry& fusions,
+                              int64_t first_op_requiring_backward) {
+  std::vector<FusedOpPtr> groups;
+  for (const BasicOpPtr& op : ops) groups.push_back(std::make_shared<SingleOpGroup>(op));
+  const FusionContext context{first_op_requiring_backward, &ops};
+  std::vector<FusedOpPtr> joint = fusions.apply(FusionPass::kJoint, groups, context);
+  FusionPlans plans;
+  plans.forward = fusions.apply(FusionPass::kForward, joint, context);
+  plans.backward = fusions.apply(FusionPass::kBackward, joint, context);
+  plans.forward_entries = map_plan(plans.forward, ops);  // a mismatch is an error before anything runs
+  plans.backward_entries = map_plan(plans.backward, ops);
+  return plans;
+}
+
 void OperationFuser::build_plans(int64_t first_op_requiring_backward) {
   if (plans_built_for_ == first_op_requiring_backward) return;
   if (plans_built_for_ >= 0 && fault_enabled(Fault::kStalePlan)) return;
-  std::vector<FusedOpPtr> groups;
-  for (const BasicOpPtr& op : ops_) groups.push_back(std::make_shared<SingleOpGroup>(op));
-  const FusionContext context{first_op_requiring_backward, &ops_};
-  std::vector<FusedOpPtr> joint = fusions_.apply(FusionPass::kJoint, groups, context);
-  forward_plan_ = fusions_.apply(FusionPass::kForward, joint, context);
-  backward_plan_ = fusions_.apply(FusionPass::kBackward, joint, context);
-  forward_entries_ = map_plan(forward_plan_, ops_);  // a mismatch is an error before anything runs
-  backward_entries_ = map_plan(backward_plan_, ops_);
+  FusionPlans plans = make_fusion_plans(ops_, fusions_, first_op_requiring_backward);
+  forward_plan_ = std::move(plans.forward);
+  backward_plan_ = std::move(plans.backward);
+  forward_entries_ = std::move(plans.forward_entries);
+  backward_entries_ = std::move(plans.backward_entries);
   plans_built_for_ = first_op_requiring_backward;
 }
 
@@ -509,6 +520,7 @@ std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input, const s
   }
   state->num_params = params.size();
   state->trace = std::make_shared<FuserTrace>();
+  state->trace->first_op_requiring_backward = first;
   last_trace_ = state->trace;
   return FuserFunction::apply(state, &forward_plan_, &forward_entries_, first, input, at::TensorList(params),
                               at::TensorList(extra_inputs));

@@ -57,7 +57,24 @@ struct FuserTrace {
   std::map<std::string, at::Tensor> channel_grads;
   /// Whether backward ran.
   bool backward_ran = false;
+  /// The call's first_op_requiring_backward (runtime.md section 4), which its plans are for.
+  int64_t first_op_requiring_backward = 0;
 };
+
+/// The plans of runtime.md section 5 for `ops` under `fusions` when backward starts at op
+/// `first_op_requiring_backward`: the joint functions applied to the basic ops, then the
+/// forward-only and, separately, the backward-only ones, each mapped back to basic-op
+/// ranges (PlanMismatchError when a fused op does not cover the next ops in order).
+/// Computed afresh on every call; OperationFuser keeps them per
+/// first_op_requiring_backward.
+struct FusionPlans {
+  std::vector<FusedOpPtr> forward;
+  std::vector<FusedOpPtr> backward;
+  std::vector<PlanEntry> forward_entries;
+  std::vector<PlanEntry> backward_entries;
+};
+FusionPlans make_fusion_plans(const std::vector<BasicOpPtr>& ops, const FusionRegistry& fusions,
+                              int64_t first_op_requiring_backward);
 
 /// Runs a contiguous list of basic ops as one custom autograd function with channel routing
 /// and fusion plans (runtime.md sections 3-8).
@@ -72,6 +89,7 @@ class OperationFuser {
   std::vector<at::Tensor> forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs);
 
   const std::vector<BasicOpPtr>& ops() const { return ops_; }
+  const FusionRegistry& fusions() const { return fusions_; }
   const RoutingTables& routing() const { return *routing_; }
   int64_t num_public_extra_inputs() const { return static_cast<int64_t>(routing_->public_inputs.size()); }
   int64_t num_public_extra_outputs() const { return static_cast<int64_t>(routing_->public_outputs.size()); }

@@ -198,7 +198,7 @@ TEST(RunCase, StalePlanFaultIsAPlanMismatchOnTheRepeatCall) {
   EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
   ASSERT_FALSE(r.details.empty()) << describe(r);
   EXPECT_EQ(r.details.front().role, "plan");
-  EXPECT_EQ(r.details.front().path_pair, "fused.call[1]~fresh_sequential");
+  EXPECT_EQ(r.details.front().path_pair, "fused.call[1]~fresh_plans");
   EXPECT_EQ(r.details.front().tensor, "plan[fuser 0].forward");
   // Only the plan differs: the values of every call are still right.
   for (const auto& d : r.details) EXPECT_EQ(d.role, "plan") << d.tensor;
