@@ -224,7 +224,11 @@ BenchOutcome run_bench(CampaignOptions options) {
   t0 = Clock::now();
   for (const auto& spec : specs) {
     try {
-      harness::run_case(spec, options.run_options);
+      const harness::CaseResult result = harness::run_case(spec, options.run_options);
+      for (const auto& [name, counts] : result.kernels) {
+        outcome.kernel_launches[name][0] += counts[0];
+        outcome.kernel_launches[name][1] += counts[1];
+      }
     } catch (const std::exception&) {
       // Counted by the campaign above (which would have stopped); the time still counts.
     }
@@ -320,6 +324,14 @@ void print_bench(const BenchOutcome& o, std::ostream& out) {
   out << "  of which (separately)  generation " << o.generation_s << " s, case-file I/O " << o.io_s << " s, run_case "
       << o.run_case_s << " s\n";
   out << "overhead                 " << o.overhead() << "x  (campaign_time / floor_time)\n";
+  if (o.kernel_launches.empty()) {
+    out << "kernel launches          none (no hand-written CUDA kernel ran)\n";
+  }
+  for (const auto& [name, counts] : o.kernel_launches) {
+    out << "kernel launches          " << name << ": " << counts[0] << " ("
+        << static_cast<double>(counts[0]) / static_cast<double>(std::max<int64_t>(o.cases, 1)) << " per case), "
+        << counts[1] << " with more than one block\n";
+  }
   out << std::defaultfloat;
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -47,6 +49,9 @@ struct BenchOutcome {
   double generation_s = 0;
   double io_s = 0;
   double run_case_s = 0;
+  /// Hand-written CUDA kernels launched by run_case over all the cases: name -> {launches,
+  /// launches with more than one block} (empty on the CPU).
+  std::map<std::string, std::array<int64_t, 2>> kernel_launches;
   double campaign_cases_per_s() const { return campaign_s > 0 ? static_cast<double>(cases) / campaign_s : 0; }
   double floor_cases_per_s() const {
     return floor.total_s() > 0 ? static_cast<double>(floor.cases) / floor.total_s() : 0;
