@@ -314,6 +314,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   if (r.has("fusions")) {
     // Fusion names belong to a backend (the model's catalog, TE's registrations): here
     // only their form is checked; corpus::load_case_file and the backends check the names.
+    std::set<std::string> seen;  // a case file may list many names: no quadratic scan
     for (const Reader& entry : r.child("fusions").elements()) {
       std::string name = entry.string();
       const bool well_formed = !name.empty() && name.size() <= 200 &&
@@ -323,9 +324,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       if (!well_formed) {
         entry.fail("expected a fusion name (letters, digits, '_' and '.'), got '" + name + "'");
       }
-      if (std::find(out.fusions.begin(), out.fusions.end(), name) != out.fusions.end()) {
-        entry.fail("fusion '" + name + "' listed twice");
-      }
+      if (!seen.insert(name).second) entry.fail("fusion '" + name + "' listed twice");
       out.fusions.push_back(std::move(name));
     }
   }
