@@ -60,7 +60,18 @@ struct WorkerPool::Slot {
   int64_t cases = 0;
   /// This worker's compute-sanitizer log (empty without --sanitize).
   std::string sanitizer_log;
+  /// Starts of this slot in a row that died or hung before hello (reset by a hello).
+  int failed_starts = 0;
 };
+
+namespace {
+
+/// A slot whose worker dies before it is ready this many times in a row, after the backend
+/// has started once, ends the run: the backend broke (a GPU gone, a deleted interpreter),
+/// which no restart mends. A single death there (a kill, an OOM) is restarted.
+constexpr int kMaxFailedStarts = 3;
+
+}  // namespace
 
 WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
   if (options_.workers < 1) throw std::invalid_argument("WorkerPool: expected at least one worker");
@@ -210,6 +221,15 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
   return out;
 }
 
+void WorkerPool::start_failed(Slot& slot, const std::string& why) {
+  // Before any worker was ready the backend itself is in doubt: say why at once.
+  if (!ever_ready_ || ++slot.failed_starts >= kMaxFailedStarts) {
+    throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " " + why +
+                                      (ever_ready_ ? " (" + std::to_string(slot.failed_starts) + " starts in a row)" : ""));
+  }
+  restart(slot);
+}
+
 std::optional<JobResult> WorkerPool::collect(Slot& slot) {
   harness::wire::Frame frame;
   try {
@@ -217,14 +237,15 @@ std::optional<JobResult> WorkerPool::collect(Slot& slot) {
   } catch (const harness::wire::PeerClosed&) {
     const std::string how = slot.child->terminate();
     if (slot.state == Slot::State::kStarting) {
-      throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " " + how +
-                                        " before it was ready: " + slot.child->stderr_tail(3000));
+      start_failed(slot, how + " before it was ready: " + slot.child->stderr_tail(3000));
+      return std::nullopt;
     }
     return fail(slot, harness::VerdictKind::kCrash, "the worker running the case " + how);
   } catch (const harness::wire::Timeout&) {
     if (slot.state == Slot::State::kStarting) {
-      throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " did not answer hello in time: " +
-                                        slot.child->stderr_tail(3000));
+      slot.child->terminate();
+      start_failed(slot, "did not answer hello in time: " + slot.child->stderr_tail(3000));
+      return std::nullopt;
     }
     slot.child->terminate();
     return fail(slot, harness::VerdictKind::kTimeout,
@@ -240,6 +261,8 @@ std::optional<JobResult> WorkerPool::collect(Slot& slot) {
     }
     if (capabilities_.ops.empty()) capabilities_ = h.at("capabilities").get<harness::BackendCapabilities>();
     slot.state = Slot::State::kIdle;
+    slot.failed_starts = 0;
+    ever_ready_ = true;
     return std::nullopt;
   }
   if (!h.value("ok", false)) {

@@ -85,12 +85,18 @@ class WorkerPool final : public CaseRunner {
   /// Reads one answer from a slot whose stdout is readable; returns the finished job.
   std::optional<JobResult> collect(Slot& slot);
   JobResult fail(Slot& slot, harness::VerdictKind kind, const std::string& why);
+  /// A worker died or hung before answering hello: restarted when the backend has started
+  /// before and the slot has not failed kMaxFailedStarts times in a row, else
+  /// BackendUnavailable.
+  void start_failed(Slot& slot, const std::string& why);
 
   WorkerPoolOptions options_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::deque<JobResult> ready_;
   harness::BackendCapabilities capabilities_;
   int64_t started_ = 0;
+  /// Whether any worker has answered hello (the backend works).
+  bool ever_ready_ = false;
   uint64_t next_internal_id_ = 1ull << 62;
 };
 

@@ -87,6 +87,21 @@ TEST(WorkerPool, AWorkerKilledFromOutsideMidCaseGivesACrashVerdict) {
   EXPECT_THAT(result->result.error_detail, HasSubstr("signal 9"));
 }
 
+TEST(WorkerPool, AWorkerKilledWhileItStartsIsStartedAgain) {
+  // Seen in a kill -9 trial: a replacement worker killed while it loaded ended the whole
+  // campaign ("killed by signal 9 before it was ready"). The backend has started before,
+  // so the slot starts a new worker and the run goes on.
+  WorkerPoolOptions options = pool_options(1, 30);
+  options.recycle_after = 1;  // a new worker after every case
+  WorkerPool pool(options);
+  EXPECT_EQ(pool.run_now(dual_generator(), "").verdict, VerdictKind::kPass);
+  const auto started = pool.workers_started();
+  // The replacement is loading LibTorch now (hundreds of milliseconds): kill it there.
+  ::kill(pool.worker_pids()[0], SIGKILL);
+  EXPECT_EQ(pool.run_now(dual_generator(), "").verdict, VerdictKind::kPass);
+  EXPECT_GE(pool.workers_started(), started + 1);
+}
+
 TEST(WorkerPool, ACampaignOnWorkersSurvivesAbortingCasesAndSavesThemUnderCrashing) {
   const std::filesystem::path dir = make_temp_dir("gradfuzz-pool-");
   WorkerPool pool(pool_options(2, 30));
