@@ -288,6 +288,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     pending.emplace(id, std::move(p));
     try {
       runner.submit(std::move(job));
+    } catch (const harness::BackendUnavailable&) {
+      throw;  // the backend broke (its workers cannot start): not gradfuzz's bug, exit 2
     } catch (const std::exception& e) {
       throw InternalError(std::string("running a case raised: ") + e.what(),
                           inflight.path(pending.at(id).file).string());

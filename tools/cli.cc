@@ -878,6 +878,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   } catch (const corpus::CorpusError& e) {
     err << "gradfuzz: error: " << e.what() << '\n';
     return static_cast<int>(ExitCode::kUsage);
+  } catch (const harness::BackendUnavailable& e) {
+    // A backend that cannot start or whose workers keep dying before they are ready.
+    err << "gradfuzz: error: " << e.what() << '\n';
+    return static_cast<int>(ExitCode::kUsage);
   } catch (const InternalError& e) {
     err << "gradfuzz: internal error: " << e.what();
     if (!e.repro().empty()) err << " (repro left at " << e.repro() << ")";
