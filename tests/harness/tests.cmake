@@ -4,6 +4,7 @@ gradfuzz_add_test(harness_test
     ${CMAKE_CURRENT_LIST_DIR}/builder_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/case_result_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/case_spec_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/finite_difference_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/limits_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/oracle_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/runner_test.cc
