@@ -199,20 +199,17 @@ int dtype_rank(const std::string& dtype) {
   return 1;
 }
 
-/// A low-precision detail that no rounding explains: a non-finite value where the reference
-/// is finite (unless the dtype itself overflows on this case: the rounding baseline was not
-/// finite either), or an element off by more than the tensor's largest magnitude, unless the
-/// dtype's own reference (the baseline) is off by as much there: a gradient that is zero by
-/// symmetry (a sum of terms that cancel exactly) keeps the terms' rounding noise in every
-/// low-precision path, and its "largest magnitude" is that of the cancelled sum, not of the
-/// terms. A defect is no such noise: it passes neither the widest dtype nor this check
-/// unless the baseline itself is as wrong, which a plain-autograd run in the case's dtype
-/// is not.
-bool gross(const TensorMismatch& d, bool dtype_overflows, double factor) {
+/// A low-precision detail that no rounding explains once every path has passed in the widest
+/// dtype on the same values: a non-finite value where the reference is finite, unless the
+/// dtype itself overflows on this case (the rounding baseline was not finite either).
+/// Finite differences are not judged by size there: the soaks of the repaired runtime showed
+/// them at about one case in 3000 in bfloat16/float16 (a ReLU pre-activation rounding to the
+/// other side of its kink in one path, gradients that cancel to nearly zero after a norm,
+/// with errors well past the tensor's magnitude), and no size rule separated those from a
+/// defect; a defect in the code shows in the widest dtype as well and is confirmed there.
+bool gross(const TensorMismatch& d, bool dtype_overflows) {
   if (d.kind != VerdictKind::kMismatch) return true;
-  if (!std::isfinite(d.max_abs_err)) return !dtype_overflows;
-  if (d.max_abs_err <= d.scale + d.atol) return false;
-  return !(d.rounding > 0 && std::abs(d.got - d.expected) <= factor * d.rounding);
+  return !std::isfinite(d.max_abs_err) && !dtype_overflows;
 }
 
 }  // namespace
@@ -415,17 +412,17 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
   }
   if (!run_backend(spec, requests)) return result;
   const BackendCapabilities& caps = backend.capabilities();
+  std::vector<PathRequest> single_pass;  // the single-pass paths, when they ran
   if (options.single_pass_paths && !runs.empty() && runs.front().ok()) {
     // A fused path that ran forward-only and backward-only fused ops together: each pass's
     // fusions alone form two more configurations, neither the fused nor the unfused one.
     const auto forward_only = fusions_of_pass(caps, ops::FusionPass::kForward);
     const auto backward_only = fusions_of_pass(caps, ops::FusionPass::kBackward);
     if (fired_any_of(runs.front(), forward_only) && fired_any_of(runs.front(), backward_only)) {
+      single_pass = {{"forward_fused", without(spec.fusions, backward_only), false},
+                     {"backward_fused", without(spec.fusions, forward_only), false}};
       std::vector<PathRun> first = std::move(runs);
-      if (!run_backend(spec, {{"forward_fused", without(spec.fusions, backward_only), false},
-                              {"backward_fused", without(spec.fusions, forward_only), false}})) {
-        return result;
-      }
+      if (!run_backend(spec, single_pass)) return result;
       for (auto& r : runs) first.push_back(std::move(r));
       runs = std::move(first);
     }
@@ -562,7 +559,14 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
     CaseSpec wide_spec = spec;
     wide_spec.dtype = *wide;
     std::vector<PathRun> narrow_runs = std::move(runs);
+    // The same paths as the case ran, single-pass ones included.
     if (!run_backend(wide_spec, requests)) return result;
+    if (!single_pass.empty()) {
+      std::vector<PathRun> first = std::move(runs);
+      if (!run_backend(wide_spec, single_pass)) return result;
+      for (auto& r : runs) first.push_back(std::move(r));
+      runs = std::move(first);
+    }
     std::vector<const PathRun*> wide_active;
     for (const auto& r : runs) {
       if (r.status == PathStatus::kOk) wide_active.push_back(&r);
@@ -582,7 +586,7 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
     } else {
       std::vector<TensorMismatch> kept;
       for (const auto& d : result.details) {
-        if (gross(d, dtype_overflows, options.allowance.factor)) kept.push_back(d);
+        if (gross(d, dtype_overflows)) kept.push_back(d);
       }
       if (kept.empty()) {
         notes.push_back(spec.dtype + " differences only (rounding): every path passes in " + *wide +
@@ -590,7 +594,7 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
         result.features.emplace_back("precision_only_difference");
       } else {
         notes.push_back("passes in " + *wide + ", but some " + spec.dtype +
-                        " errors exceed the tensor's own magnitude");
+                        " values are not finite where the reference's are");
       }
       result.details = std::move(kept);
     }

@@ -64,7 +64,10 @@ at::Tensor backward(ActivationKind kind, const at::Tensor& x, const at::Tensor& 
   at::Tensor grad;
   switch (kind) {
     case ActivationKind::kReLU:
-      grad = gf * (xf > 0).to(xf.scalar_type());
+      // Selected, not multiplied by the 0/1 mask: a gradient that overflowed upstream
+      // (inf in float16) stays out of the masked elements instead of becoming inf * 0 = NaN,
+      // as PyTorch's threshold_backward does.
+      grad = at::where(xf > 0, gf, at::zeros_like(gf));
       break;
     case ActivationKind::kGELU: {
       // d/dx 0.5·x·(1+t) = 0.5·(1+t) + 0.5·x·(1-t²)·√(2/π)·(1 + 3·0.044715·x²)
@@ -75,7 +78,7 @@ at::Tensor backward(ActivationKind kind, const at::Tensor& x, const at::Tensor& 
       break;
     }
     case ActivationKind::kSReLU:
-      grad = gf * 2.0 * at::clamp_min(xf, 0);
+      grad = at::where(xf > 0, gf * 2.0 * xf, at::zeros_like(gf));  // selected: see kReLU
       break;
   }
   return grad.to(grad_output.scalar_type());
@@ -317,13 +320,17 @@ BackwardResult ScaledSReLU::backward_impl(OpContext& ctx, const at::Tensor& grad
   const at::Tensor& scales = ctx.saved.at(1);
   const at::ScalarType math = detail::opmath_type(input);
   const at::Tensor gf = grad_output.to(math);
-  const at::Tensor r = at::clamp_min(input.to(math), 0);
-  // grad_output [rows, n] ⊙ 2·relu(x)·s[r] -> grad_input [rows, n]
-  at::Tensor grad_input = (gf * 2.0 * r * scales.to(math).unsqueeze(1)).to(grad_output.scalar_type());
+  const at::Tensor xf = input.to(math);
+  const at::Tensor positive = xf > 0;
+  const at::Tensor zero = at::zeros_like(gf);
+  // grad_output [rows, n] ⊙ 2·relu(x)·s[r] -> grad_input [rows, n]; masked elements
+  // selected to zero, not multiplied (an overflowed gradient would give inf * 0 = NaN).
+  at::Tensor grad_input =
+      at::where(positive, gf * 2.0 * xf * scales.to(math).unsqueeze(1), zero).to(grad_output.scalar_type());
   at::Tensor grad_scales;
   if (ctx.wants_grad(0)) {
     // Σ_j grad_output ⊙ relu(x)² -> grad_scales [rows]
-    grad_scales = (gf * r * r).sum(1).to(scales.scalar_type());
+    grad_scales = at::where(positive, gf * xf * xf, zero).sum(1).to(scales.scalar_type());
   }
   return {grad_input, {}, pack({grad_scales})};
 }

@@ -186,11 +186,13 @@ std::pair<at::Tensor, at::Tensor> scaled_activation_backward(const MlpOps& ops, 
       grad_scales = (gf * silu * b).sum(1);
     }
   } else {
-    const at::Tensor r = at::clamp_min(h, 0);
-    // g [rows, n] -> grad_hidden [rows, n] = g·s·2·relu(x)
-    grad_hidden = gf * s * 2.0 * r;
+    // g [rows, n] -> grad_hidden [rows, n] = g·s·2·relu(x), masked elements selected to
+    // zero (an overflowed gradient times a zero mask would be NaN; ScaledSReLU does the same)
+    const at::Tensor positive = h > 0;
+    const at::Tensor zero = at::zeros_like(gf);
+    grad_hidden = at::where(positive, gf * s * 2.0 * h, zero);
     if (want_scales) {
-      grad_scales = (gf * r * r).sum(1);
+      grad_scales = at::where(positive, gf * h * h, zero).sum(1);
     }
   }
   if (grad_scales.defined()) {
