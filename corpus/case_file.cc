@@ -192,6 +192,17 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
                       "unsupported schema_version " + version.dump() + "; expected " + std::to_string(kSchemaVersion));
   }
   CaseFile out;
+  {
+    // Counted before the ops are read one by one: a file of a million ops is refused at once.
+    const harness::CaseLimits limits;
+    const nlohmann::json& spec = required(j, "spec", "", file);
+    if (spec.is_object() && spec.contains("ops") && spec["ops"].is_array() &&
+        static_cast<int64_t>(spec["ops"].size()) > limits.max_ops) {
+      throw CorpusError(file, "/spec/ops",
+                        "a case of " + std::to_string(spec["ops"].size()) + " modules is past gradfuzz's limit of " +
+                            std::to_string(limits.max_ops));
+    }
+  }
   try {
     harness::from_json(required(j, "spec", "", file), out.spec);
   } catch (const harness::SpecError& e) {

@@ -131,6 +131,20 @@ TEST_F(CaseFileTest, RejectsEmptyAndMissingFiles) {
   EXPECT_THROW(load_case_file(dir_ / "absent.json"), CorpusError);
 }
 
+TEST_F(CaseFileTest, RefusesMoreOpsThanTheLimitBeforeReadingThem) {
+  nlohmann::json j = sample_json();
+  j["spec"]["ops"] = nlohmann::json::array();
+  for (int i = 0; i < 257; ++i) j["spec"]["ops"].push_back({{"name", "ReLU"}});
+  const fs::path path = write_text("many_ops.json", j.dump());
+  try {
+    load_case_file(path);
+    FAIL() << "257 ops accepted";
+  } catch (const CorpusError& e) {
+    EXPECT_EQ(e.json_path(), "/spec/ops");
+    EXPECT_THAT(e.what(), HasSubstr("a case of 257 modules is past gradfuzz's limit of 256"));
+  }
+}
+
 TEST_F(CaseFileTest, RejectsWrongSchemaVersion) {
   nlohmann::json j = sample_json();
   j["schema_version"] = 2;
