@@ -699,7 +699,11 @@ STAGES=("$@")
 echo "nightly-acceptance: $GRADFUZZ ($("$GRADFUZZ" --help >/dev/null 2>&1 && echo ok)), work $WORK, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u +%FT%TZ)"
 for s in "${STAGES[@]}"; do
   case $s in
-    time | rss | mutate | kill | concurrent) "stage_$s" ;;
+    time | rss | mutate | kill | concurrent)
+      stage_start=$(now)
+      "stage_$s"
+      echo "  ($s: $(since "$stage_start") s)"
+      ;;
     *) echo "nightly-acceptance: unknown stage '$s' (time, rss, mutate, kill, concurrent)" >&2; exit 2 ;;
   esac
 done
