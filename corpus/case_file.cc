@@ -1,15 +1,9 @@
 #include "corpus/case_file.h"
 
-#include "harness/backend.h"
-#include "harness/limits.h"
-#include "ops/fusion_registry.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -17,10 +11,14 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "harness/backend.h"
+#include "harness/limits.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
+#include "ops/fusion_registry.h"
 
 namespace gradfuzz::corpus {
 
@@ -343,12 +341,14 @@ CaseFile load_case_file(const fs::path& path) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) throw CorpusError(file, "/", "empty file, no JSON");
   const harness::CaseLimits limits;
   if (text.size() > kMaxCaseFileBytes) {
-    throw CorpusError(file, "/", "file of " + std::to_string(text.size()) + " bytes, past the limit of " +
-                                     std::to_string(kMaxCaseFileBytes) + " for a case file");
+    throw CorpusError(file, "/",
+                      "file of " + std::to_string(text.size()) + " bytes, past the limit of " +
+                          std::to_string(kMaxCaseFileBytes) + " for a case file");
   }
   if (const int64_t depth = harness::json_nesting_depth(text); depth > limits.max_json_depth) {
-    throw CorpusError(file, "/", "JSON nested " + std::to_string(depth) + " deep, past the limit of " +
-                                     std::to_string(limits.max_json_depth));
+    throw CorpusError(
+        file, "/",
+        "JSON nested " + std::to_string(depth) + " deep, past the limit of " + std::to_string(limits.max_json_depth));
   }
   nlohmann::json j;
   try {

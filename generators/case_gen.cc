@@ -82,9 +82,9 @@ T pick_of(const std::vector<T>& v) {
 const std::vector<double> kScales{-2.0, -0.5, 0.5, 1.5, 3.0};
 
 /// Dimensions at and around the block, warp and vector widths of the kernels under test.
-const std::vector<int64_t> kEdgeDims{1,   7,   8,   9,   15,  16,  17,   31,   32,   33,   63,   64,   65,  127,
-                                     128, 129, 255, 256, 257, 511, 512,  513,  1023, 1024, 1025, 2047, 2048, 2049,
-                                     4095, 4096, 4097, 8191, 8192};
+const std::vector<int64_t> kEdgeDims{1,    7,    8,    9,    15,   16,   17,   31,   32,   33,   63,
+                                     64,   65,   127,  128,  129,  255,  256,  257,  511,  512,  513,
+                                     1023, 1024, 1025, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192};
 
 /// A case under construction, with what the generator knows about each module.
 struct Draft {
@@ -239,7 +239,8 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
     const std::vector<double>* domain = backend_domain(d, name, "interleave");
     std::vector<int64_t> choices{0};
     for (int64_t k = 1; 2 * k <= f; ++k) {
-      const bool offered = !domain || std::find(domain->begin(), domain->end(), static_cast<double>(k)) != domain->end();
+      const bool offered =
+          !domain || std::find(domain->begin(), domain->end(), static_cast<double>(k)) != domain->end();
       if (f % (2 * k) == 0 && offered) choices.push_back(k);
     }
     return {{"interleave", static_cast<double>(pick_of(choices))}};
@@ -295,10 +296,10 @@ struct Motif {
   int64_t max_ops;
   int64_t weight;
 };
-const std::vector<Motif> kMotifs{{"linear_bias_act", 3, 4}, {"linear_bias_add", 3, 4}, {"linear_scale_add", 3, 5},
-                                 {"linear_scale", 2, 1},    {"extra_linear", 2, 4},    {"bias_act", 2, 1},
-                                 {"extra_rmsnorm", 2, 4},   {"moe", 5, 17},            {"residual", 3, 16},
-                                 {"fresh_scale", 2, 1}};
+const std::vector<Motif> kMotifs{
+    {"linear_bias_act", 3, 4}, {"linear_bias_add", 3, 4}, {"linear_scale_add", 3, 5}, {"linear_scale", 2, 1},
+    {"extra_linear", 2, 4},    {"bias_act", 2, 1},        {"extra_rmsnorm", 2, 4},    {"moe", 5, 17},
+    {"residual", 3, 16},       {"fresh_scale", 2, 1}};
 
 void moe_block(Draft& d) {
   const int64_t groups = pick(1, 4);
@@ -317,12 +318,12 @@ void moe_block(Draft& d) {
                                 {"out", static_cast<double>(out)},
                                 {"bias", bias ? 1.0 : 0.0},
                                 {"scale_bias", scale_bias ? 1.0 : 0.0}});
-    suggest(d, dispatch, 0, idx, 0);               // split sizes
+    suggest(d, dispatch, 0, idx, 0);                  // split sizes
     if (scale_bias) suggest(d, dispatch, 1, idx, 1);  // probs as bias scales
     return idx;
   };
   grouped(swiglu ? 2 * (d.regime == ShapeRegime::kTiny ? pick(1, 4) : std::max<int64_t>(1, draw_features(d) / 2))
-                : draw_features(d));
+                 : draw_features(d));
   const std::string act = swiglu ? "ScaledSwiGLU" : "ScaledSReLU";
   const int64_t act_idx = append(d, act, choose_attrs(act, d));
   suggest(d, dispatch, 1, act_idx, 0);  // probs as activation scales
@@ -337,10 +338,10 @@ void residual_block(Draft& d) {
   // Mostly a middle op without extra tensors (the FusedResidual pattern); one in four with
   // extras of its own, where the pattern must not fuse.
   std::vector<std::string> middles;
-  const std::vector<const char*> plain{"Linear", "Bias",     "ConstantScale", "ReLU",    "GELU",
+  const std::vector<const char*> plain{"Linear", "Bias",    "ConstantScale", "ReLU",    "GELU",
                                        "SReLU",  "RMSNorm", "LayerNorm",     "Identity"};
-  const std::vector<const char*> with_extras{"ScaledSReLU", "MakeExtraOutput", "AddExtraInput", "RowStat",
-                                             "DualExtraOutput", "Dispatch", "Combine", "GroupedLinear"};
+  const std::vector<const char*> with_extras{"ScaledSReLU",     "MakeExtraOutput", "AddExtraInput", "RowStat",
+                                             "DualExtraOutput", "Dispatch",        "Combine",       "GroupedLinear"};
   for (const char* name : chance(1, 4) ? with_extras : plain) {
     if (fits(name, d) && d.has(name)) middles.emplace_back(name);
   }
@@ -359,8 +360,7 @@ void residual_block(Draft& d) {
 
 void fresh_scale_block(Draft& d) {
   const bool dispatch = chance(1, 2);
-  const int64_t producer =
-      dispatch ? append(d, "Dispatch", choose_attrs("Dispatch", d)) : append(d, "RowStat", {});
+  const int64_t producer = dispatch ? append(d, "Dispatch", choose_attrs("Dispatch", d)) : append(d, "RowStat", {});
   const int64_t fresh_slot = dispatch ? 1 : 0;
   std::vector<std::string> consumers{"ScaledSReLU", "GroupedLinear"};
   if (d.features() % 2 == 0) consumers.push_back("ScaledSwiGLU");
@@ -513,9 +513,9 @@ void bind_channels(Draft& d) {
 
 CaseSpec draw_case(const GenOptions& options) {
   const int size = *rc::gen::withSize([](int s) { return rc::gen::just(s); });
-  const int64_t scaled = (static_cast<int64_t>(options.max_ops) * std::min(size, rc::kNominalSize) +
-                          rc::kNominalSize - 1) /
-                         rc::kNominalSize;
+  const int64_t scaled =
+      (static_cast<int64_t>(options.max_ops) * std::min(size, rc::kNominalSize) + rc::kNominalSize - 1) /
+      rc::kNominalSize;
   const int64_t budget = std::max<int64_t>(1, scaled);
 
   Draft d;
@@ -578,7 +578,8 @@ CaseSpec draw_case(const GenOptions& options) {
   if (options.capabilities) {
     for (const auto& f : options.capabilities->fusions) registrations.emplace_back(f.name, f.pass);
   } else {
-    for (const auto& entry : ops::FusionRegistry::catalog().entries()) registrations.emplace_back(entry.name, entry.pass);
+    for (const auto& entry : ops::FusionRegistry::catalog().entries())
+      registrations.emplace_back(entry.name, entry.pass);
   }
   std::vector<std::string> allowed;
   if (options.fusions) {
@@ -598,9 +599,9 @@ CaseSpec draw_case(const GenOptions& options) {
   } else {
     // Forward or backward more often than joint: the "all" mode already plans joint
     // registrations first, and a joint one hides the single-pass ones of its pattern.
-    const auto pass = pick_of<ops::FusionPass>({ops::FusionPass::kJoint, ops::FusionPass::kForward,
-                                                ops::FusionPass::kForward, ops::FusionPass::kBackward,
-                                                ops::FusionPass::kBackward});
+    const auto pass =
+        pick_of<ops::FusionPass>({ops::FusionPass::kJoint, ops::FusionPass::kForward, ops::FusionPass::kForward,
+                                  ops::FusionPass::kBackward, ops::FusionPass::kBackward});
     for (const auto& [name, entry_pass] : registrations) {
       if (entry_pass == pass && std::find(allowed.begin(), allowed.end(), name) != allowed.end()) {
         spec.fusions.push_back(name);
@@ -609,8 +610,8 @@ CaseSpec draw_case(const GenOptions& options) {
   }
   spec.dtype = pick_of(options.dtypes);
   spec.device = options.device;
-  spec.seed = *rc::gen::noShrink(rc::gen::resize(
-      rc::kNominalSize, rc::gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max())));
+  spec.seed = *rc::gen::noShrink(
+      rc::gen::resize(rc::kNominalSize, rc::gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max())));
   // Further calls of the built Sequential (one case in four, where the backend runs them):
   // the main input with another requires-grad flag, or a no_grad forward. The fusers' plans
   // must follow each call's first_op_requiring_backward, and every call give the same values.

@@ -60,8 +60,8 @@ int64_t match_length(const std::string& fusion, const CaseSpec& spec, size_t i) 
 
 const std::vector<std::string>& pattern_fusions() {
   static const std::vector<std::string> kNames{
-      "ForwardLinearBiasActivation", "ForwardLinearBiasAdd", "ForwardLinearScaleAdd", "BackwardLinearAdd",
-      "BackwardLinearScale",         "BackwardActivationBias", "BackwardAddRMSNorm",  "GroupedMLP",
+      "ForwardLinearBiasActivation", "ForwardLinearBiasAdd",   "ForwardLinearScaleAdd", "BackwardLinearAdd",
+      "BackwardLinearScale",         "BackwardActivationBias", "BackwardAddRMSNorm",    "GroupedMLP",
       "FusedResidual.forward",       "FusedResidual.backward", "FusedResidual.joint"};
   return kNames;
 }
@@ -70,9 +70,9 @@ const std::vector<std::string>& pattern_fusions() {
 
 const std::vector<std::string>& coverage_feature_names() {
   static const std::vector<std::string> kNames{
-      "bound_input",    "public_input",   "mixed_slot_order", "hidden_output",       "public_bound_output",
-      "fanout",         "fresh_producer", "generator_outputs", "call_then_bind",     "fuser_boundary",
-      "same_fusion_channel", "scale_bias", "no_grad_input", "repeat_calls", "no_grad_call"};
+      "bound_input",    "public_input",      "mixed_slot_order", "hidden_output",  "public_bound_output", "fanout",
+      "fresh_producer", "generator_outputs", "call_then_bind",   "fuser_boundary", "same_fusion_channel", "scale_bias",
+      "no_grad_input",  "repeat_calls",      "no_grad_call"};
   return kNames;
 }
 
@@ -141,7 +141,8 @@ StaticCoverage static_coverage(const CaseSpec& spec) {
         features.insert(op.output_bindings[s].output_to_caller ? "public_bound_output" : "hidden_output");
       }
       // generator_outputs: generator style on an op that hands back a non-empty container.
-      if (op.output_style == ops::OutputStyle::kGenerator && (!sig.extra_outputs.empty() || !sig.extra_inputs.empty())) {
+      if (op.output_style == ops::OutputStyle::kGenerator &&
+          (!sig.extra_outputs.empty() || !sig.extra_inputs.empty())) {
         features.insert("generator_outputs");
       }
       if (op.name == "GroupedLinear" && attr_or_default(op, "scale_bias") != 0) features.insert("scale_bias");
@@ -166,8 +167,7 @@ StaticCoverage static_coverage(const CaseSpec& spec) {
       const auto& producer = spec.ops[ch.producer.op].name;
       // fresh_producer: a consumed channel whose tensor the producer creates (Dispatch probs,
       // RowStat), unlike MakeExtraOutput which hands back its input.
-      if (!ch.consumers.empty() &&
-          ((producer == "Dispatch" && ch.producer.slot == 1) || producer == "RowStat")) {
+      if (!ch.consumers.empty() && ((producer == "Dispatch" && ch.producer.slot == 1) || producer == "RowStat")) {
         features.insert("fresh_producer");
       }
       // same_fusion_channel: producer and a consumer inside one enabled pattern match.

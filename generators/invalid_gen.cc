@@ -106,10 +106,11 @@ InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
     }
     case 1: {  // two producers of one channel in one fuser
       if (pick(0, 1) == 0) {
-        insert_ops(spec, pos,
-                   {bound_output(make_op("MakeExtraOutput"), 0, x, to_caller), bound_output(make_op("RowStat"), 0, x, true)});
-        out.description = "MakeExtraOutput and RowStat at ops " + std::to_string(pos) + "," +
-                          std::to_string(pos + 1) + " both produce '" + x + "'";
+        insert_ops(
+            spec, pos,
+            {bound_output(make_op("MakeExtraOutput"), 0, x, to_caller), bound_output(make_op("RowStat"), 0, x, true)});
+        out.description = "MakeExtraOutput and RowStat at ops " + std::to_string(pos) + "," + std::to_string(pos + 1) +
+                          " both produce '" + x + "'";
       } else {
         OpSpec dual = make_op("DualExtraOutput", {{"s0", 1.5}, {"s1", -0.5}});
         dual.output_bindings = {{x, to_caller}, {x, true}};
@@ -190,14 +191,14 @@ InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
         step.slot = pick(0, 1) == 0 ? -1 : n_in + pick(0, 2);
         step.channel = "late";
         out.expected_kind = ops::SlotOutOfRangeError::kKind;
-        out.description = spec.ops[op].name + " late bind of input slot " + std::to_string(step.slot) + " of " +
-                          std::to_string(n_in);
+        out.description =
+            spec.ops[op].name + " late bind of input slot " + std::to_string(step.slot) + " of " + std::to_string(n_in);
       } else {
         step.slot = pick(0, n_in - 1);
         step.channel = "";
         out.expected_kind = ops::InvalidChannelNameError::kKind;
-        out.description = spec.ops[op].name + " late bind of input slot " + std::to_string(step.slot) +
-                          " with an empty channel name";
+        out.description =
+            spec.ops[op].name + " late bind of input slot " + std::to_string(step.slot) + " with an empty channel name";
       }
       spec.late_binds.push_back(step);
       break;

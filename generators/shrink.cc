@@ -89,8 +89,8 @@ std::optional<CaseSpec> unbind_broken(const CaseSpec& spec) {
     for (size_t s = 0; s < ins.size(); ++s) {
       if (!ins[s]) continue;
       auto it = producers.find({mod.fuser, *ins[s]});
-      bool ok = it != producers.end() && it->second.op < static_cast<int64_t>(i) &&
-                s < mod.signature.extra_inputs.size();
+      bool ok =
+          it != producers.end() && it->second.op < static_cast<int64_t>(i) && s < mod.signature.extra_inputs.size();
       if (ok) {
         const auto& prod = layout->modules[it->second.op];
         const auto& o = prod.signature.extra_outputs[it->second.slot];

@@ -57,8 +57,7 @@ std::vector<harness::CaseSpec> shrink_candidates(const harness::CaseSpec& spec);
 /// that are statically invalid (see ShrinkOptions::require_valid) are skipped without a
 /// predicate call. Deterministic for a deterministic predicate. `failing` itself is not
 /// re-checked.
-ShrinkResult shrink(const harness::CaseSpec& failing,
-                    const std::function<bool(const harness::CaseSpec&)>& still_fails,
+ShrinkResult shrink(const harness::CaseSpec& failing, const std::function<bool(const harness::CaseSpec&)>& still_fails,
                     const ShrinkOptions& options = {});
 
 }  // namespace gradfuzz::generators

@@ -21,9 +21,7 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
-std::string slot_str(const ops::SlotSpec& s) {
-  return std::string(ops::tensor_kind_name(s.kind)) + shape_str(s.shape);
-}
+std::string slot_str(const ops::SlotSpec& s) { return std::string(ops::tensor_kind_name(s.kind)) + shape_str(s.shape); }
 
 std::string op_path(int64_t i) { return "/ops/" + std::to_string(i); }
 
@@ -83,8 +81,7 @@ std::optional<CaseLayout> compute_layout(const CaseSpec& spec, std::vector<Valid
     try {
       m.signature = ops::OpRegistry::catalog().signature(op.name, op.attrs, shape);
     } catch (const Error& e) {
-      report(e.kind(), op_path(static_cast<int64_t>(i)),
-             op.name + " on input " + shape_str(shape) + ": " + e.what());
+      report(e.kind(), op_path(static_cast<int64_t>(i)), op.name + " on input " + shape_str(shape) + ": " + e.what());
       return std::nullopt;
     } catch (const std::exception& e) {
       report(kSpecProblem, op_path(static_cast<int64_t>(i)),
@@ -108,8 +105,7 @@ std::vector<ChannelInfo> case_channels(const CaseSpec& spec, const CaseLayout& l
       auto key = std::make_pair(layout.modules[i].fuser, *b.channel);
       if (by_name.count(key)) continue;  // duplicate producer: the first one wins here
       by_name[key] = channels.size();
-      channels.push_back({*b.channel, layout.modules[i].fuser,
-                          {static_cast<int64_t>(i), static_cast<int64_t>(s)}, {}});
+      channels.push_back({*b.channel, layout.modules[i].fuser, {static_cast<int64_t>(i), static_cast<int64_t>(s)}, {}});
     }
   }
   for (size_t i = 0; i < spec.ops.size() && i < layout.modules.size(); ++i) {
@@ -158,8 +154,8 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec, const std::ve
     const std::string path = op_path(static_cast<int64_t>(i));
     if (op.input_channels.size() > sig.extra_inputs.size()) {
       report(ops::SlotOutOfRangeError::kKind, path + "/input_channels",
-             op.name + ": expected at most " + std::to_string(sig.extra_inputs.size()) +
-                 " extra input bindings, got " + std::to_string(op.input_channels.size()));
+             op.name + ": expected at most " + std::to_string(sig.extra_inputs.size()) + " extra input bindings, got " +
+                 std::to_string(op.input_channels.size()));
     }
     if (op.output_bindings.size() > sig.extra_outputs.size()) {
       report(ops::SlotOutOfRangeError::kKind, path + "/output_bindings",
@@ -253,8 +249,8 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec, const std::ve
                    ", channel '" + ch.name + "' carries " + slot_str(out_spec));
       } else if (in_spec.kind == ops::TensorKind::kSplitSizes && prod.input_shape[0] != cons.input_shape[0]) {
         report(ops::InvalidArgumentError::kKind, path,
-               spec.ops[c.op].name + " input slot " + std::to_string(c.slot) + ": split sizes of channel '" +
-                   ch.name + "' sum to " + std::to_string(prod.input_shape[0]) + " rows, expected " +
+               spec.ops[c.op].name + " input slot " + std::to_string(c.slot) + ": split sizes of channel '" + ch.name +
+                   "' sum to " + std::to_string(prod.input_shape[0]) + " rows, expected " +
                    std::to_string(cons.input_shape[0]));
       }
     }
@@ -287,8 +283,7 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec, const std::ve
     const std::string path = "/late_binds/" + std::to_string(k);
     if (lb.op < 0 || lb.op >= static_cast<int64_t>(spec.ops.size()) || layout.modules[lb.op].boundary) {
       report(kSpecProblem, path, "expected the index of a catalog op, got " + std::to_string(lb.op));
-    } else if (lb.slot < 0 ||
-               lb.slot >= static_cast<int64_t>(layout.modules[lb.op].signature.extra_inputs.size())) {
+    } else if (lb.slot < 0 || lb.slot >= static_cast<int64_t>(layout.modules[lb.op].signature.extra_inputs.size())) {
       report(ops::SlotOutOfRangeError::kKind, path,
              spec.ops[lb.op].name + ": input slot " + std::to_string(lb.slot) + " outside [0, " +
                  std::to_string(layout.modules[lb.op].signature.extra_inputs.size()) + ")");

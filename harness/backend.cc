@@ -16,7 +16,9 @@ namespace {
 
 using nlohmann::json;
 
-const char* style_name(ops::OutputStyle style) { return style == ops::OutputStyle::kGenerator ? "generator" : "vector"; }
+const char* style_name(ops::OutputStyle style) {
+  return style == ops::OutputStyle::kGenerator ? "generator" : "vector";
+}
 
 ops::OutputStyle style_from(const std::string& name) {
   if (name == "vector") return ops::OutputStyle::kVector;
@@ -88,10 +90,12 @@ void to_json(json& j, const BackendCapabilities& caps) {
   }
   json fusions = json::array();
   for (const auto& f : caps.fusions) {
-    fusions.push_back({{"name", f.name}, {"pass", ops::fusion_pass_name(f.pass)}, {"implementation", f.implementation}});
+    fusions.push_back(
+        {{"name", f.name}, {"pass", ops::fusion_pass_name(f.pass)}, {"implementation", f.implementation}});
   }
-  j = json{{"backend", caps.backend}, {"devices", caps.devices},   {"dtypes", caps.dtypes},
-           {"ops", ops_json},         {"fusions", fusions},        {"deviations", caps.deviations},
+  j = json{{"backend", caps.backend},   {"devices", caps.devices},
+           {"dtypes", caps.dtypes},     {"ops", ops_json},
+           {"fusions", fusions},        {"deviations", caps.deviations},
            {"versions", caps.versions}, {"device_name", caps.device_name}};
   if (caps.repeat_calls) j["repeat_calls"] = true;
 }

@@ -1,9 +1,8 @@
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>

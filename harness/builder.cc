@@ -132,9 +132,9 @@ CasePlan plan_case(const CaseSpec& spec) {
       for (size_t s = 0; s < entry.signature.extra_inputs.size(); ++s) {
         if (input_bound(op, s)) continue;
         const auto& slot_spec = entry.signature.extra_inputs[s];
-        plan.public_inputs.push_back({static_cast<int64_t>(i), static_cast<int64_t>(s), slot_spec,
-                                      slot_spec.kind == ops::TensorKind::kFloat &&
-                                          flag_at(op.extra_input_requires_grad, s)});
+        plan.public_inputs.push_back(
+            {static_cast<int64_t>(i), static_cast<int64_t>(s), slot_spec,
+             slot_spec.kind == ops::TensorKind::kFloat && flag_at(op.extra_input_requires_grad, s)});
       }
       for (size_t s = 0; s < entry.signature.extra_outputs.size(); ++s) {
         if (!output_to_caller(op, s)) continue;
@@ -224,10 +224,10 @@ CaseTensors draw_case_tensors(const CaseSpec& spec, const CasePlan& plan, const 
     CallInputs call;
     call.input = round_to(away_from_zero(op_plan.input_shape, generator), dtype);
     for (size_t s = 0; s < op_plan.signature.extra_inputs.size(); ++s) {
-      call.extra_inputs.push_back(round_to(
-          draw_slot(op, static_cast<int64_t>(s), op_plan.signature.extra_inputs[s], op_plan.input_shape[0],
-                    /*corrupt=*/false, generator),
-          dtype));
+      call.extra_inputs.push_back(
+          round_to(draw_slot(op, static_cast<int64_t>(s), op_plan.signature.extra_inputs[s], op_plan.input_shape[0],
+                             /*corrupt=*/false, generator),
+                   dtype));
     }
     t.call_inputs.push_back(std::move(call));
   }

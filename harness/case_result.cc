@@ -11,11 +11,10 @@
 namespace gradfuzz::harness {
 
 namespace {
-constexpr VerdictKind kAllKinds[] = {VerdictKind::kPass,            VerdictKind::kMismatch,
-                                     VerdictKind::kMissingGradient, VerdictKind::kUnexpectedError,
-                                     VerdictKind::kCrash,           VerdictKind::kTimeout,
-                                     VerdictKind::kModifiedInput,   VerdictKind::kUnsupported,
-                                     VerdictKind::kSanitizer};
+constexpr VerdictKind kAllKinds[] = {
+    VerdictKind::kPass,     VerdictKind::kMismatch, VerdictKind::kMissingGradient, VerdictKind::kUnexpectedError,
+    VerdictKind::kCrash,    VerdictKind::kTimeout,  VerdictKind::kModifiedInput,   VerdictKind::kUnsupported,
+    VerdictKind::kSanitizer};
 }  // namespace
 
 const char* verdict_name(VerdictKind kind) {
@@ -75,8 +74,8 @@ std::ostream& operator<<(std::ostream& os, const CaseResult& result) {
   for (const auto& d : result.details) {
     os << "\n  " << verdict_name(d.kind) << ' ' << d.path_pair << ' ' << d.tensor << " at [";
     for (size_t i = 0; i < d.index.size(); ++i) os << (i ? "," : "") << d.index[i];
-    os << "]: expected " << d.expected << ", got " << d.got << " (max abs err " << d.max_abs_err
-       << ", max rel err " << d.max_rel_err << ", atol " << d.atol << ", rtol " << d.rtol << ")";
+    os << "]: expected " << d.expected << ", got " << d.got << " (max abs err " << d.max_abs_err << ", max rel err "
+       << d.max_rel_err << ", atol " << d.atol << ", rtol " << d.rtol << ")";
   }
   return os;
 }

@@ -1,11 +1,10 @@
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 

@@ -1,10 +1,9 @@
 #include "harness/case_spec.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 
@@ -23,8 +22,7 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
   return ops == o.ops && fusions == o.fusions && call_then_bind == o.call_then_bind &&
          input_requires_grad == o.input_requires_grad && input_shape == o.input_shape && dtype == o.dtype &&
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
-         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds &&
-         repeat_calls == o.repeat_calls;
+         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls;
 }
 
 int64_t CaseSpec::num_ops() const {
@@ -234,8 +232,8 @@ OpSpec op_from_json(const Reader& r) {
         if (!boundary) {
           for (const auto& entry : info->defaults) known.push_back(entry.first);
         }
-        value.fail("unknown attr '" + item.key() + "' of " + op.name + "; known attrs: " +
-                   (known.empty() ? std::string("(none)") : join(known)));
+        value.fail("unknown attr '" + item.key() + "' of " + op.name +
+                   "; known attrs: " + (known.empty() ? std::string("(none)") : join(known)));
       }
       op.attrs[item.key()] = value.number();
     }
@@ -278,7 +276,8 @@ OpSpec op_from_json(const Reader& r) {
     }
   }
   if (r.has("param_requires_grad")) {
-    for (const Reader& entry : r.child("param_requires_grad").elements()) op.param_requires_grad.push_back(entry.boolean());
+    for (const Reader& entry : r.child("param_requires_grad").elements())
+      op.param_requires_grad.push_back(entry.boolean());
   }
   if (r.has("extra_input_requires_grad")) {
     for (const Reader& entry : r.child("extra_input_requires_grad").elements()) {
@@ -317,10 +316,9 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
     std::set<std::string> seen;  // a case file may list many names: no quadratic scan
     for (const Reader& entry : r.child("fusions").elements()) {
       std::string name = entry.string();
-      const bool well_formed = !name.empty() && name.size() <= 200 &&
-                               std::all_of(name.begin(), name.end(), [](char c) {
-                                 return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
-                               });
+      const bool well_formed = !name.empty() && name.size() <= 200 && std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+      });
       if (!well_formed) {
         entry.fail("expected a fusion name (letters, digits, '_' and '.'), got '" + name + "'");
       }
@@ -409,8 +407,9 @@ std::optional<SpecProblem> check_static_wiring(const CaseSpec& spec) {
         if (!inserted) {
           return SpecProblem{"/ops/" + std::to_string(i) + "/output_bindings/" + std::to_string(slot) + "/channel",
                              ops::DuplicateProducerError::kKind,
-                             "channel '" + *bindings[slot].channel + "' is produced by op " + std::to_string(it->second) +
-                                 " and again by op " + std::to_string(i) + " (" + spec.ops[i].name + ")"};
+                             "channel '" + *bindings[slot].channel + "' is produced by op " +
+                                 std::to_string(it->second) + " and again by op " + std::to_string(i) + " (" +
+                                 spec.ops[i].name + ")"};
         }
       }
     }
@@ -430,8 +429,8 @@ std::optional<SpecProblem> check_static_wiring(const CaseSpec& spec) {
         if (it->second >= i) {
           return SpecProblem{path, ops::ProducerNotEarlierError::kKind,
                              "channel '" + *channels[slot] + "' bound to " + spec.ops[i].name + " (op " +
-                                 std::to_string(i) + ") input slot " + std::to_string(slot) +
-                                 " is produced by op " + std::to_string(it->second) + ", not an earlier op"};
+                                 std::to_string(i) + ") input slot " + std::to_string(slot) + " is produced by op " +
+                                 std::to_string(it->second) + ", not an earlier op"};
         }
       }
     }

@@ -76,10 +76,10 @@ void check_case_limits(const CaseSpec& spec, const CaseLimits& limits) {
   auto check_tensor = [&](const std::string& path, const std::string& what, const std::vector<int64_t>& s) {
     const int64_t n = elements(s);
     if (n > limits.max_tensor_elements) {
-      throw SpecError(path, what + " " + shape_text(s) + " has " +
-                                (n == std::numeric_limits<int64_t>::max() ? std::string("too many")
-                                                                          : std::to_string(n)) +
-                                " elements, past gradfuzz's limit of " + std::to_string(limits.max_tensor_elements));
+      throw SpecError(path,
+                      what + " " + shape_text(s) + " has " +
+                          (n == std::numeric_limits<int64_t>::max() ? std::string("too many") : std::to_string(n)) +
+                          " elements, past gradfuzz's limit of " + std::to_string(limits.max_tensor_elements));
     }
     total = n > limits.max_case_elements - total ? limits.max_case_elements + 1 : total + n;
   };

@@ -22,7 +22,8 @@ std::vector<std::vector<int64_t>> fuser_members(const CasePlan& plan) {
   return members;
 }
 
-std::vector<PlanGroup> to_spec_indices(const std::vector<ops::PlanEntry>& entries, const std::vector<int64_t>& members) {
+std::vector<PlanGroup> to_spec_indices(const std::vector<ops::PlanEntry>& entries,
+                                       const std::vector<int64_t>& members) {
   std::vector<PlanGroup> out;
   for (const auto& e : entries) {
     PlanGroup g;
@@ -30,7 +31,7 @@ std::vector<PlanGroup> to_spec_indices(const std::vector<ops::PlanEntry>& entrie
     g.fused = e.fused;
     g.begin = e.begin < static_cast<int64_t>(members.size()) ? members[static_cast<size_t>(e.begin)] : e.begin;
     g.end = e.end > 0 && e.end <= static_cast<int64_t>(members.size()) ? members[static_cast<size_t>(e.end - 1)] + 1
-                                                                        : e.end;
+                                                                       : e.end;
     out.push_back(std::move(g));
   }
   return out;

@@ -222,8 +222,7 @@ void compare_paths(const std::string& path_pair, const CaseSpec& spec, const Pat
   const size_t n_extra = std::max(expected.grad_extra_inputs.size(), got.grad_extra_inputs.size());
   for (size_t k = 0; k < n_extra; ++k) {
     comparer.compare(path_pair, "grad_extra_input[" + std::to_string(k) + "]", "grad_extra_input",
-                     grad_extra_at(&expected, k), grad_extra_at(&got, k), true, tolerance,
-                     grad_extra_at(rounding, k));
+                     grad_extra_at(&expected, k), grad_extra_at(&got, k), true, tolerance, grad_extra_at(rounding, k));
   }
   // Channels: only those the expected side has a gradient for. A channel the expected side
   // leaves out has a value that does not require grad there (a fuser may still trace a

@@ -155,7 +155,7 @@ std::string ChildProcess::terminate() {
 
 std::string ChildProcess::stderr_tail(size_t max_bytes) const {
   if (stderr_file_ < 0) return "";
-  struct stat st{};
+  struct stat st {};
   if (::fstat(stderr_file_, &st) != 0 || st.st_size <= 0) return "";
   const off_t size = st.st_size;
   const off_t start = size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;

@@ -104,8 +104,8 @@ struct RemoteBackend::Reply {
 
 ChildProcess::Options adapter_process_options(const BackendOptions& options) {
   ChildProcess::Options o;
-  const std::string python = !options.python.empty() ? options.python
-                                                     : env_or("GRADFUZZ_PYTHON", GRADFUZZ_DEFAULT_PYTHON);
+  const std::string python =
+      !options.python.empty() ? options.python : env_or("GRADFUZZ_PYTHON", GRADFUZZ_DEFAULT_PYTHON);
   const std::string adapter_dir = !options.adapter_dir.empty()
                                       ? options.adapter_dir
                                       : env_or("GRADFUZZ_ADAPTER_DIR", std::string(GRADFUZZ_SOURCE_DIR) + "/adapter");
@@ -174,9 +174,9 @@ void RemoteBackend::start() {
     child_.reset();
     std::string argv;
     for (const auto& a : process.argv) argv += (argv.empty() ? "" : " ") + a;
-    throw BackendUnavailable("the " + options_.name + " adapter (" + argv + ", PYTHONPATH=" +
-                             process.env.at("PYTHONPATH") + ") did not start: " + e.what() + " (" + how + ")" +
-                             (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
+    throw BackendUnavailable("the " + options_.name + " adapter (" + argv +
+                             ", PYTHONPATH=" + process.env.at("PYTHONPATH") + ") did not start: " + e.what() + " (" +
+                             how + ")" + (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
   }
 }
 
@@ -195,8 +195,8 @@ RemoteBackend::Reply RemoteBackend::call(json header, const std::vector<at::Tens
   }
   Reply reply;
   try {
-    const auto deadline = wire::Clock::now() + std::chrono::duration_cast<wire::Clock::duration>(
-                                                   std::chrono::duration<double>(timeout_s));
+    const auto deadline = wire::Clock::now() +
+                          std::chrono::duration_cast<wire::Clock::duration>(std::chrono::duration<double>(timeout_s));
     reply.frame = wire::read_frame(child_->stdout_fd(), deadline);
   } catch (const wire::PeerClosed&) {
     fail_dead("died while running the case");

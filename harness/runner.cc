@@ -263,8 +263,7 @@ std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& p
       (binding.output_to_caller ? public_bound : hidden) = true;
       producers[{op_plan.fuser, *binding.channel}] = {op.name, static_cast<int64_t>(s)};
     }
-    if (op.output_style == ops::OutputStyle::kGenerator &&
-        (n_in > 0 || !op_plan.signature.extra_outputs.empty())) {
+    if (op.output_style == ops::OutputStyle::kGenerator && (n_in > 0 || !op_plan.signature.extra_outputs.empty())) {
       generator = true;
     }
     if (op.name == "GroupedLinear") {
@@ -530,8 +529,7 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
     }
     return details;
   };
-  result.details =
-      compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context), nullptr);
+  result.details = compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context), nullptr);
   bool dtype_overflows = false;
   if (!result.details.empty() && dtype != at::kDouble) {
     // What the dtype itself costs this case, per element: the plain-autograd reference run
@@ -545,8 +543,8 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
       if (baseline.ok()) {
         const PathRun rounding = rounding_errors(reference, baseline);
         notes.clear();
-        result.details = compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context),
-                                      &rounding);
+        result.details =
+            compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context), &rounding);
       }
     }
   }

@@ -154,8 +154,8 @@ at::Tensor tensor_at(const Frame& frame, const nlohmann::json& ref) {
   if (!ref.is_number_integer()) throw ProtocolError("expected a tensor index or null, got " + ref.dump());
   const int64_t i = ref.get<int64_t>();
   if (i < 0 || i >= static_cast<int64_t>(frame.tensors.size())) {
-    throw ProtocolError("tensor index " + std::to_string(i) + " out of range (" +
-                        std::to_string(frame.tensors.size()) + " tensors)");
+    throw ProtocolError("tensor index " + std::to_string(i) + " out of range (" + std::to_string(frame.tensors.size()) +
+                        " tensors)");
   }
   return frame.tensors[static_cast<size_t>(i)];
 }

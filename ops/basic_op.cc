@@ -15,8 +15,8 @@ std::string BasicOp::describe_slot(const char* direction, int64_t slot) const {
 ForwardResult BasicOp::forward(OpContext& ctx, const at::Tensor& input,
                                const std::vector<at::Tensor>& extra_inputs) const {
   if (static_cast<int64_t>(extra_inputs.size()) != num_extra_inputs()) {
-    throw ExtraCountError(type_ + " forward: expected " + std::to_string(num_extra_inputs()) +
-                          " extra inputs, got " + std::to_string(extra_inputs.size()));
+    throw ExtraCountError(type_ + " forward: expected " + std::to_string(num_extra_inputs()) + " extra inputs, got " +
+                          std::to_string(extra_inputs.size()));
   }
   if (!input.defined()) throw InvalidArgumentError(type_ + " forward: the main input is undefined");
   return forward_impl(ctx, input, extra_inputs);
@@ -34,8 +34,8 @@ BackwardResult BasicOp::backward(OpContext& ctx, const at::Tensor& grad_output,
 ReferenceResult BasicOp::reference(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
                                    const std::vector<at::Tensor>& params) const {
   if (static_cast<int64_t>(extra_inputs.size()) != num_extra_inputs()) {
-    throw ExtraCountError(type_ + " reference: expected " + std::to_string(num_extra_inputs()) +
-                          " extra inputs, got " + std::to_string(extra_inputs.size()));
+    throw ExtraCountError(type_ + " reference: expected " + std::to_string(num_extra_inputs()) + " extra inputs, got " +
+                          std::to_string(extra_inputs.size()));
   }
   if (params.size() != parameters().size()) {
     throw InvalidArgumentError(type_ + " reference: expected " + std::to_string(parameters().size()) +
@@ -54,12 +54,11 @@ void BasicOp::check_binding_change(const char* direction, int64_t slot, int64_t 
   const std::string channel = name ? "'" + *name + "'" : std::string("<unbound>");
   if (slot < 0 || slot >= count) {
     throw SlotOutOfRangeError(type_ + ": extra " + direction + " slot " + std::to_string(slot) +
-                              " is out of range (the op has " + std::to_string(count) + " extra " +
-                              direction + " slots) while binding channel " + channel);
+                              " is out of range (the op has " + std::to_string(count) + " extra " + direction +
+                              " slots) while binding channel " + channel);
   }
   if (name && name->empty()) {
-    throw InvalidChannelNameError(describe_slot(direction, slot) +
-                                  ": channel name must be a non-empty string, got ''");
+    throw InvalidChannelNameError(describe_slot(direction, slot) + ": channel name must be a non-empty string, got ''");
   }
   if (locked_) {
     throw LockedError(describe_slot(direction, slot) + ": cannot bind channel " + channel +
@@ -78,8 +77,7 @@ BasicOp& BasicOp::set_extra_input_channel(int64_t slot, std::optional<std::strin
   return *this;
 }
 
-BasicOp& BasicOp::set_extra_output_channel(int64_t slot, std::optional<std::string> name,
-                                           bool output_to_caller) {
+BasicOp& BasicOp::set_extra_output_channel(int64_t slot, std::optional<std::string> name, bool output_to_caller) {
   check_binding_change("output", slot, num_extra_outputs(), name);
   if (name) {
     output_bindings_[slot] = OutputBinding{std::move(name), output_to_caller};

@@ -61,8 +61,7 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
 
   /// Fused-path forward. `extra_inputs` has num_extra_inputs() entries; an undefined entry
   /// is a bound slot whose producer sits in the same fused group (only fused ops see those).
-  ForwardResult forward(OpContext& ctx, const at::Tensor& input,
-                        const std::vector<at::Tensor>& extra_inputs) const;
+  ForwardResult forward(OpContext& ctx, const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) const;
   /// Fused-path backward; `grad_extra_outputs` has num_extra_outputs() entries, undefined
   /// where no gradient arrived.
   BackwardResult backward(OpContext& ctx, const at::Tensor& grad_output,
@@ -76,8 +75,7 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
   /// SlotOutOfRangeError, InvalidChannelNameError (empty name), LockedError.
   BasicOp& set_extra_input_channel(int64_t slot, std::optional<std::string> name);
   /// Bind an extra output slot; unbinding forces output_to_caller = true. Same errors.
-  BasicOp& set_extra_output_channel(int64_t slot, std::optional<std::string> name,
-                                    bool output_to_caller = true);
+  BasicOp& set_extra_output_channel(int64_t slot, std::optional<std::string> name, bool output_to_caller = true);
   std::optional<std::string> extra_input_channel(int64_t slot) const;
   OutputBinding extra_output_binding(int64_t slot) const;
 
@@ -90,8 +88,7 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
 
   /// Standalone call through a transient fuser: validates bindings, never locks (repair of
   /// finding 3). Returns the main output followed by public extra outputs.
-  std::vector<at::Tensor> operator()(const at::Tensor& input,
-                                     const std::vector<at::Tensor>& extra_inputs = {});
+  std::vector<at::Tensor> operator()(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs = {});
 
   bool locked() const { return locked_; }
   /// Called by persistent fusers only.
@@ -107,13 +104,10 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
                                      const std::vector<at::Tensor>& extra_inputs) const = 0;
   virtual BackwardResult backward_impl(OpContext& ctx, const at::Tensor& grad_output,
                                        const std::vector<at::Tensor>& grad_extra_outputs) const = 0;
-  virtual ReferenceResult reference_impl(const at::Tensor& input,
-                                         const std::vector<at::Tensor>& extra_inputs,
+  virtual ReferenceResult reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs,
                                          const std::vector<at::Tensor>& params) const = 0;
   /// Packs tensors in this op's output style.
-  ExtraOutputs pack(std::vector<at::Tensor> tensors) const {
-    return ExtraOutputs::make(style_, std::move(tensors));
-  }
+  ExtraOutputs pack(std::vector<at::Tensor> tensors) const { return ExtraOutputs::make(style_, std::move(tensors)); }
 
  private:
   void check_binding_change(const char* direction, int64_t slot, int64_t count,
@@ -130,14 +124,13 @@ using BasicOpPtr = std::shared_ptr<BasicOp>;
 
 /// Declares, in a basic op's class body, the three hooks every basic op overrides:
 /// forward_impl, backward_impl and reference_impl, with BasicOp's exact signatures.
-#define GRADFUZZ_BASIC_OP_IMPL()                                                                               \
-  ::gradfuzz::ops::ForwardResult forward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& input,        \
-                                              const std::vector<at::Tensor>& extra_inputs) const override;     \
-  ::gradfuzz::ops::BackwardResult backward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& grad_output, \
-                                                const std::vector<at::Tensor>& grad_extra_outputs)              \
-      const override;                                                                                          \
-  ::gradfuzz::ops::ReferenceResult reference_impl(const at::Tensor& input,                                     \
-                                                  const std::vector<at::Tensor>& extra_inputs,                 \
-                                                  const std::vector<at::Tensor>& params) const override
+#define GRADFUZZ_BASIC_OP_IMPL()                                                                                   \
+  ::gradfuzz::ops::ForwardResult forward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& input,            \
+                                              const std::vector<at::Tensor>& extra_inputs) const override;         \
+  ::gradfuzz::ops::BackwardResult backward_impl(::gradfuzz::ops::OpContext& ctx, const at::Tensor& grad_output,    \
+                                                const std::vector<at::Tensor>& grad_extra_outputs) const override; \
+  ::gradfuzz::ops::ReferenceResult reference_impl(                                                                 \
+      const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs, const std::vector<at::Tensor>& params) \
+      const override
 
 }  // namespace gradfuzz::ops

@@ -17,11 +17,11 @@ class Error : public std::runtime_error {
   std::string kind_;
 };
 
-#define GRADFUZZ_DECLARE_ERROR(Name, kind_text)                               \
-  class Name : public ::gradfuzz::Error {                                     \
-   public:                                                                    \
-    static constexpr const char* kKind = kind_text;                           \
-    explicit Name(const std::string& message) : Error(kKind, message) {}      \
+#define GRADFUZZ_DECLARE_ERROR(Name, kind_text)                          \
+  class Name : public ::gradfuzz::Error {                                \
+   public:                                                               \
+    static constexpr const char* kKind = kind_text;                      \
+    explicit Name(const std::string& message) : Error(kKind, message) {} \
   }
 
 namespace ops {
@@ -60,13 +60,12 @@ GRADFUZZ_DECLARE_ERROR(UnknownNameError, "unknown-name");
 }  // namespace ops
 
 /// Internal invariant check: a failure is a bug in gradfuzz, not misuse.
-#define GRADFUZZ_INTERNAL_ASSERT(cond, msg)                                          \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      throw std::logic_error(std::string("gradfuzz internal assertion failed: ") +   \
-                             #cond + " (" + __FILE__ + ":" + std::to_string(__LINE__) + \
-                             "): " + (msg));                                         \
-    }                                                                                \
+#define GRADFUZZ_INTERNAL_ASSERT(cond, msg)                                                                        \
+  do {                                                                                                             \
+    if (!(cond)) {                                                                                                 \
+      throw std::logic_error(std::string("gradfuzz internal assertion failed: ") + #cond + " (" + __FILE__ + ":" + \
+                             std::to_string(__LINE__) + "): " + (msg));                                            \
+    }                                                                                                              \
   } while (false)
 
 }  // namespace gradfuzz

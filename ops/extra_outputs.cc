@@ -6,9 +6,7 @@
 
 namespace gradfuzz::ops {
 
-const char* output_style_name(OutputStyle style) {
-  return style == OutputStyle::kVector ? "vector" : "generator";
-}
+const char* output_style_name(OutputStyle style) { return style == OutputStyle::kVector ? "vector" : "generator"; }
 
 OutputStyle output_style_from_name(const std::string& name) {
   if (name == "vector") return OutputStyle::kVector;

@@ -16,29 +16,50 @@ size_t index_of(Fault fault) { return static_cast<size_t>(fault); }
 }  // namespace
 
 const std::vector<Fault>& all_faults() {
-  static const std::vector<Fault> faults = {
-      Fault::kInternalRequiresGrad, Fault::kGeneratorOutputs, Fault::kTransientLock,
-      Fault::kSameFusionGradDrop,   Fault::kSlotOrder,        Fault::kScaleBiasGrad,
-      Fault::kInPlaceExtraInput,    Fault::kAliasedChannelGrad, Fault::kStalePlan, Fault::kCrashSegfault,
-      Fault::kCrashAbort,           Fault::kHang,             Fault::kOobWrite};
+  static const std::vector<Fault> faults = {Fault::kInternalRequiresGrad,
+                                            Fault::kGeneratorOutputs,
+                                            Fault::kTransientLock,
+                                            Fault::kSameFusionGradDrop,
+                                            Fault::kSlotOrder,
+                                            Fault::kScaleBiasGrad,
+                                            Fault::kInPlaceExtraInput,
+                                            Fault::kAliasedChannelGrad,
+                                            Fault::kStalePlan,
+                                            Fault::kCrashSegfault,
+                                            Fault::kCrashAbort,
+                                            Fault::kHang,
+                                            Fault::kOobWrite};
   return faults;
 }
 
 std::string fault_name(Fault fault) {
   switch (fault) {
-    case Fault::kInternalRequiresGrad: return "internal-requires-grad";
-    case Fault::kGeneratorOutputs: return "generator-outputs";
-    case Fault::kTransientLock: return "transient-lock";
-    case Fault::kSameFusionGradDrop: return "same-fusion-grad-drop";
-    case Fault::kSlotOrder: return "slot-order";
-    case Fault::kScaleBiasGrad: return "scale-bias-grad";
-    case Fault::kInPlaceExtraInput: return "inplace-extra-input";
-    case Fault::kAliasedChannelGrad: return "aliased-channel-grad";
-    case Fault::kStalePlan: return "stale-plan";
-    case Fault::kCrashSegfault: return "crash-segfault";
-    case Fault::kCrashAbort: return "crash-abort";
-    case Fault::kHang: return "hang";
-    case Fault::kOobWrite: return "oob-write";
+    case Fault::kInternalRequiresGrad:
+      return "internal-requires-grad";
+    case Fault::kGeneratorOutputs:
+      return "generator-outputs";
+    case Fault::kTransientLock:
+      return "transient-lock";
+    case Fault::kSameFusionGradDrop:
+      return "same-fusion-grad-drop";
+    case Fault::kSlotOrder:
+      return "slot-order";
+    case Fault::kScaleBiasGrad:
+      return "scale-bias-grad";
+    case Fault::kInPlaceExtraInput:
+      return "inplace-extra-input";
+    case Fault::kAliasedChannelGrad:
+      return "aliased-channel-grad";
+    case Fault::kStalePlan:
+      return "stale-plan";
+    case Fault::kCrashSegfault:
+      return "crash-segfault";
+    case Fault::kCrashAbort:
+      return "crash-abort";
+    case Fault::kHang:
+      return "hang";
+    case Fault::kOobWrite:
+      return "oob-write";
   }
   GRADFUZZ_INTERNAL_ASSERT(false, "unhandled fault");
 }

@@ -14,7 +14,7 @@ enum class Fault {
   kSlotOrder,             // finding 4: public extras matched bound-slots-first
   kScaleBiasGrad,         // finding 4: GroupedLinear(scale_bias) grad in the wrong slot
   // runtime.md section 11 hazards, repaired in the runtime:
-  kInPlaceExtraInput,  // an op writing into its extra input gets the channel's own tensor, not a copy
+  kInPlaceExtraInput,   // an op writing into its extra input gets the channel's own tensor, not a copy
   kAliasedChannelGrad,  // the first stored channel gradient is the consumer's tensor, not a copy
   // runtime.md section 5: plans are rebuilt when first_op_requiring_backward changes.
   kStalePlan,  // a fuser keeps its first call's plans for every later call

@@ -1,14 +1,13 @@
 #include "ops/fuser.h"
 
-#include <chrono>
-#include <csignal>
-#include <cstdlib>
-#include <thread>
-
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
 
 #include "ops/errors.h"
 #include "ops/faults.h"
@@ -40,8 +39,7 @@ at::Tensor fresh_sum(const at::Tensor& a, const at::Tensor& b) {
 }
 
 /// Reads one op's container exactly once into a vector and checks its length.
-std::vector<at::Tensor> materialize(ExtraOutputs& container, size_t expected, const BasicOp& op,
-                                    const char* what) {
+std::vector<at::Tensor> materialize(ExtraOutputs& container, size_t expected, const BasicOp& op, const char* what) {
   std::vector<at::Tensor> tensors;
   if (fault_enabled(Fault::kGeneratorOutputs)) {
     // Review finding 2: size and index the container as if it were a sequence.
@@ -97,8 +95,8 @@ constexpr size_t kInputArg = 4;
 class FuserFunction : public torch::autograd::Function<FuserFunction> {
  public:
   static variable_list forward(AutogradContext* autograd_ctx, c10::intrusive_ptr<CallState> state,
-                               const std::vector<FusedOpPtr>* forward_plan, const std::vector<PlanEntry>* forward_entries,
-                               int64_t first_op_requiring_backward,
+                               const std::vector<FusedOpPtr>* forward_plan,
+                               const std::vector<PlanEntry>* forward_entries, int64_t first_op_requiring_backward,
                                const at::Tensor& input, at::TensorList params, at::TensorList extra_inputs) {
     const std::vector<BasicOpPtr>& ops = state->ops;
     const RoutingTables& routing = *state->routing;
@@ -301,8 +299,8 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
       }
       for (int64_t i = entry.begin; i < entry.end; ++i) {
         const BasicOp& op = *ops[i];
-        std::vector<at::Tensor> input_grads = materialize(result.grad_extra_inputs[i - entry.begin],
-                                                          op.num_extra_inputs(), op, "extra-input gradients");
+        std::vector<at::Tensor> input_grads =
+            materialize(result.grad_extra_inputs[i - entry.begin], op.num_extra_inputs(), op, "extra-input gradients");
         for (int64_t s = 0; s < op.num_extra_inputs(); ++s) {
           const SlotRef ref{i, s};
           const at::Tensor& grad = input_grads[s];
@@ -330,9 +328,9 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
           acc = acc.defined() ? acc + cast : (fault_enabled(Fault::kAliasedChannelGrad) ? cast : cast.clone());
         }
         const std::vector<at::Tensor>& pgrads = result.grad_params[i - entry.begin];
-        const size_t num_params = (i + 1 < static_cast<int64_t>(ops.size()) ? state->param_offsets[i + 1]
-                                                                            : state->num_params) -
-                                  state->param_offsets[i];
+        const size_t num_params =
+            (i + 1 < static_cast<int64_t>(ops.size()) ? state->param_offsets[i + 1] : state->num_params) -
+            state->param_offsets[i];
         // As TE's fuser does: a backward owes one entry (possibly undefined) per parameter;
         // a short list would otherwise leave the missing gradients silently undefined.
         if (pgrads.size() != num_params) {
@@ -410,9 +408,9 @@ std::vector<PlanEntry> map_plan(const std::vector<FusedOpPtr>& plan, const std::
     for (const BasicOpPtr& op : group->basic_ops()) {
       if (next >= static_cast<int64_t>(ops.size()) || ops[next] != op) {
         throw PlanMismatchError(group->name() + " covers " + op->type() + " where the plan expects " +
-                                (next < static_cast<int64_t>(ops.size()) ? ops[next]->type() + " (op " +
-                                                                               std::to_string(next) + ")"
-                                                                         : std::string("no more ops")));
+                                (next < static_cast<int64_t>(ops.size())
+                                     ? ops[next]->type() + " (op " + std::to_string(next) + ")"
+                                     : std::string("no more ops")));
       }
       ++next;
     }
@@ -443,7 +441,8 @@ int64_t OperationFuser::first_op_requiring_backward(const at::Tensor& input,
   if (input.requires_grad()) return 0;
   std::vector<bool> op_has_grad_input(n, false);
   for (size_t k = 0; k < routing_->public_inputs.size() && k < extra_inputs.size(); ++k) {
-    if (extra_inputs[k].defined() && extra_inputs[k].requires_grad()) op_has_grad_input[routing_->public_inputs[k].op] = true;
+    if (extra_inputs[k].defined() && extra_inputs[k].requires_grad())
+      op_has_grad_input[routing_->public_inputs[k].op] = true;
   }
   for (int64_t i = 0; i < n; ++i) {
     if (op_has_grad_input[i]) return i;
@@ -493,7 +492,8 @@ std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input, const s
   if (!input.defined()) throw InvalidArgumentError("OperationFuser: the main input is undefined");
   if (extra_inputs.size() != routing_->public_inputs.size()) {
     std::string slots;
-    for (const SlotRef& ref : routing_->public_inputs) slots += (slots.empty() ? "" : ", ") + slot_name(ops_, ref, "input");
+    for (const SlotRef& ref : routing_->public_inputs)
+      slots += (slots.empty() ? "" : ", ") + slot_name(ops_, ref, "input");
     throw ExtraInputCountError("OperationFuser expected " + std::to_string(routing_->public_inputs.size()) +
                                " public extra inputs (" + (slots.empty() ? std::string("none") : slots) + "), got " +
                                std::to_string(extra_inputs.size()));

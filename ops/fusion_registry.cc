@@ -9,9 +9,12 @@ namespace gradfuzz::ops {
 
 const char* fusion_pass_name(FusionPass pass) {
   switch (pass) {
-    case FusionPass::kJoint: return "joint";
-    case FusionPass::kForward: return "forward";
-    case FusionPass::kBackward: return "backward";
+    case FusionPass::kJoint:
+      return "joint";
+    case FusionPass::kForward:
+      return "forward";
+    case FusionPass::kBackward:
+      return "backward";
   }
   GRADFUZZ_INTERNAL_ASSERT(false, "unhandled fusion pass");
 }

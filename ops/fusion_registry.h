@@ -47,8 +47,7 @@ class FusionRegistry {
   bool empty() const { return entries_.empty(); }
 
   /// Applies the functions of one pass, in registration order.
-  std::vector<FusedOpPtr> apply(FusionPass pass, std::vector<FusedOpPtr> groups,
-                                const FusionContext& context) const;
+  std::vector<FusedOpPtr> apply(FusionPass pass, std::vector<FusedOpPtr> groups, const FusionContext& context) const;
 
  private:
   std::vector<Entry> entries_;

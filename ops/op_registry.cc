@@ -6,9 +6,12 @@ namespace gradfuzz::ops {
 
 const char* tensor_kind_name(TensorKind kind) {
   switch (kind) {
-    case TensorKind::kFloat: return "float";
-    case TensorKind::kSplitSizes: return "split_sizes";
-    case TensorKind::kRoutingMap: return "routing_map";
+    case TensorKind::kFloat:
+      return "float";
+    case TensorKind::kSplitSizes:
+      return "split_sizes";
+    case TensorKind::kRoutingMap:
+      return "routing_map";
   }
   GRADFUZZ_INTERNAL_ASSERT(false, "unhandled tensor kind");
 }
@@ -50,8 +53,8 @@ OpAttrs OpRegistry::resolve(const OpInfo& op, const OpAttrs& attrs) const {
     if (op.defaults.count(key) == 0) {
       std::string known;
       for (const auto& [known_key, unused] : op.defaults) known += (known.empty() ? "" : ", ") + known_key;
-      throw UnknownNameError(op.name + ": unknown attr '" + key + "'; known attrs: " +
-                             (known.empty() ? std::string("(none)") : known));
+      throw UnknownNameError(op.name + ": unknown attr '" + key +
+                             "'; known attrs: " + (known.empty() ? std::string("(none)") : known));
     }
     resolved[key] = value;
   }

@@ -42,7 +42,7 @@ struct OpSignature {
 /// device) and deterministic non-zero initial values. Throws InvalidArgumentError when the
 /// attrs do not fit the shape (SwiGLU on an odd feature count...).
 using OpFactory = std::function<BasicOpPtr(const OpAttrs&, const std::vector<int64_t>& input_shape,
-                                          const at::TensorOptions& options)>;
+                                           const at::TensorOptions& options)>;
 /// Signature for a main input of `input_shape` (same errors as the factory).
 using OpSignatureFn = std::function<OpSignature(const OpAttrs&, const std::vector<int64_t>& input_shape)>;
 
@@ -67,8 +67,7 @@ class OpRegistry {
   std::vector<std::string> names() const;
   BasicOpPtr create(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& input_shape,
                     const at::TensorOptions& options) const;
-  OpSignature signature(const std::string& name, const OpAttrs& attrs,
-                        const std::vector<int64_t>& input_shape) const;
+  OpSignature signature(const std::string& name, const OpAttrs& attrs, const std::vector<int64_t>& input_shape) const;
 
  private:
   OpAttrs resolve(const OpInfo& info, const OpAttrs& attrs) const;

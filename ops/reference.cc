@@ -33,7 +33,8 @@ ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarT
   }
 }
 
-std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input, const std::vector<at::Tensor>& extra_inputs) {
+std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
+                                                    const std::vector<at::Tensor>& extra_inputs) {
   input_ = reference_leaf(input, compute_dtype_, device_);
   extra_inputs_.clear();
   for (const at::Tensor& e : extra_inputs) extra_inputs_.push_back(reference_leaf(e, compute_dtype_, device_));

@@ -32,7 +32,8 @@ Sequential::Sequential(std::vector<Module> modules, const FusionRegistry& fusion
   }
   // Fusers built without locking validate their runs; only when every run is valid does the
   // Sequential lock what they cover.
-  for (auto& run : runs) fusers_.push_back(std::make_shared<OperationFuser>(std::move(run), fusions, Locking::kTransient));
+  for (auto& run : runs)
+    fusers_.push_back(std::make_shared<OperationFuser>(std::move(run), fusions, Locking::kTransient));
   for (const auto& fuser : fusers_) {
     for (const BasicOpPtr& op : fuser->ops()) op->lock();
   }

@@ -131,7 +131,8 @@ void counts_table(std::ostream& out, const std::string& id, const std::string& c
     out << "<p class=\"none\">none</p></div>\n";
     return;
   }
-  out << "<table class=\"sortable\" id=\"" << id << "\"><thead><tr><th>name</th><th class=\"num\">count</th></tr></thead><tbody>";
+  out << "<table class=\"sortable\" id=\"" << id
+      << "\"><thead><tr><th>name</th><th class=\"num\">count</th></tr></thead><tbody>";
   for (const auto& [name, value] : counts.items()) {
     out << "<tr" << (value.get<int64_t>() == 0 ? " class=\"zero\"" : "") << "><td>" << escape_markup(name)
         << "</td><td class=\"num\">" << value.get<int64_t>() << "</td></tr>";
@@ -182,12 +183,17 @@ void summary_section(std::ostream& out, const Json& report) {
   const Json& s = report["summary"];
   const Json& c = report["campaign"];
   out << "<section id=\"summary\"><h2>Summary</h2><table><tbody>\n";
-  const std::pair<const char*, const char*> rows[] = {{"cases_run", "cases run"},   {"passed", "passed"},
-                                                      {"failed", "failed"},         {"unsupported", "unsupported"},
-                                                      {"findings", "finding clusters"}, {"wall_s", "wall time (s)"},
-                                                      {"cases_per_s", "cases per second"}, {"complete", "complete"}};
+  const std::pair<const char*, const char*> rows[] = {{"cases_run", "cases run"},
+                                                      {"passed", "passed"},
+                                                      {"failed", "failed"},
+                                                      {"unsupported", "unsupported"},
+                                                      {"findings", "finding clusters"},
+                                                      {"wall_s", "wall time (s)"},
+                                                      {"cases_per_s", "cases per second"},
+                                                      {"complete", "complete"}};
   for (const auto& [key, label] : rows) {
-    out << "<tr><th>" << label << "</th><td class=\"num\" id=\"summary-" << key << "\">" << cell(s[key]) << "</td></tr>\n";
+    out << "<tr><th>" << label << "</th><td class=\"num\" id=\"summary-" << key << "\">" << cell(s[key])
+        << "</td></tr>\n";
   }
   out << "</tbody></table>\n<table><tbody>\n";
   for (const char* key : {"command", "cases_requested", "time_budget_s", "dtypes", "devices", "workers", "shapes"}) {
@@ -205,10 +211,12 @@ void summary_section(std::ostream& out, const Json& report) {
 void details_table(std::ostream& out, const Json& details) {
   if (details.empty()) return;
   out << "<table class=\"details\"><thead><tr><th>paths</th><th>tensor</th><th>kind</th><th class=\"num\">max abs "
-         "err</th><th class=\"num\">max rel err</th><th class=\"num\">atol</th><th class=\"num\">rtol</th><th>index</th><th "
+         "err</th><th class=\"num\">max rel err</th><th class=\"num\">atol</th><th "
+         "class=\"num\">rtol</th><th>index</th><th "
          "class=\"num\">expected</th><th class=\"num\">got</th></tr></thead><tbody>\n";
   for (const auto& d : details) {
-    out << "<tr><td>" << cell(d["path_pair"]) << "</td><td>" << cell(d["tensor"]) << "</td><td>" << cell(d["kind"]) << "</td>";
+    out << "<tr><td>" << cell(d["path_pair"]) << "</td><td>" << cell(d["tensor"]) << "</td><td>" << cell(d["kind"])
+        << "</td>";
     for (const char* key : {"max_abs_err", "max_rel_err", "atol", "rtol"}) {
       out << "<td class=\"num\">" << (d[key].is_number() ? format_number(d[key].get<double>()) : "NaN/inf") << "</td>";
     }
@@ -227,7 +235,8 @@ void clusters_section(std::ostream& out, const Json& report) {
   if (findings.empty()) {
     out << "<p class=\"none\" id=\"no-clusters\">No finding.</p>\n";
   } else {
-    out << "<p><input id=\"cluster-filter\" type=\"search\" placeholder=\"filter by signature, kind, op, tensor, file\" "
+    out << "<p><input id=\"cluster-filter\" type=\"search\" placeholder=\"filter by signature, kind, op, tensor, "
+           "file\" "
            "aria-label=\"filter clusters\"> <span id=\"cluster-filter-status\"></span></p>\n";
   }
   int index = 0;
@@ -256,8 +265,9 @@ void clusters_section(std::ostream& out, const Json& report) {
     }
     if (f.contains("seed")) out << "<dt>value seed</dt><dd>" << cell(f["seed"]) << "</dd>";
     out << "</dl>\n";
-    out << "<pre class=\"reproduce\">" << cell(f["reproduce"]) << "</pre><button class=\"copy\" type=\"button\" data-copy=\""
-        << cell(f["reproduce"]) << "\">copy reproduce line</button>\n";
+    out << "<pre class=\"reproduce\">" << cell(f["reproduce"])
+        << "</pre><button class=\"copy\" type=\"button\" data-copy=\"" << cell(f["reproduce"])
+        << "\">copy reproduce line</button>\n";
     if (f.contains("error")) out << "<pre class=\"error\">" << cell(f["error"]) << "</pre>\n";
     details_table(out, f["details"]);
     out << "</div>\n";
@@ -274,8 +284,8 @@ int bin_of(double value, int lo, int hi) {
 }
 
 /// One group's histogram over the shared decades [lo, hi] plus a NaN/inf bin when `nonfinite`.
-void svg_histogram(std::ostream& out, const std::string& id, const std::string& title, const std::vector<double>& values,
-                   int lo, int hi, bool nonfinite) {
+void svg_histogram(std::ostream& out, const std::string& id, const std::string& title,
+                   const std::vector<double>& values, int lo, int hi, bool nonfinite) {
   const int finite_bins = hi - lo + 1;
   const int bins = finite_bins + (nonfinite ? 1 : 0);
   std::vector<int64_t> counts(static_cast<size_t>(bins), 0);
@@ -286,8 +296,8 @@ void svg_histogram(std::ostream& out, const std::string& id, const std::string& 
   constexpr int kBarWidth = 30, kLeft = 30, kTop = 22, kPlotHeight = 90, kBottom = 34;
   const int width = kLeft + bins * kBarWidth + 10;
   const int height = kTop + kPlotHeight + kBottom;
-  out << "<svg class=\"hist\" id=\"" << id << "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\""
-      << height << "\" viewBox=\"0 0 " << width << ' ' << height << "\" role=\"img\" aria-label=\""
+  out << "<svg class=\"hist\" id=\"" << id << "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width
+      << "\" height=\"" << height << "\" viewBox=\"0 0 " << width << ' ' << height << "\" role=\"img\" aria-label=\""
       << escape_markup(title) << "\">\n";
   out << "<text class=\"title\" x=\"" << kLeft << "\" y=\"14\">" << escape_markup(title) << " (" << values.size()
       << ")</text>\n";
@@ -320,9 +330,10 @@ void svg_histogram(std::ostream& out, const std::string& id, const std::string& 
     const int bar = static_cast<int>(std::lround(static_cast<double>(n) * kPlotHeight / static_cast<double>(top)));
     const int x = kLeft + b * kBarWidth;
     out << "<rect class=\"" << (is_nonfinite ? "nonfinite" : "bar") << "\" x=\"" << x + 2 << "\" y=\""
-        << kTop + kPlotHeight - bar << "\" width=\"" << kBarWidth - 4 << "\" height=\"" << bar << "\" data-count=\"" << n
-        << "\"><title>" << escape_markup(range) << ": " << n << " tensor(s)</title></rect>\n";
-    out << "<text x=\"" << x + 2 << "\" y=\"" << kTop + kPlotHeight + 13 << "\">" << escape_markup(label) << "</text>\n";
+        << kTop + kPlotHeight - bar << "\" width=\"" << kBarWidth - 4 << "\" height=\"" << bar << "\" data-count=\""
+        << n << "\"><title>" << escape_markup(range) << ": " << n << " tensor(s)</title></rect>\n";
+    out << "<text x=\"" << x + 2 << "\" y=\"" << kTop + kPlotHeight + 13 << "\">" << escape_markup(label)
+        << "</text>\n";
   }
   out << "<text x=\"" << kLeft << "\" y=\"" << height - 4 << "\">max_abs_err / atol</text>\n</svg>\n";
 }
@@ -342,7 +353,8 @@ void errors_section(std::ostream& out, const Json& report) {
   out << "<p class=\"meta\">Histograms of log10(max_abs_err / atol) of every mismatching tensor of the clusters' "
          "representative cases (one value per compared tensor, not weighted by the cluster's count), bins of one "
          "decade. A finding counts under each of its op types.";
-  if (dist.left_out > 0) out << ' ' << dist.left_out << " detail(s) that are not mismatches or have no tolerance are left out.";
+  if (dist.left_out > 0)
+    out << ' ' << dist.left_out << " detail(s) that are not mismatches or have no tolerance are left out.";
   out << "</p>\n";
   double min = std::numeric_limits<double>::infinity();
   double max = -std::numeric_limits<double>::infinity();
@@ -395,7 +407,8 @@ void coverage_section(std::ostream& out, const Json& report) {
 void selftest_section(std::ostream& out, const Json& report) {
   if (!report.contains("selftest")) return;
   out << "<section id=\"selftest\"><h2>Selftest</h2><table class=\"sortable\"><thead><tr><th>fault</th><th>ok</th>"
-         "<th>detected</th><th class=\"num\">cases to detect</th><th class=\"num\">seconds</th><th class=\"num\">shrunk "
+         "<th>detected</th><th class=\"num\">cases to detect</th><th class=\"num\">seconds</th><th "
+         "class=\"num\">shrunk "
          "ops</th><th>case file</th></tr></thead><tbody>\n";
   for (const auto& e : report["selftest"]) {
     out << "<tr" << (e["ok"].get<bool>() ? "" : " class=\"zero\"") << "><td>" << cell(e["name"]) << "</td><td>"
@@ -415,7 +428,8 @@ void merge_section(std::ostream& out, const Json& report) {
   if (merge.contains("missing_shards") && merge["missing_shards"].is_array() && !merge["missing_shards"].empty()) {
     std::string missing;
     for (const auto& m : merge["missing_shards"]) missing += (missing.empty() ? "" : ", ") + text_of(m);
-    out << "<p class=\"status incomplete\" id=\"missing-shards\">missing shards: " << escape_markup(missing) << "</p>\n";
+    out << "<p class=\"status incomplete\" id=\"missing-shards\">missing shards: " << escape_markup(missing)
+        << "</p>\n";
   }
   out << "<table><thead><tr><th>shard</th><th>file</th><th>complete</th></tr></thead><tbody>\n";
   if (merge.contains("inputs") && merge["inputs"].is_array()) {
@@ -445,8 +459,8 @@ ErrorDistribution error_distribution(const Json& report) {
         continue;
       }
       // A null error is a NaN or infinite one.
-      const double value =
-          abs.is_number() ? std::log10(abs.get<double>() / atol.get<double>()) : std::numeric_limits<double>::infinity();
+      const double value = abs.is_number() ? std::log10(abs.get<double>() / atol.get<double>())
+                                           : std::numeric_limits<double>::infinity();
       for (const auto& op : ops) dist.by_op[op].push_back(value);
       dist.by_dtype[dtype].push_back(value);
     }
@@ -467,8 +481,8 @@ void write_html(const Json& report, std::ostream& out) {
   coverage_section(out, report);
   selftest_section(out, report);
   merge_section(out, report);
-  out << "<footer class=\"meta\">Written by gradfuzz from the report document (schema " << cell(report["schema_version"])
-      << ").</footer>\n<script>" << kScript << "</script>\n</body>\n</html>\n";
+  out << "<footer class=\"meta\">Written by gradfuzz from the report document (schema "
+      << cell(report["schema_version"]) << ").</footer>\n<script>" << kScript << "</script>\n</body>\n</html>\n";
 }
 
 }  // namespace gradfuzz::reports

@@ -142,9 +142,8 @@ Json JsonReporter::document(const RunSummary& summary) const {
   doc["coverage"] = Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
                          {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
                          {"features", counts_json(c.coverage_names.features, feature_counts_)},
-                         {"fused_ops",
-                          Json{{"forward", counts_json({}, fused_forward_counts_)},
-                               {"backward", counts_json({}, fused_backward_counts_)}}}};
+                         {"fused_ops", Json{{"forward", counts_json({}, fused_forward_counts_)},
+                                            {"backward", counts_json({}, fused_backward_counts_)}}}};
   if (!kernel_counts_.empty()) {
     Json kernels = Json::object();
     for (const auto& [name, counts] : kernel_counts_) {
@@ -157,9 +156,9 @@ Json JsonReporter::document(const RunSummary& summary) const {
     const std::string key = f.cluster.empty() ? f.result.signature() : f.cluster;
     auto count = cluster_counts_.find(key);
     auto examples = cluster_examples_.find(key);
-    findings.push_back(finding_to_json(f, count == cluster_counts_.end() ? 0 : count->second,
-                                       examples == cluster_examples_.end() ? std::vector<std::string>{}
-                                                                           : examples->second));
+    findings.push_back(
+        finding_to_json(f, count == cluster_counts_.end() ? 0 : count->second,
+                        examples == cluster_examples_.end() ? std::vector<std::string>{} : examples->second));
   }
   doc["findings"] = std::move(findings);
   if (summary.selftest) {

@@ -46,9 +46,10 @@ std::string failure_body(const Json& f) {
   if (f["fault"].is_string()) body << "fault: " << f["fault"].get<std::string>() << '\n';
   for (const auto& d : f["details"]) {
     body << "detail: " << d["path_pair"].get<std::string>() << ' ' << d["tensor"].get<std::string>() << " ("
-         << d["kind"].get<std::string>() << ") at " << d["index"].dump() << ": max_abs_err " << number_of(d["max_abs_err"])
-         << ", max_rel_err " << number_of(d["max_rel_err"]) << " (atol " << number_of(d["atol"]) << ", rtol "
-         << number_of(d["rtol"]) << "), expected " << number_of(d["expected"]) << ", got " << number_of(d["got"]) << '\n';
+         << d["kind"].get<std::string>() << ") at " << d["index"].dump() << ": max_abs_err "
+         << number_of(d["max_abs_err"]) << ", max_rel_err " << number_of(d["max_rel_err"]) << " (atol "
+         << number_of(d["atol"]) << ", rtol " << number_of(d["rtol"]) << "), expected " << number_of(d["expected"])
+         << ", got " << number_of(d["got"]) << '\n';
   }
   if (f.contains("error")) body << "error: " << f["error"].get<std::string>() << '\n';
   body << "reproduce: " << f["reproduce"].get<std::string>() << '\n';
@@ -87,8 +88,9 @@ void write_junit(const Json& report, std::ostream& out) {
         continue;
       }
       ++failures;
-      cases << ">\n      <failure type=\"selftest\" message=\"" << escape_markup(e["name"].get<std::string>() + ": " + why)
-            << "\">" << escape_markup(e.dump(2)) << "</failure>\n    </testcase>\n";
+      cases << ">\n      <failure type=\"selftest\" message=\""
+            << escape_markup(e["name"].get<std::string>() + ": " + why) << "\">" << escape_markup(e.dump(2))
+            << "</failure>\n    </testcase>\n";
     }
   } else {
     for (const auto& f : findings) {
@@ -96,19 +98,19 @@ void write_junit(const Json& report, std::ostream& out) {
       ++failures;
       const std::string key = cluster_key(f);
       const std::string kind = f["kind"].get<std::string>();
-      const std::string message = key + ": " + std::to_string(cluster_count(f)) + " failing case(s); " +
-                                  f["reproduce"].get<std::string>();
+      const std::string message =
+          key + ": " + std::to_string(cluster_count(f)) + " failing case(s); " + f["reproduce"].get<std::string>();
       cases << "    <testcase classname=\"" << escape_markup(suite + "." + kind) << "\" name=\"" << escape_markup(key)
-            << "\" time=\"0\">\n      <failure type=\"" << escape_markup(kind) << "\" message=\"" << escape_markup(message)
-            << "\">" << escape_markup(failure_body(f)) << "</failure>\n    </testcase>\n";
+            << "\" time=\"0\">\n      <failure type=\"" << escape_markup(kind) << "\" message=\""
+            << escape_markup(message) << "\">" << escape_markup(failure_body(f)) << "</failure>\n    </testcase>\n";
     }
   }
   if (tests == 0) {
     ++tests;
     const std::string name = "no finding in " + text_of(summary["cases_run"]) + " cases" +
                              (summary["complete"].get<bool>() ? "" : " (stopped before its budget)");
-    cases << "    <testcase classname=\"" << escape_markup(suite) << "\" name=\"" << escape_markup(name)
-          << "\" time=\"" << time << "\"/>\n";
+    cases << "    <testcase classname=\"" << escape_markup(suite) << "\" name=\"" << escape_markup(name) << "\" time=\""
+          << time << "\"/>\n";
   }
   std::string timestamp = report["date"].get<std::string>();
   // JUnit's schema takes a local date-time without zone designator.

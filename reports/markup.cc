@@ -24,7 +24,8 @@ size_t utf8_sequence(const std::string& text, size_t i, uint32_t& code_point) {
     size_t length;
     uint32_t min;
   };
-  static constexpr Form kForms[] = {{0xE0, 0xC0, 0x1F, 2, 0x80}, {0xF0, 0xE0, 0x0F, 3, 0x800}, {0xF8, 0xF0, 0x07, 4, 0x10000}};
+  static constexpr Form kForms[] = {
+      {0xE0, 0xC0, 0x1F, 2, 0x80}, {0xF0, 0xE0, 0x0F, 3, 0x800}, {0xF8, 0xF0, 0x07, 4, 0x10000}};
   const Form* form = nullptr;
   for (const Form& f : kForms) {
     if ((lead & f.mask) == f.value) form = &f;

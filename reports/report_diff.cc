@@ -45,7 +45,7 @@ void note_difference(const Json& last, const Json& next, const std::string& path
 }
 
 Json change_json(const ClusterChange& c) {
-  return Json{{"cluster", c.key},     {"kind", c.kind},           {"ops", c.ops},
+  return Json{{"cluster", c.key},           {"kind", c.kind},           {"ops", c.ops},
               {"last_count", c.last_count}, {"new_count", c.new_count}, {"case_file", c.case_file},
               {"reproduce", c.reproduce}};
 }

@@ -51,7 +51,8 @@ class Checker {
     fail(path, "expected " + what + ", got " + describe(got));
   }
 
-  const Json& member(const Json& object, const std::string& path, const std::string& key, const std::string& what) const {
+  const Json& member(const Json& object, const std::string& path, const std::string& key,
+                     const std::string& what) const {
     auto it = object.find(key);
     if (it == object.end()) fail(path + "/" + key, "missing (expected " + what + ")");
     return *it;
@@ -147,14 +148,15 @@ class Checker {
     if (!doc.is_object()) expected("", "a report object", doc);
     const Json& version = member(doc, "", "schema_version", "the report schema version");
     if (!version.is_number_integer() || version.get<int64_t>() != kReportSchemaVersion) {
-      fail("/schema_version", "expected " + std::to_string(kReportSchemaVersion) + " (the report schema this gradfuzz reads), got " +
-                                  describe(version));
+      fail("/schema_version", "expected " + std::to_string(kReportSchemaVersion) +
+                                  " (the report schema this gradfuzz reads), got " + describe(version));
     }
     const Json& tool = object(doc, "", "tool");
     for (const char* key : {"name", "version", "git_sha"}) string(tool, "/tool", key);
     string(doc, "", "date");
     const Json& environment = object(doc, "", "environment");
-    for (const char* key : {"torch_version", "device", "device_name", "backend"}) string(environment, "/environment", key);
+    for (const char* key : {"torch_version", "device", "device_name", "backend"})
+      string(environment, "/environment", key);
     const Json& versions = object(environment, "/environment", "backend_versions");
     for (const auto& [name, value] : versions.items()) {
       if (!value.is_string()) expected("/environment/backend_versions/" + pointer_escape(name), "a string", value);
@@ -196,7 +198,8 @@ class Checker {
   void shard(const std::string& text) const {
     const auto slash = text.find('/');
     bool ok = slash != std::string::npos && slash > 0 && slash + 1 < text.size() && text.size() <= 15 &&
-              text.find_first_not_of("0123456789/") == std::string::npos && text.find('/', slash + 1) == std::string::npos;
+              text.find_first_not_of("0123456789/") == std::string::npos &&
+              text.find('/', slash + 1) == std::string::npos;
     if (ok) {
       const long long i = std::stoll(text.substr(0, slash));
       const long long n = std::stoll(text.substr(slash + 1));
@@ -246,7 +249,8 @@ class Checker {
       const Json& d = details[i];
       if (!d.is_object()) expected(dp, "a detail object", d);
       for (const char* key : {"path_pair", "tensor", "kind"}) string(d, dp, key);
-      for (const char* key : {"max_abs_err", "max_rel_err", "atol", "rtol", "expected", "got"}) number_or_null(d, dp, key);
+      for (const char* key : {"max_abs_err", "max_rel_err", "atol", "rtol", "expected", "got"})
+        number_or_null(d, dp, key);
       const Json& index = member(d, dp, "index", "an array of integers");
       if (!index.is_array()) expected(dp + "/index", "an array of integers", index);
       for (size_t k = 0; k < index.size(); ++k) {

@@ -88,8 +88,9 @@ class Merger {
                           "merge joins shards (an unsharded report only alone)");
       }
       if (n_from && count != n) {
-        throw ReportError(in.name + ": /campaign/shard: " + std::to_string(i) + "/" + std::to_string(count) + " is of " +
-                          std::to_string(count) + " shards, but " + n_from->name + " is of " + std::to_string(n));
+        throw ReportError(in.name + ": /campaign/shard: " + std::to_string(i) + "/" + std::to_string(count) +
+                          " is of " + std::to_string(count) + " shards, but " + n_from->name + " is of " +
+                          std::to_string(n));
       }
       n = count;
       n_from = &in;
@@ -171,7 +172,8 @@ class Merger {
     bool complete = missing_.empty();
     for (const auto& in : inputs_) {
       const Json& s = in.doc["summary"];
-      for (int k = 0; k < 4; ++k) totals[k] = add(totals[k], s[keys[k]].get<int64_t>(), in, std::string("/summary/") + keys[k]);
+      for (int k = 0; k < 4; ++k)
+        totals[k] = add(totals[k], s[keys[k]].get<int64_t>(), in, std::string("/summary/") + keys[k]);
       wall_s = std::max(wall_s, s["wall_s"].get<double>());
       complete = complete && s["complete"].get<bool>();
     }
@@ -257,9 +259,8 @@ class Merger {
   Json merge_block() const {
     Json inputs = Json::array();
     for (const auto& in : inputs_) {
-      inputs.push_back(Json{{"file", in.name},
-                            {"shard", in.doc["campaign"]["shard"]},
-                            {"complete", in.doc["summary"]["complete"]}});
+      inputs.push_back(
+          Json{{"file", in.name}, {"shard", in.doc["campaign"]["shard"]}, {"complete", in.doc["summary"]["complete"]}});
     }
     Json missing = Json::array();
     for (const auto& m : missing_) missing.push_back(m);

@@ -2,8 +2,8 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 

@@ -1,17 +1,17 @@
 #include "tools/campaign.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 #include <stdexcept>
-
-#include <unistd.h>
 
 #include "corpus/case_file.h"
 #include "generators/invalid_gen.h"
@@ -110,7 +110,7 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   gen.set_max_ops(options.max_ops).set_dtypes(options.dtypes).set_device(options.device);
   gen.set_capabilities(std::move(capabilities));
   gen.set_shapes(options.shapes.value_or(options.device == "cuda" ? generators::ShapeRegime::kMix
-                                                                   : generators::ShapeRegime::kTiny));
+                                                                  : generators::ShapeRegime::kTiny));
   gen.set_max_tensor_elements(options.max_tensor_elements);
   return gen;
 }
@@ -120,8 +120,7 @@ harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
   const uint64_t seed = case_seed(options.seed, index);
   if (index % kInvalidCaseEvery == kInvalidCaseEvery - 1) {
     // Invalid configurations: every path must raise the same error and lock nothing.
-    return generators::generate_invalid_case(seed, case_size(index), campaign_gen_options(options, capabilities))
-        .spec;
+    return generators::generate_invalid_case(seed, case_size(index), campaign_gen_options(options, capabilities)).spec;
   }
   return generators::generate_case(seed, case_size(index), campaign_gen_options(options, capabilities));
 }
@@ -171,8 +170,8 @@ class InflightFiles {
   InflightFiles(const std::filesystem::path& dir, int count) {
     for (int i = 0; i < count; ++i) {
       try {
-        files_.push_back(std::make_unique<InflightFile>(dir / (std::to_string(::getpid()) + "-" +
-                                                               std::to_string(i) + ".json")));
+        files_.push_back(
+            std::make_unique<InflightFile>(dir / (std::to_string(::getpid()) + "-" + std::to_string(i) + ".json")));
       } catch (const std::runtime_error& e) {
         throw InputError(std::string("--corpus: ") + e.what());
       }
@@ -244,8 +243,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   ProgressLine line(progress);
   const auto start = Clock::now();
   const std::optional<Clock::time_point> budget_end =
-      options.time_s ? std::optional<Clock::time_point>(
-                           start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*options.time_s)))
+      options.time_s ? std::optional<Clock::time_point>(start + std::chrono::duration_cast<Clock::duration>(
+                                                                    std::chrono::duration<double>(*options.time_s)))
                      : std::nullopt;
   const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.time_grace_s));
   auto stopped = [&] { return options.stop && options.stop->load(); };
@@ -282,7 +281,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       p.fault = fault_name;
     }
     // Written before the case is handed out: if it kills the whole run, the repro is on disk.
-    p.file = inflight.take(inflight_case_text(p.spec, options.seed, p.fault.empty() ? std::nullopt : std::optional<std::string>(p.fault), options.backend));
+    p.file = inflight.take(inflight_case_text(
+        p.spec, options.seed, p.fault.empty() ? std::nullopt : std::optional<std::string>(p.fault), options.backend));
     const uint64_t id = next_id++;
     Job job{id, p.spec, p.fault};
     pending.emplace(id, std::move(p));
@@ -335,7 +335,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
                               : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
                                                                        : options.max_shrink_calls;
         if (options.shrink) {
-          minimal = shrink_failure(runner, p.spec, kind, role, case_fault, attribute && attributable, calls, keep_going);
+          minimal =
+              shrink_failure(runner, p.spec, kind, role, case_fault, attribute && attributable, calls, keep_going);
         }
         if (!(minimal == p.spec)) {
           minimal_result = runner.run_now(minimal, case_fault);
@@ -350,14 +351,14 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
           if (c.key == key) cluster = &c;
         }
         if (!cluster) {
-          clusters.push_back(Cluster{key, kind, minimal_result.signature_role(),
-                                     std::set<std::string>(minimal_result.op_types.begin(), minimal_result.op_types.end()),
-                                     attributable});
+          clusters.push_back(Cluster{
+              key, kind, minimal_result.signature_role(),
+              std::set<std::string>(minimal_result.op_types.begin(), minimal_result.op_types.end()), attributable});
           cluster = &clusters.back();
           CampaignFinding found;
           found.finding.result = minimal_result;
-          corpus::CaseFile file = corpus::make_case_file(minimal, corpus::ExpectedVerdict{kind, fault_opt}, options.seed,
-                                                         tool_version, fault_opt);
+          corpus::CaseFile file = corpus::make_case_file(minimal, corpus::ExpectedVerdict{kind, fault_opt},
+                                                         options.seed, tool_version, fault_opt);
           file.backend = options.backend;
           const bool kills = kind == harness::VerdictKind::kCrash || kind == harness::VerdictKind::kTimeout;
           const std::filesystem::path saved = corpus::write_case_file(kills ? crashing_dir : findings_dir, file);
@@ -390,12 +391,12 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     reporter.report_case(record);
     if (options.case_log) {
       nlohmann::json entry{{"number", p.number},
-                          {"verdict", harness::verdict_name(record.result.verdict)},
-                          {"signature", record.result.passed() ? std::string() : record.result.signature()},
-                          {"backend", record.result.backend},
-                          {"fused_forward", record.result.fused_forward},
-                          {"fused_backward", record.result.fused_backward},
-                          {"spec", p.spec}};
+                           {"verdict", harness::verdict_name(record.result.verdict)},
+                           {"signature", record.result.passed() ? std::string() : record.result.signature()},
+                           {"backend", record.result.backend},
+                           {"fused_forward", record.result.fused_forward},
+                           {"fused_backward", record.result.fused_backward},
+                           {"spec", p.spec}};
       *options.case_log << entry.dump() << '\n';
     }
     inflight.give_back(p.file);

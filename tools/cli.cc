@@ -1,7 +1,6 @@
 #include "tools/cli.h"
 
 #include <ATen/Parallel.h>
-
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +19,9 @@
 
 #include "corpus/case_file.h"
 #include "harness/case_spec.h"
+#include "harness/limits.h"
+#include "harness/remote_backend.h"
+#include "harness/tolerances.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
@@ -30,15 +32,12 @@
 #include "tools/campaign.h"
 #include "tools/environment.h"
 #include "tools/exit_codes.h"
+#include "tools/files.h"
 #include "tools/replay.h"
 #include "tools/report_tool.h"
-#include "tools/selftest.h"
-#include "tools/files.h"
 #include "tools/sanitizer.h"
+#include "tools/selftest.h"
 #include "tools/worker_pool.h"
-#include "harness/remote_backend.h"
-#include "harness/limits.h"
-#include "harness/tolerances.h"
 
 namespace gradfuzz::tools {
 
@@ -106,7 +105,8 @@ void parse_numbers(Flags& f) {
   }
   if (!f.seed_text.empty()) f.seed = parse_whole(f.seed_text, "--seed", 0, UINT64_MAX);
   if (!f.max_ops_text.empty()) {
-    f.max_ops = static_cast<int>(parse_whole(f.max_ops_text, "--max-ops", 1, static_cast<uint64_t>(harness::CaseLimits{}.max_ops)));
+    f.max_ops = static_cast<int>(
+        parse_whole(f.max_ops_text, "--max-ops", 1, static_cast<uint64_t>(harness::CaseLimits{}.max_ops)));
   }
   if (!f.workers_text.empty()) f.workers = static_cast<int>(parse_whole(f.workers_text, "--workers", 0, 1024));
   if (!f.dtypes_text.empty()) {
@@ -229,7 +229,8 @@ void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps
       throw InputError("--dtypes " + d + ": the " + o.backend + " backend runs " + supported);
     }
   }
-  if (kept.empty() && !caps.dtypes.empty()) kept.push_back(has(caps.dtypes, "float32") ? "float32" : caps.dtypes.front());
+  if (kept.empty() && !caps.dtypes.empty())
+    kept.push_back(has(caps.dtypes, "float32") ? "float32" : caps.dtypes.front());
   o.dtypes = kept;
   if (check_device && !has(caps.devices, o.device)) {
     std::string devices;
@@ -489,10 +490,12 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
       }
     } else {
       std::ifstream in(f.generate_as);
-      if (!in) throw InputError("--generate-as: expected model, te, torch or a capabilities file, got '" + f.generate_as + "'");
+      if (!in)
+        throw InputError("--generate-as: expected model, te, torch or a capabilities file, got '" + f.generate_as +
+                         "'");
       try {
-        options.generate_as =
-            std::make_shared<const harness::BackendCapabilities>(nlohmann::json::parse(in).get<harness::BackendCapabilities>());
+        options.generate_as = std::make_shared<const harness::BackendCapabilities>(
+            nlohmann::json::parse(in).get<harness::BackendCapabilities>());
       } catch (const std::exception& e) {
         throw InputError("--generate-as " + f.generate_as + ": not a capabilities document: " + e.what());
       }
@@ -610,8 +613,11 @@ int cmd_list(const Flags& f, std::ostream& out) {
         nlohmann::ordered_json options = nlohmann::ordered_json::object();
         for (const auto& [attr, values] : op.options) options[attr] = values;
         std::vector<std::string> styles;
-        for (auto style : op.output_styles) styles.emplace_back(style == ops::OutputStyle::kGenerator ? "generator" : "vector");
-        j.push_back({{"name", op.name}, {"implementation", op.implementation}, {"options", options},
+        for (auto style : op.output_styles)
+          styles.emplace_back(style == ops::OutputStyle::kGenerator ? "generator" : "vector");
+        j.push_back({{"name", op.name},
+                     {"implementation", op.implementation},
+                     {"options", options},
                      {"output_styles", styles}});
         if (!f.json) {
           out << op.name << '\t' << op.implementation;
@@ -627,7 +633,8 @@ int cmd_list(const Flags& f, std::ostream& out) {
         j.push_back({{"name", fusion.name},
                      {"pass", ops::fusion_pass_name(fusion.pass)},
                      {"implementation", fusion.implementation}});
-        if (!f.json) out << fusion.name << '\t' << ops::fusion_pass_name(fusion.pass) << '\t' << fusion.implementation << '\n';
+        if (!f.json)
+          out << fusion.name << '\t' << ops::fusion_pass_name(fusion.pass) << '\t' << fusion.implementation << '\n';
       }
     }
     if (f.json) out << j.dump(2) << '\n';
@@ -719,7 +726,8 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   }
   sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
   if (with_workers) {
-    sub.add_option("--sanitize", f.sanitize, "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
+    sub.add_option("--sanitize", f.sanitize,
+                   "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
   }
 }
 
@@ -780,7 +788,8 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
     out << script;
   } else {
     ReportFile(f.output).write_raw(script);
-    out << "wrote " << f.output << " (" << target << ", " << (request.expect == "error" ? "expects " + request.error_kind : "expects a pass") << ")\n";
+    out << "wrote " << f.output << " (" << target << ", "
+        << (request.expect == "error" ? "expects " + request.error_kind : "expects a pass") << ")\n";
   }
   return static_cast<int>(ExitCode::kOk);
 }

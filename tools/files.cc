@@ -1,9 +1,9 @@
 #include "tools/files.h"
 
 #include <dirent.h>
-#include <sys/file.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

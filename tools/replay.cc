@@ -1,7 +1,6 @@
 #include "tools/replay.h"
 
 #include <algorithm>
-
 #include <memory>
 #include <ostream>
 

@@ -128,7 +128,8 @@ ReportCommand::ReportCommand(CLI::App& app) {
   report_ = app.add_subcommand("report", "join and compare report documents (nightly CI)");
   report_->require_subcommand(1);
   merge_ = report_->add_subcommand(
-      "merge", "join the reports of the shards of one campaign (fuzz --shard i/N) into OUT; exit 1 when it has findings");
+      "merge",
+      "join the reports of the shards of one campaign (fuzz --shard i/N) into OUT; exit 1 when it has findings");
   merge_->add_option("output", merge_output_, "the merged report to write (OUT.json)")->required();
   merge_->add_option("inputs", merge_inputs_, "the shards' reports (IN.json...)")->required();
   add_ci_output_flags(*merge_, merge_ci_);

@@ -37,11 +37,12 @@ const char* sanitizer_tool_name(SanitizerTool tool) {
 }
 
 SanitizerTool sanitizer_tool_from_name(const std::string& name) {
-  for (SanitizerTool t : {SanitizerTool::kMemcheck, SanitizerTool::kRacecheck, SanitizerTool::kInitcheck,
-                          SanitizerTool::kSynccheck}) {
+  for (SanitizerTool t :
+       {SanitizerTool::kMemcheck, SanitizerTool::kRacecheck, SanitizerTool::kInitcheck, SanitizerTool::kSynccheck}) {
     if (name == sanitizer_tool_name(t)) return t;
   }
-  throw std::invalid_argument("unknown sanitizer tool '" + name + "'; known: memcheck, racecheck, initcheck, synccheck");
+  throw std::invalid_argument("unknown sanitizer tool '" + name +
+                              "'; known: memcheck, racecheck, initcheck, synccheck");
 }
 
 std::vector<std::string> sanitizer_argv(const SanitizerOptions& options, const std::vector<std::string>& worker_argv) {

@@ -1,5 +1,6 @@
 #include "tools/worker_pool.h"
 
+#include <ATen/Context.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -7,15 +8,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 #include "harness/wire.h"
-
-#include <fstream>
-#include <sstream>
-
-#include <ATen/Context.h>
 #ifdef GRADFUZZ_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -108,8 +106,8 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::start(Slot& slot) {
   harness::ChildProcess::Options process;
-  process.argv = {options_.executable, "worker", "--backend", options_.backend.name, "--case-timeout",
-                  format_seconds(options_.case_timeout_s)};
+  process.argv = {options_.executable,   "worker",         "--backend",
+                  options_.backend.name, "--case-timeout", format_seconds(options_.case_timeout_s)};
   if (!options_.backend.python.empty()) {
     process.argv.push_back("--python-exe");
     process.argv.push_back(options_.backend.python);
@@ -153,13 +151,13 @@ void WorkerPool::restart(Slot& slot) {
 }
 
 int WorkerPool::idle() const {
-  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
-                                        [](const auto& s) { return s->state == Slot::State::kIdle; }));
+  return static_cast<int>(
+      std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->state == Slot::State::kIdle; }));
 }
 
 int WorkerPool::in_flight() const {
-  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(),
-                                        [](const auto& s) { return s->state == Slot::State::kBusy; }));
+  return static_cast<int>(
+      std::count_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->state == Slot::State::kBusy; }));
 }
 
 int WorkerPool::submit(Job job) {
@@ -224,8 +222,9 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
 void WorkerPool::start_failed(Slot& slot, const std::string& why) {
   // Before any worker was ready the backend itself is in doubt: say why at once.
   if (!ever_ready_ || ++slot.failed_starts >= kMaxFailedStarts) {
-    throw harness::BackendUnavailable("worker " + std::to_string(slot.index) + " " + why +
-                                      (ever_ready_ ? " (" + std::to_string(slot.failed_starts) + " starts in a row)" : ""));
+    throw harness::BackendUnavailable(
+        "worker " + std::to_string(slot.index) + " " + why +
+        (ever_ready_ ? " (" + std::to_string(slot.failed_starts) + " starts in a row)" : ""));
   }
   restart(slot);
 }
@@ -418,7 +417,8 @@ int run_worker(const harness::BackendOptions& backend_options, const harness::Ru
         if (report.errors > 0) {
           result.verdict = harness::VerdictKind::kSanitizer;
           result.error_kinds = "sanitizer:" + report.kernel;
-          result.error_detail = std::to_string(report.errors) + " sanitizer error(s); the first: " + report.first_error +
+          result.error_detail = std::to_string(report.errors) +
+                                " sanitizer error(s); the first: " + report.first_error +
                                 (result.error_detail.empty() ? "" : "; " + result.error_detail);
         }
         reply = json{{"ok", true}, {"result", result}};

@@ -91,8 +91,8 @@ void check_glu_features(const std::string& op, int64_t features, int64_t interle
   }
   if (interleave > 0 && features % (2 * interleave) != 0) {
     throw InvalidArgumentError(op + ": interleave=" + std::to_string(interleave) +
-                               " needs input features divisible by " + std::to_string(2 * interleave) +
-                               ", got " + std::to_string(features));
+                               " needs input features divisible by " + std::to_string(2 * interleave) + ", got " +
+                               std::to_string(features));
   }
 }
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <iomanip>
-#include <sstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +54,7 @@ double attr(const OpAttrs& attrs, const std::string& name, double fallback) {
 }
 
 /// An integer attr >= `min`, or InvalidArgumentError naming the op and attr.
-int64_t int_attr(const std::string& op, const OpAttrs& attrs, const std::string& name, double fallback,
-                 int64_t min) {
+int64_t int_attr(const std::string& op, const OpAttrs& attrs, const std::string& name, double fallback, int64_t min) {
   const double v = attr(attrs, name, fallback);
   // Beyond 2^53 a double no longer holds every integer (and beyond 2^63 the conversion
   // below would be undefined): no dimension is that large.
@@ -152,8 +151,7 @@ void register_catalog_ops(OpRegistry& registry) {
         return OpSignature{{rows, out}, {}, {}, {{out, features}}};
       },
       [](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
-        return std::make_shared<Linear>(LinearOptions(features, int_attr("Linear", a, "out", kDefaultLinearOut, 1)),
-                                        o);
+        return std::make_shared<Linear>(LinearOptions(features, int_attr("Linear", a, "out", kDefaultLinearOut, 1)), o);
       });
   add_op(
       registry, "Bias", "y = x + b; bias [n], non-zero", {},
@@ -186,15 +184,14 @@ void register_catalog_ops(OpRegistry& registry) {
         return std::make_shared<Identity>();
       });
   add_op(
-      registry, "Reshape", "y = x.reshape(-1, features); features=0 keeps the input's feature count",
-      {{"features", 0}},
+      registry, "Reshape", "y = x.reshape(-1, features); features=0 keeps the input's feature count", {{"features", 0}},
       [](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Reshape", shape);
         int64_t target = int_attr("Reshape", a, "features", 0, 0);
         if (target == 0) target = features;
         if ((rows * features) % target != 0) {
-          throw InvalidArgumentError("Reshape: features=" + std::to_string(target) + " must divide numel=" +
-                                     std::to_string(rows * features) + " of the input");
+          throw InvalidArgumentError("Reshape: features=" + std::to_string(target) +
+                                     " must divide numel=" + std::to_string(rows * features) + " of the input");
         }
         return OpSignature{{rows * features / target, target}, {}, {}};
       },

@@ -62,8 +62,8 @@ ReferenceResult MakeExtraOutput::reference_impl(const at::Tensor& input,
 namespace {
 void check_same_shape(const std::string& op, const at::Tensor& input, const at::Tensor& extra) {
   if (!extra.defined() || extra.sizes() != input.sizes()) {
-    throw InvalidArgumentError(op + " slot 0: extra input must have the input's shape " + shape_text(input) +
-                               ", got " + (extra.defined() ? shape_text(extra) : std::string("<undefined>")));
+    throw InvalidArgumentError(op + " slot 0: extra input must have the input's shape " + shape_text(input) + ", got " +
+                               (extra.defined() ? shape_text(extra) : std::string("<undefined>")));
   }
 }
 }  // namespace
@@ -121,8 +121,7 @@ BackwardResult RowStat::backward_impl(OpContext& ctx, const at::Tensor& grad_out
   const at::Tensor& input = ctx.saved.at(0);
   const at::ScalarType math = detail::opmath_type(input);
   const double two_over_n = 2.0 / static_cast<double>(input.size(-1));
-  at::Tensor grad_input =
-      grad_output.to(math) + grad_stat.to(math).unsqueeze(-1) * (two_over_n * input.to(math));
+  at::Tensor grad_input = grad_output.to(math) + grad_stat.to(math).unsqueeze(-1) * (two_over_n * input.to(math));
   return {grad_input.to(grad_output.scalar_type()), {}, pack({})};
 }
 

@@ -41,9 +41,7 @@ class AddExtraInput final : public BasicOp {
  public:
   explicit AddExtraInput(InPlace in_place = InPlace::kNo) : BasicOp("AddExtraInput"), in_place_(in_place) {}
   int64_t num_extra_inputs() const override { return 1; }
-  bool writes_extra_input_in_place(int64_t slot) const override {
-    return slot == 0 && in_place_ == InPlace::kYes;
-  }
+  bool writes_extra_input_in_place(int64_t slot) const override { return slot == 0 && in_place_ == InPlace::kYes; }
   InPlace in_place() const { return in_place_; }
 
  protected:

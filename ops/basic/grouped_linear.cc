@@ -40,8 +40,7 @@ std::vector<int64_t> check_split_sizes(const std::string& op, const at::Tensor& 
     total += sizes[g];
   }
   if (total != rows) {
-    throw InvalidArgumentError(where + " must sum to rows=" + std::to_string(rows) + ", got " +
-                               std::to_string(total));
+    throw InvalidArgumentError(where + " must sum to rows=" + std::to_string(rows) + ", got " + std::to_string(total));
   }
   return sizes;
 }
@@ -56,8 +55,7 @@ void check_input(const std::string& op, const at::Tensor& input, int64_t in_feat
     } else {
       os << "<undefined>";
     }
-    throw InvalidArgumentError(op + ": input must be [rows, in=" + std::to_string(in_features) + "], got " +
-                               os.str());
+    throw InvalidArgumentError(op + ": input must be [rows, in=" + std::to_string(in_features) + "], got " + os.str());
   }
 }
 
@@ -66,21 +64,20 @@ void check_input(const std::string& op, const at::Tensor& input, int64_t in_feat
 GroupedLinear::GroupedLinear(const GroupedLinearOptions& options, const at::TensorOptions& tensor_options)
     : BasicOp("GroupedLinear"), options_(options) {
   if (options_.groups() < 1 || options_.in() < 1 || options_.out() < 1) {
-    throw InvalidArgumentError("GroupedLinear: groups, in and out must be >= 1, got groups=" +
-                               std::to_string(options_.groups()) + ", in=" + std::to_string(options_.in()) +
-                               ", out=" + std::to_string(options_.out()));
+    throw InvalidArgumentError(
+        "GroupedLinear: groups, in and out must be >= 1, got groups=" + std::to_string(options_.groups()) +
+        ", in=" + std::to_string(options_.in()) + ", out=" + std::to_string(options_.out()));
   }
   if (options_.scale_bias() && !options_.bias()) {
     throw InvalidArgumentError("GroupedLinear: scale_bias=1 requires bias=1, got bias=0");
   }
   weight_ = detail::deterministic_param({options_.groups(), options_.out(), options_.in()}, tensor_options,
-                                        detail::kParamSeed ^ 0x33,
-                                        1.0 / std::sqrt(static_cast<double>(options_.in())))
+                                        detail::kParamSeed ^ 0x33, 1.0 / std::sqrt(static_cast<double>(options_.in())))
                 .requires_grad_(true);
   if (options_.bias()) {
-    bias_ = detail::deterministic_param({options_.groups(), options_.out()}, tensor_options,
-                                        detail::kParamSeed ^ 0x44, 0.5)
-                .requires_grad_(true);
+    bias_ =
+        detail::deterministic_param({options_.groups(), options_.out()}, tensor_options, detail::kParamSeed ^ 0x44, 0.5)
+            .requires_grad_(true);
   }
 }
 

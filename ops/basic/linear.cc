@@ -11,8 +11,8 @@ namespace gradfuzz::ops {
 
 namespace detail {
 
-at::Tensor deterministic_param(at::IntArrayRef shape, const at::TensorOptions& options, uint64_t seed,
-                               double scale, double center) {
+at::Tensor deterministic_param(at::IntArrayRef shape, const at::TensorOptions& options, uint64_t seed, double scale,
+                               double center) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Tensor u = at::rand(shape, gen, at::TensorOptions().dtype(at::kDouble)) * 2.0 - 1.0;
   // Magnitudes in [0.25, 1] keep every entry clearly away from zero.
@@ -44,8 +44,8 @@ void check_features(const std::string& op, const char* what, const at::Tensor& x
 
 void check_row_vector(const std::string& op, int64_t slot, const char* what, const at::Tensor& t, int64_t rows) {
   if (!t.defined() || t.dim() != 1 || t.size(0) != rows) {
-    throw InvalidArgumentError(op + " slot " + std::to_string(slot) + ": " + what + " must have shape [rows=" +
-                               std::to_string(rows) + "], got " +
+    throw InvalidArgumentError(op + " slot " + std::to_string(slot) + ": " + what +
+                               " must have shape [rows=" + std::to_string(rows) + "], got " +
                                (t.defined() ? shape_text(t) : std::string("<undefined>")));
   }
 }
@@ -102,8 +102,7 @@ Bias::Bias(int64_t features, const at::TensorOptions& tensor_options) : BasicOp(
   if (features_ < 1) {
     throw InvalidArgumentError("Bias: features must be >= 1, got " + std::to_string(features_));
   }
-  bias_ = detail::deterministic_param({features_}, tensor_options, detail::kParamSeed ^ 0x22, 0.5)
-              .requires_grad_(true);
+  bias_ = detail::deterministic_param({features_}, tensor_options, detail::kParamSeed ^ 0x22, 0.5).requires_grad_(true);
 }
 
 ForwardResult Bias::forward_impl(OpContext& ctx, const at::Tensor& input,
@@ -145,8 +144,7 @@ BackwardResult ConstantScale::backward_impl(OpContext& /*ctx*/, const at::Tensor
   return {grad_output * scale_, {}, pack({})};
 }
 
-ReferenceResult ConstantScale::reference_impl(const at::Tensor& input,
-                                              const std::vector<at::Tensor>& /*extra_inputs*/,
+ReferenceResult ConstantScale::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                               const std::vector<at::Tensor>& /*params*/) const {
   return {at::mul(input, at::scalar_tensor(scale_, input.options())), {}};
 }
@@ -178,8 +176,8 @@ ReferenceResult Identity::reference_impl(const at::Tensor& input, const std::vec
 namespace {
 void check_reshape(const std::string& op, const at::Tensor& input, int64_t features) {
   if (input.numel() % features != 0) {
-    throw InvalidArgumentError(op + ": features=" + std::to_string(features) + " must divide numel=" +
-                               std::to_string(input.numel()) + " of the input");
+    throw InvalidArgumentError(op + ": features=" + std::to_string(features) +
+                               " must divide numel=" + std::to_string(input.numel()) + " of the input");
   }
 }
 }  // namespace

@@ -19,8 +19,8 @@ inline constexpr uint64_t kParamSeed = 0x9e3779b97f4a7c15ULL;
 /// A tensor of `shape` with deterministic values: `center + scale·v` where |v| is in
 /// [0.25, 1] with a random sign, drawn in float64 on the CPU from an explicit generator
 /// seeded with `seed`, then moved to `options`. Never exactly zero when center is 0.
-at::Tensor deterministic_param(at::IntArrayRef shape, const at::TensorOptions& options, uint64_t seed,
-                               double scale, double center = 0.0);
+at::Tensor deterministic_param(at::IntArrayRef shape, const at::TensorOptions& options, uint64_t seed, double scale,
+                               double center = 0.0);
 
 /// The float dtype in which reduced-precision math is carried out (float32 for
 /// float16/bfloat16, else the tensor's own dtype).

@@ -41,8 +41,8 @@ void check_logits(const std::string& op, const at::Tensor& logits, int64_t rows,
 /// Validates a routing map: an integer permutation of 0..rows-1 (validation shared by both paths).
 void check_routing_map(const std::string& op, const at::Tensor& map, int64_t rows) {
   if (!map.defined() || map.dim() != 1 || map.size(0) != rows) {
-    throw InvalidArgumentError(op + " slot 0: routing map must have shape [rows=" + std::to_string(rows) +
-                               "], got " + shape_text(map));
+    throw InvalidArgumentError(op + " slot 0: routing map must have shape [rows=" + std::to_string(rows) + "], got " +
+                               shape_text(map));
   }
   if (!at::isIntegralType(map.scalar_type(), /*includeBool=*/false)) {
     throw InvalidArgumentError(op + " slot 0: routing map must have an integer dtype (int64), got " +

@@ -1,15 +1,14 @@
 #include "corpus/case_file.h"
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <dirent.h>
 #include <ftw.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace gradfuzz::corpus {
 namespace {
@@ -64,7 +63,9 @@ class CaseFileTest : public ::testing::Test {
     std::ofstream(path) << text;
     return path;
   }
-  nlohmann::json sample_json() { return case_file_to_json(make_case_file(sample_spec(), {}, 1, "0.1.0", std::nullopt)); }
+  nlohmann::json sample_json() {
+    return case_file_to_json(make_case_file(sample_spec(), {}, 1, "0.1.0", std::nullopt));
+  }
   /// The CorpusError of loading `j` written to a file.
   CorpusError load_error(const nlohmann::json& j, const std::string& name = "case.json") {
     fs::path path = write_text(name, j.dump());

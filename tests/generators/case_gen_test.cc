@@ -121,8 +121,7 @@ TEST(CaseGen, GeneratedCasesRunWithoutErrors) {
     EXPECT_NE(result.verdict, harness::VerdictKind::kUnexpectedError)
         << "seed " << seed << ": " << result.error_detail << "\n"
         << spec;
-    EXPECT_THAT(result.error_detail, ::testing::Not(::testing::HasSubstr("raised"))) << "seed " << seed << "\n"
-                                                                                       << spec;
+    EXPECT_THAT(result.error_detail, ::testing::Not(::testing::HasSubstr("raised"))) << "seed " << seed << "\n" << spec;
   }
 }
 

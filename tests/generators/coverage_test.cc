@@ -46,10 +46,10 @@ TEST(Coverage, PatternsNeverSpanABoundaryAndNeedTheFusionEnabled) {
 }
 
 TEST(Coverage, CountsFreshProducersScaleBiasAndMixedSlots) {
-  const auto spec = make_case({with_output(op("RowStat"), 0, "p"),
-                               with_inputs(op("GroupedLinear", {{"groups", 2}, {"out", 4}, {"scale_bias", 1}}),
-                                           {std::nullopt, "p"}),
-                               with_inputs(op("ScaledSReLU"), {"p"})});
+  const auto spec =
+      make_case({with_output(op("RowStat"), 0, "p"),
+                 with_inputs(op("GroupedLinear", {{"groups", 2}, {"out", 4}, {"scale_bias", 1}}), {std::nullopt, "p"}),
+                 with_inputs(op("ScaledSReLU"), {"p"})});
   const auto cov = static_coverage(spec);
   for (const char* f : {"fresh_producer", "scale_bias", "mixed_slot_order", "fanout", "bound_input", "public_input"}) {
     EXPECT_EQ(cov.features.count(f), 1u) << f;

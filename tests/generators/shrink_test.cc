@@ -109,8 +109,8 @@ TEST(Shrink, SkipsStaticallyInvalidCandidates) {
 }
 
 TEST(Shrink, RemovingAProducerUnbindsItsConsumersAndRenumbersSteps) {
-  auto spec = make_case({op("ReLU"), with_output(op("MakeExtraOutput"), 0, "c"), op("GELU"),
-                         with_inputs(op("AddExtraInput"), {"c"})});
+  auto spec = make_case(
+      {op("ReLU"), with_output(op("MakeExtraOutput"), 0, "c"), op("GELU"), with_inputs(op("AddExtraInput"), {"c"})});
   spec.call_then_bind = {{1, true}, {3, false}};
   const auto candidates = shrink_candidates(spec);
   // Candidate 1 removes module 1 (the producer).
@@ -130,7 +130,8 @@ TEST(Shrink, HalvingAShapeAlsoOffersAVariantWithBrokenBindingsUnbound) {
                                with_inputs(op("AddExtraInput"), {"c"})});
   bool found = false;
   for (const auto& c : shrink_candidates(spec)) {
-    if (c.ops.size() == 3 && c.ops[1].name == "Linear" && c.ops[1].attrs.at("out") == 4) found = found || (is_valid_case(c) && c.ops[2].input_channels.empty());
+    if (c.ops.size() == 3 && c.ops[1].name == "Linear" && c.ops[1].attrs.at("out") == 4)
+      found = found || (is_valid_case(c) && c.ops[2].input_channels.empty());
   }
   EXPECT_TRUE(found);
 }

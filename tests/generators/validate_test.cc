@@ -21,8 +21,8 @@ std::string first_kind(const harness::CaseSpec& spec) {
 }
 
 TEST(Validate, AcceptsAChannelFromAnEarlierProducerWithAMatchingSlot) {
-  const auto spec = make_case({with_output(op("MakeExtraOutput"), 0, "c", false), op("ReLU"),
-                               with_inputs(op("AddExtraInput"), {"c"})});
+  const auto spec = make_case(
+      {with_output(op("MakeExtraOutput"), 0, "c", false), op("ReLU"), with_inputs(op("AddExtraInput"), {"c"})});
   EXPECT_TRUE(validate_case(spec).empty());
 }
 
@@ -36,8 +36,8 @@ TEST(Validate, ReportsAConsumerBeforeItsProducer) {
 }
 
 TEST(Validate, ReportsAChannelAcrossABoundaryAsMissingProducer) {
-  const auto spec = make_case({with_output(op("MakeExtraOutput"), 0, "c"), op(harness::kBoundaryOp),
-                               with_inputs(op("AddExtraInput"), {"c"})});
+  const auto spec = make_case(
+      {with_output(op("MakeExtraOutput"), 0, "c"), op(harness::kBoundaryOp), with_inputs(op("AddExtraInput"), {"c"})});
   EXPECT_EQ(first_kind(spec), "missing-producer");
 }
 
@@ -58,9 +58,9 @@ TEST(Validate, ReportsASlotShapeMismatch) {
 
 TEST(Validate, ReportsSplitSizesThatSumToAnotherRowCount) {
   // Reshape changes the rows between Dispatch and GroupedLinear: shapes [G] still match.
-  const auto spec = make_case({with_output(op("Dispatch", {{"groups", 2}}), 0, "split"),
-                               op("Reshape", {{"features", 4}}),
-                               with_inputs(op("GroupedLinear", {{"groups", 2}, {"out", 4}}), {"split"})});
+  const auto spec =
+      make_case({with_output(op("Dispatch", {{"groups", 2}}), 0, "split"), op("Reshape", {{"features", 4}}),
+                 with_inputs(op("GroupedLinear", {{"groups", 2}, {"out", 4}}), {"split"})});
   EXPECT_EQ(first_kind(spec), "invalid-argument");
 }
 

@@ -1,10 +1,11 @@
 #include "harness/builder.h"
-#include "tests/harness/test_specs.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "tests/harness/test_specs.h"
 
 namespace gradfuzz::harness {
 namespace {

@@ -2,10 +2,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <rapidcheck/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "ops/fusion_registry.h"
@@ -40,13 +40,12 @@ rc::Gen<std::vector<std::string>> gen_subset(std::vector<std::string> names) {
 /// Some of `names`, each with a finite value.
 rc::Gen<ops::OpAttrs> gen_subset_map(std::vector<std::string> names) {
   auto finite = rc::gen::suchThat(rc::gen::arbitrary<double>(), [](double v) { return std::isfinite(v); });
-  return rc::gen::map(
-      rc::gen::pair(gen_subset(names), rc::gen::container<std::vector<double>>(names.size(), finite)),
-      [](const std::pair<std::vector<std::string>, std::vector<double>>& p) {
-        ops::OpAttrs attrs;
-        for (size_t i = 0; i < p.first.size(); ++i) attrs[p.first[i]] = p.second[i];
-        return attrs;
-      });
+  return rc::gen::map(rc::gen::pair(gen_subset(names), rc::gen::container<std::vector<double>>(names.size(), finite)),
+                      [](const std::pair<std::vector<std::string>, std::vector<double>>& p) {
+                        ops::OpAttrs attrs;
+                        for (size_t i = 0; i < p.first.size(); ++i) attrs[p.first[i]] = p.second[i];
+                        return attrs;
+                      });
 }
 
 rc::Gen<OpSpec> gen_op() {
@@ -57,15 +56,14 @@ rc::Gen<OpSpec> gen_op() {
     std::vector<std::string> attr_names;
     for (const auto& [key, value] : ops::OpRegistry::catalog().info(name).defaults) attr_names.push_back(key);
     return rc::gen::build<OpSpec>(
-        rc::gen::set(&OpSpec::name, rc::gen::just(name)),
-        rc::gen::set(&OpSpec::attrs, gen_subset_map(attr_names)),
-        rc::gen::set(&OpSpec::input_channels, rc::gen::container<std::vector<std::optional<std::string>>>(gen_channel())),
+        rc::gen::set(&OpSpec::name, rc::gen::just(name)), rc::gen::set(&OpSpec::attrs, gen_subset_map(attr_names)),
+        rc::gen::set(&OpSpec::input_channels,
+                     rc::gen::container<std::vector<std::optional<std::string>>>(gen_channel())),
         rc::gen::set(&OpSpec::output_bindings,
-                     rc::gen::container<std::vector<OutputBindingSpec>>(rc::gen::build<OutputBindingSpec>(
-                         rc::gen::set(&OutputBindingSpec::channel, gen_channel()),
-                         rc::gen::set(&OutputBindingSpec::output_to_caller)))),
-        rc::gen::set(&OpSpec::output_style,
-                     rc::gen::element(ops::OutputStyle::kVector, ops::OutputStyle::kGenerator)),
+                     rc::gen::container<std::vector<OutputBindingSpec>>(
+                         rc::gen::build<OutputBindingSpec>(rc::gen::set(&OutputBindingSpec::channel, gen_channel()),
+                                                           rc::gen::set(&OutputBindingSpec::output_to_caller)))),
+        rc::gen::set(&OpSpec::output_style, rc::gen::element(ops::OutputStyle::kVector, ops::OutputStyle::kGenerator)),
         rc::gen::set(&OpSpec::param_requires_grad), rc::gen::set(&OpSpec::extra_input_requires_grad));
   });
 }
@@ -81,17 +79,18 @@ rc::Gen<CaseSpec> gen_spec() {
     return rc::gen::build<CaseSpec>(
         rc::gen::set(&CaseSpec::ops, rc::gen::just(op_list)),
         rc::gen::set(&CaseSpec::fusions, gen_subset(fusion_names)),
-        rc::gen::set(&CaseSpec::call_then_bind,
-                     catalog_ops.empty()
-                         ? rc::gen::just(std::vector<CallThenBindStep>{})
-                         : rc::gen::container<std::vector<CallThenBindStep>>(rc::gen::build<CallThenBindStep>(
-                               rc::gen::set(&CallThenBindStep::op, op_index),
-                               rc::gen::set(&CallThenBindStep::grad_mode)))),
+        rc::gen::set(
+            &CaseSpec::call_then_bind,
+            catalog_ops.empty()
+                ? rc::gen::just(std::vector<CallThenBindStep>{})
+                : rc::gen::container<std::vector<CallThenBindStep>>(rc::gen::build<CallThenBindStep>(
+                      rc::gen::set(&CallThenBindStep::op, op_index), rc::gen::set(&CallThenBindStep::grad_mode)))),
         rc::gen::set(&CaseSpec::input_requires_grad),
-        rc::gen::set(&CaseSpec::input_shape, rc::gen::container<std::vector<int64_t>>(2, rc::gen::inRange<int64_t>(1, 64))),
+        rc::gen::set(&CaseSpec::input_shape,
+                     rc::gen::container<std::vector<int64_t>>(2, rc::gen::inRange<int64_t>(1, 64))),
         rc::gen::set(&CaseSpec::dtype, rc::gen::element<std::string>("float64", "float32", "bfloat16", "float16")),
-        rc::gen::set(&CaseSpec::device, rc::gen::element<std::string>("cpu", "cuda")),
-        rc::gen::set(&CaseSpec::seed), rc::gen::set(&CaseSpec::extra_input_count_delta, rc::gen::inRange<int64_t>(-3, 4)),
+        rc::gen::set(&CaseSpec::device, rc::gen::element<std::string>("cpu", "cuda")), rc::gen::set(&CaseSpec::seed),
+        rc::gen::set(&CaseSpec::extra_input_count_delta, rc::gen::inRange<int64_t>(-3, 4)),
         rc::gen::set(&CaseSpec::corrupt_split_sizes),
         rc::gen::set(&CaseSpec::late_binds,
                      catalog_ops.empty()
@@ -159,7 +158,13 @@ TEST(CaseSpecJson, WritesSnakeCaseKeysAndOmitsDefaults) {
 
 TEST(CaseSpecJson, WritesPublicSlotsAsNullAndBindingsAsObjects) {
   CaseSpec spec;
-  spec.ops = {{"DualExtraOutput", {}, {}, {{std::string("c"), false}, {std::nullopt, true}}, ops::OutputStyle::kGenerator, {}, {}},
+  spec.ops = {{"DualExtraOutput",
+               {},
+               {},
+               {{std::string("c"), false}, {std::nullopt, true}},
+               ops::OutputStyle::kGenerator,
+               {},
+               {}},
               {"AddExtraInput", {}, {std::nullopt}, {}, ops::OutputStyle::kVector, {}, {false}}};
   const nlohmann::json j = spec_json(spec);
   EXPECT_TRUE(j["ops"][1]["input_channels"][0].is_null());
@@ -254,7 +259,8 @@ TEST(CaseSpecJson, RepeatCallsAreObjectsOfTwoFlags) {
   spec.repeat_calls = {{true, false}, {false, true}};
   to_json(j, spec);
   EXPECT_EQ(j.at("repeat_calls"),
-            nlohmann::json::parse(R"([{"no_grad":true,"input_requires_grad":false},{"no_grad":false,"input_requires_grad":true}])"));
+            nlohmann::json::parse(
+                R"([{"no_grad":true,"input_requires_grad":false},{"no_grad":false,"input_requires_grad":true}])"));
   j["repeat_calls"][1]["grad"] = true;
   try {
     j.get<CaseSpec>();

@@ -51,8 +51,12 @@ Checked check(const CaseSpec& spec, double scale = 1.0) {
 /// random direction, where the central difference averages the two slopes (off by 6%).
 CaseSpec relu_near_its_kink() {
   CaseSpec spec;
-  spec.ops = {op("Linear", {{"out", 2}}), op("ConstantScale", {{"scale", -0.5}}), op("AddExtraInput"),
-              op("Linear", {{"out", 6}}), op("Bias"), op("ReLU")};
+  spec.ops = {op("Linear", {{"out", 2}}),
+              op("ConstantScale", {{"scale", -0.5}}),
+              op("AddExtraInput"),
+              op("Linear", {{"out", 6}}),
+              op("Bias"),
+              op("ReLU")};
   spec.input_shape = {5, 7};
   spec.seed = 17668173065661163055ull;
   return spec;

@@ -17,8 +17,8 @@ at::Tensor doubles(std::vector<double> values, std::vector<int64_t> shape) {
 }
 
 /// One comparison of `got` against `expected`, its details.
-std::vector<TensorMismatch> compare(const at::Tensor& expected, const at::Tensor& got, bool gradient,
-                                    Tolerance tol, const at::Tensor& rounding = at::Tensor()) {
+std::vector<TensorMismatch> compare(const at::Tensor& expected, const at::Tensor& got, bool gradient, Tolerance tol,
+                                    const at::Tensor& rounding = at::Tensor()) {
   std::vector<TensorMismatch> details;
   std::vector<std::string> notes;
   Comparer comparer(details, notes);
@@ -37,7 +37,7 @@ TEST(Comparer, ValuesWithinToleranceRecordNothing) {
 TEST(Comparer, TheWorstElementIsRecordedWithItsIndexAndValues) {
   const at::Tensor e = doubles({1, -2, 3, 0.5}, {2, 2});
   at::Tensor g = e.clone();
-  g[1][0] = 3.5;  // off by 0.5
+  g[1][0] = 3.5;    // off by 0.5
   g[0][1] = -2.01;  // off by 0.01, a smaller excess
   const auto details = compare(e, g, true, kFloat64);
   ASSERT_EQ(details.size(), 1u);

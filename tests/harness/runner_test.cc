@@ -137,8 +137,9 @@ TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
   // rounding allowance must not excuse a gradient in the wrong slot or a dropped one).
   CaseSpec scale_bias;
   scale_bias.input_shape = {6, 4};
-  scale_bias.ops = {op("RowStat", {}, {}, {hidden("s")}),
-                    op("GroupedLinear", {{"groups", 2}, {"out", 3}, {"scale_bias", 1}}, {std::nullopt, std::string("s")})};
+  scale_bias.ops = {
+      op("RowStat", {}, {}, {hidden("s")}),
+      op("GroupedLinear", {{"groups", 2}, {"out", 3}, {"scale_bias", 1}}, {std::nullopt, std::string("s")})};
   // scale-bias-grad leaves the scales' channel without a gradient (missing_gradient) and
   // puts it into the input's (a mismatch the per-element oracle must not excuse);
   // same-fusion-grad-drop loses the residual's gradient (a mismatch).
@@ -147,9 +148,9 @@ TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
     CaseSpec spec;
     VerdictKind verdict;
   };
-  const std::vector<Case> cases = {{ops::Fault::kScaleBiasGrad, scale_bias, VerdictKind::kMissingGradient},
-                                   {ops::Fault::kSameFusionGradDrop, residual("FusedResidual.joint"),
-                                    VerdictKind::kMismatch}};
+  const std::vector<Case> cases = {
+      {ops::Fault::kScaleBiasGrad, scale_bias, VerdictKind::kMissingGradient},
+      {ops::Fault::kSameFusionGradDrop, residual("FusedResidual.joint"), VerdictKind::kMismatch}};
   for (const char* dtype : {"float32", "bfloat16", "float16"}) {
     for (auto [fault, spec, verdict] : cases) {
       spec.dtype = dtype;
@@ -162,9 +163,9 @@ TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
         const CaseResult broken = run_case(spec);
         EXPECT_EQ(broken.verdict, verdict) << describe(broken);
         // Every low-precision case fails a value comparison too, not only a structural check.
-        EXPECT_TRUE(std::any_of(broken.details.begin(), broken.details.end(),
-                                [](const TensorMismatch& d) { return d.kind == VerdictKind::kMismatch; }))
-            << describe(broken);
+        EXPECT_TRUE(std::any_of(broken.details.begin(), broken.details.end(), [](const TensorMismatch& d) {
+          return d.kind == VerdictKind::kMismatch;
+        })) << describe(broken);
       }
     }
   }
@@ -311,10 +312,12 @@ TEST(RunCase, EveryCatalogOpPassesInEveryDtypeWithoutFalseFindings) {
   add({op("SwiGLU"), op("Identity"), op("Reshape", {{"features", 3}})});
   add({op("ScaledSwiGLU", {{"interleave", 1}}), op("ScaledSReLU")});
   add({op("RMSNorm"), op("LayerNorm")});
-  add({op("DualExtraOutput", {}, {}, {hidden("a"), {std::string("b"), true}}), op("AddExtraInput", {}, {std::string("a")}),
-       op("AddExtraInput", {}, {std::string("b")}), op("AddExtraInput", {}, {std::string("a")})});
+  add({op("DualExtraOutput", {}, {}, {hidden("a"), {std::string("b"), true}}),
+       op("AddExtraInput", {}, {std::string("a")}), op("AddExtraInput", {}, {std::string("b")}),
+       op("AddExtraInput", {}, {std::string("a")})});
   add({op("Dispatch", {{"groups", 3}}, {}, {{std::string("splits"), false}, {std::nullopt, true}, hidden("map")}),
-       op("GroupedLinear", {{"groups", 3}, {"out", 4}}, {std::string("splits")}), op("Combine", {}, {std::string("map")})});
+       op("GroupedLinear", {{"groups", 3}, {"out", 4}}, {std::string("splits")}),
+       op("Combine", {}, {std::string("map")})});
   for (const auto& spec : specs) {
     const CaseResult r = run_case(spec);
     EXPECT_EQ(r.verdict, VerdictKind::kPass) << spec << "\n" << describe(r);

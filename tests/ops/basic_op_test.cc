@@ -16,9 +16,9 @@ namespace gradfuzz::ops {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::make_generator;
 using testing::seeded_randn;
+using ::testing::StartsWith;
 using testing::test_options;
 
 std::shared_ptr<GroupedLinear> scale_bias_linear() {

@@ -18,9 +18,8 @@
 namespace gradfuzz::ops {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::fused_matches_reference;
+using ::testing::HasSubstr;
 using testing::int_tensor;
 using testing::kFloat64Tol;
 using testing::make_generator;
@@ -30,6 +29,7 @@ using testing::PathResult;
 using testing::run_fused;
 using testing::run_reference;
 using testing::seeded_randn;
+using ::testing::StartsWith;
 using testing::test_options;
 
 struct OpCase {
@@ -137,10 +137,10 @@ INSTANTIATE_TEST_SUITE_P(EveryBasicOp, CatalogOp, ::testing::ValuesIn(catalog_ca
 
 TEST(Catalog, EveryOpOfTheSpecIsRegisteredAndCovered) {
   const std::vector<std::string> names = OpRegistry::catalog().names();
-  for (const char* expected :
-       {"Linear", "Bias", "ConstantScale", "ReLU", "GELU", "SReLU", "SwiGLU", "ScaledSwiGLU", "ScaledSReLU",
-        "MakeExtraOutput", "AddExtraInput", "GroupedLinear", "RMSNorm", "LayerNorm", "Dispatch", "Combine", "RowStat",
-        "DualExtraOutput", "Identity", "Reshape"}) {
+  for (const char* expected : {"Linear",        "Bias",          "ConstantScale",   "ReLU",        "GELU",
+                               "SReLU",         "SwiGLU",        "ScaledSwiGLU",    "ScaledSReLU", "MakeExtraOutput",
+                               "AddExtraInput", "GroupedLinear", "RMSNorm",         "LayerNorm",   "Dispatch",
+                               "Combine",       "RowStat",       "DualExtraOutput", "Identity",    "Reshape"}) {
     EXPECT_THAT(names, ::testing::Contains(std::string(expected)));
   }
   // Every registered op has a case above.
@@ -189,8 +189,8 @@ TEST(GroupedLinearOp, SplitSizesThatDoNotSumToRowsThrowClearError) {
     EXPECT_THAT(e.what(), StartsWith("invalid-argument"));
     EXPECT_THAT(e.what(), HasSubstr("GroupedLinear slot 0: split sizes must sum to rows=12, got 10"));
   }
-  EXPECT_THROW((*op)(x, {int_tensor({12})}), InvalidArgumentError);        // numel != G
-  EXPECT_THROW((*op)(x, {int_tensor({13, -1})}), InvalidArgumentError);    // negative entry
+  EXPECT_THROW((*op)(x, {int_tensor({12})}), InvalidArgumentError);               // numel != G
+  EXPECT_THROW((*op)(x, {int_tensor({13, -1})}), InvalidArgumentError);           // negative entry
   EXPECT_THROW((*op)(x, {at::ones({2}, test_options())}), InvalidArgumentError);  // not integer
   // The reference path validates the same way.
   Sequential seq({op}, FusionRegistry{});

@@ -24,7 +24,8 @@ TEST(Faults, NamesAreUniqueKebabCaseAndRoundTrip) {
     EXPECT_EQ(name.find_first_not_of("abcdefghijklmnopqrstuvwxyz-"), std::string::npos) << name;
     EXPECT_EQ(fault_from_name(name), fault);
   }
-  EXPECT_EQ(names.size(), 13u);  // six review defects, two section 11 hazards, a stale plan, three process kills, one OOB
+  EXPECT_EQ(names.size(),
+            13u);  // six review defects, two section 11 hazards, a stale plan, three process kills, one OOB
   EXPECT_EQ(fault_name(Fault::kCrashSegfault), "crash-segfault");
   EXPECT_EQ(fault_name(Fault::kSlotOrder), "slot-order");
   EXPECT_EQ(fault_name(Fault::kInternalRequiresGrad), "internal-requires-grad");

@@ -142,16 +142,17 @@ Builder grouped_mlp(const std::string& act, bool fc2_scale_bias, int64_t interle
     auto source = std::make_shared<SplitSource>(std::vector<int64_t>{3, 0, 4});
     source->set_extra_output_channel(0, "splits", false);
     const int64_t fc1_out = act == "ScaledSwiGLU" ? 2 * hidden : hidden;
-    BasicOpPtr fc1 = bind_in(op("GroupedLinear", {{"groups", groups}, {"out", fc1_out}}, rows, features, dt), 0, "splits");
+    BasicOpPtr fc1 =
+        bind_in(op("GroupedLinear", {{"groups", groups}, {"out", fc1_out}}, rows, features, dt), 0, "splits");
     const OpAttrs act_attrs =
         act == "ScaledSwiGLU" ? OpAttrs{{"interleave", static_cast<double>(interleave)}} : OpAttrs{};
     BasicOpPtr activation = op(act, act_attrs, rows, fc1_out, dt);
-    BasicOpPtr fc2 = bind_in(
-        op("GroupedLinear", {{"groups", groups}, {"out", features}, {"scale_bias", fc2_scale_bias ? 1.0 : 0.0}}, rows,
-           hidden, dt),
-        0, "splits");
+    BasicOpPtr fc2 =
+        bind_in(op("GroupedLinear", {{"groups", groups}, {"out", features}, {"scale_bias", fc2_scale_bias ? 1.0 : 0.0}},
+                   rows, hidden, dt),
+                0, "splits");
     Built b{{source, fc1, activation, fc2}, input(gen, rows, features, dt), {}};
-    b.extras.push_back(seeded_randn({rows}, gen, dt, true));  // activation scales
+    b.extras.push_back(seeded_randn({rows}, gen, dt, true));                      // activation scales
     if (fc2_scale_bias) b.extras.push_back(seeded_randn({rows}, gen, dt, true));  // fc2 bias scales
     return b;
   };
@@ -198,13 +199,12 @@ std::vector<FusionCase> fusion_cases() {
 ::testing::AssertionResult fired(const FuserTrace& trace, const FusionCase& c) {
   const bool in_forward = c.pass != FusionPass::kBackward;
   const bool in_backward = c.pass != FusionPass::kForward;
-  for (const auto& [plan, wanted, label] :
-       {std::make_tuple(&trace.forward_plan, in_forward, "forward"),
-        std::make_tuple(&trace.backward_plan, in_backward, "backward")}) {
+  for (const auto& [plan, wanted, label] : {std::make_tuple(&trace.forward_plan, in_forward, "forward"),
+                                            std::make_tuple(&trace.backward_plan, in_backward, "backward")}) {
     const PlanEntry* entry = find_entry(*plan, c.fusion);
     if (wanted && (!entry || entry->begin != c.begin || entry->end != c.end || !entry->fused)) {
-      return ::testing::AssertionFailure() << c.fusion << " did not fire over [" << c.begin << ", " << c.end
-                                           << ") in the " << label << " plan";
+      return ::testing::AssertionFailure()
+             << c.fusion << " did not fire over [" << c.begin << ", " << c.end << ") in the " << label << " plan";
     }
     if (!wanted && entry) return ::testing::AssertionFailure() << c.fusion << " appeared in the " << label << " plan";
   }
@@ -246,8 +246,7 @@ INSTANTIATE_TEST_SUITE_P(EveryFusion, CatalogFusion,
 TEST(CatalogFusions, EveryRegisteredFusionHasACase) {
   const std::vector<FusionCase> cases = fusion_cases();
   for (const std::string& name : FusionRegistry::catalog().names()) {
-    EXPECT_TRUE(std::any_of(cases.begin(), cases.end(), [&](const FusionCase& c) { return c.fusion == name; }))
-        << name;
+    EXPECT_TRUE(std::any_of(cases.begin(), cases.end(), [&](const FusionCase& c) { return c.fusion == name; })) << name;
   }
 }
 
@@ -255,7 +254,8 @@ TEST(CatalogFusions, BackwardFusionDeclinesWhenTheInputNeedsNoGradientAndParamsA
   at::Generator gen = make_generator(223);
   Built b = linear_scale(at::kDouble, gen);
   b.ops[0]->parameters()[0].requires_grad_(false);
-  Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()), FusionRegistry::catalog().only({"BackwardLinearScale"}));
+  Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()),
+                 FusionRegistry::catalog().only({"BackwardLinearScale"}));
   seq.forward(b.x.detach(), {});
   EXPECT_EQ(find_entry(seq.fusers()[0]->last_trace()->backward_plan, "BackwardLinearScale"), nullptr);
   b.ops[0]->parameters()[0].requires_grad_(true);
@@ -340,12 +340,13 @@ TEST(FusedResidual, SameFusionGradDropFaultLeavesTheForwardOnlyFusionCorrect) {
 TEST(FusedResidual, TracesTheOwnedChannelGradient) {
   at::Generator gen = make_generator(233);
   const Built b = residual(false)(at::kDouble, gen);
-  Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()), FusionRegistry::catalog().only({"FusedResidual.joint"}));
+  Sequential seq(std::vector<Module>(b.ops.begin(), b.ops.end()),
+                 FusionRegistry::catalog().only({"FusedResidual.joint"}));
   const PathResult expected = run_reference(seq, b.x, b.extras);
   const PathResult got = run_fused(seq, b.x, b.extras);
   ASSERT_EQ(got.channel_grads[0].count("res"), 1u);
-  EXPECT_TRUE(testing::tensors_close(got.channel_grads[0].at("res"), expected.channel_grads[0].at("res"), kFloat64Tol,
-                                     "res"));
+  EXPECT_TRUE(
+      testing::tensors_close(got.channel_grads[0].at("res"), expected.channel_grads[0].at("res"), kFloat64Tol, "res"));
 }
 
 }  // namespace

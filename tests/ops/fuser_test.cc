@@ -18,11 +18,10 @@
 namespace gradfuzz::ops {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::CountingIdentity;
 using testing::fused_differs_from_reference;
 using testing::fused_matches_reference;
+using ::testing::HasSubstr;
 using testing::int_tensor;
 using testing::kFloat64Tol;
 using testing::make_generator;
@@ -30,9 +29,10 @@ using testing::PathResult;
 using testing::run_fused;
 using testing::run_reference;
 using testing::seeded_randn;
-using testing::test_options;
 using testing::SplitSource;
+using ::testing::StartsWith;
 using testing::tensors_close;
+using testing::test_options;
 
 // ---- custom ops that misbehave on purpose -------------------------------------------------
 
@@ -145,8 +145,7 @@ class HidingFusedOp final : public FusedOp {
 };
 
 /// A joint fusion replacing the whole (basic) plan with `make(groups)` once.
-FusionRegistry registry_with(const std::string& name,
-                             std::function<FusedOpPtr(const std::vector<FusedOpPtr>&)> make,
+FusionRegistry registry_with(const std::string& name, std::function<FusedOpPtr(const std::vector<FusedOpPtr>&)> make,
                              FusionPass pass = FusionPass::kJoint) {
   FusionRegistry registry;
   registry.add(name, pass,
@@ -337,8 +336,8 @@ TEST(Fuser, HiddenOutputReturnedNoneForAConsumerOutsideTheGroupIsNeededOutsideIt
   // Fuse only the first two ops; the consumer stays outside.
   FusionRegistry hiding;
   hiding.add("Hider", FusionPass::kForward, [](const std::vector<FusedOpPtr>& groups, const FusionContext&) {
-    std::vector<FusedOpPtr> out{std::make_shared<HidingFusedOp>(
-        std::vector<BasicOpPtr>{groups[0]->basic_ops()[0], groups[1]->basic_ops()[0]})};
+    std::vector<FusedOpPtr> out{
+        std::make_shared<HidingFusedOp>(std::vector<BasicOpPtr>{groups[0]->basic_ops()[0], groups[1]->basic_ops()[0]})};
     out.push_back(groups[2]);
     return out;
   });

@@ -7,8 +7,8 @@
 #include "ops/basic/activations.h"
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
-#include "ops/fuser.h"
 #include "ops/fused/fused_ops.h"
+#include "ops/fuser.h"
 #include "tests/ops/test_util.h"
 
 namespace gradfuzz::ops {
@@ -93,15 +93,15 @@ TEST(FusionRegistry, PassesApplyJointFirstThenForwardAndBackwardSeparatelyInOrde
   ASSERT_EQ(forward.size(), 1u);
   EXPECT_EQ(forward[0]->name(), "fwd2");
   EXPECT_EQ(fuser.backward_plan(0)[0]->name(), "bwd");
-  EXPECT_EQ(seen, (std::vector<std::string>{"joint<-2", "fwd1<-Identity,ReLU", "fwd2<-fwd1",
-                                            "bwd<-Identity,ReLU"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"joint<-2", "fwd1<-Identity,ReLU", "fwd2<-fwd1", "bwd<-Identity,ReLU"}));
 }
 
 TEST(FusionRegistry, PlansAreRebuiltWhenFirstOpRequiringBackwardChanges) {
   std::vector<std::string> seen;
   FusionRegistry registry;
-  registry.add("bwd", FusionPass::kBackward,
-               recording_fusion("bwd", &seen, [](const FusionContext& c) { return c.first_op_requiring_backward == 0; }));
+  registry.add("bwd", FusionPass::kBackward, recording_fusion("bwd", &seen, [](const FusionContext& c) {
+                 return c.first_op_requiring_backward == 0;
+               }));
   auto lin = std::make_shared<Linear>(LinearOptions(2, 2), test_options());
   OperationFuser fuser({lin, std::make_shared<ConstantScale>(0.5)}, registry, Locking::kTransient);
   EXPECT_EQ(fuser.backward_plan(0).size(), 1u);
@@ -124,8 +124,8 @@ TEST(FusionRegistry, PlansAreRebuiltWhenFirstOpRequiringBackwardChanges) {
 
 TEST(FusionRegistry, CatalogBackwardFusionDeclinesWhenItsOpsNeedNoBackward) {
   auto lin = std::make_shared<Linear>(LinearOptions(2, 2), test_options());
-  OperationFuser fuser({lin, std::make_shared<ConstantScale>(0.5)}, FusionRegistry::catalog().only({"BackwardLinearScale"}),
-                       Locking::kTransient);
+  OperationFuser fuser({lin, std::make_shared<ConstantScale>(0.5)},
+                       FusionRegistry::catalog().only({"BackwardLinearScale"}), Locking::kTransient);
   ASSERT_EQ(fuser.backward_plan(0).size(), 1u);
   EXPECT_EQ(fuser.backward_plan(0)[0]->name(), "BackwardLinearScale");
   EXPECT_EQ(fuser.backward_plan(2).size(), 2u);  // nothing needs backward: declined

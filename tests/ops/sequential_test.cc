@@ -13,12 +13,12 @@
 namespace gradfuzz::ops {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using testing::fused_matches_reference;
+using ::testing::HasSubstr;
 using testing::kFloat64Tol;
 using testing::make_generator;
 using testing::seeded_randn;
+using ::testing::StartsWith;
 using testing::test_options;
 
 TEST(Sequential, ConsecutiveBasicOpsFormOneFuserPerRun) {

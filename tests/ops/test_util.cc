@@ -214,8 +214,8 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
   return ::testing::AssertionFailure() << what << ": worst flat index " << index << " got "
                                        << g.reshape({-1})[index].item<double>() << " expected "
                                        << e.reshape({-1})[index].item<double>() << " (abs err "
-                                       << err.reshape({-1})[index].item<double>() << ", rtol " << tol.rtol
-                                       << ", atol " << tol.atol << ")";
+                                       << err.reshape({-1})[index].item<double>() << ", rtol " << tol.rtol << ", atol "
+                                       << tol.atol << ")";
 }
 
 ::testing::AssertionResult results_close(const PathResult& got, const PathResult& expected, Tolerance tol) {
@@ -232,7 +232,8 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
     return ::testing::AssertionFailure() << "got " << got.outputs.size() << " outputs, expected "
                                          << expected.outputs.size();
   }
-  for (size_t k = 0; k < got.outputs.size(); ++k) check(got.outputs[k], expected.outputs[k], "output " + std::to_string(k));
+  for (size_t k = 0; k < got.outputs.size(); ++k)
+    check(got.outputs[k], expected.outputs[k], "output " + std::to_string(k));
   check(got.grad_input, expected.grad_input, "grad_input");
   // Every list must have the same length: comparing up to the shorter one would let a
   // dropped gradient or a surplus one pass.
@@ -268,7 +269,8 @@ PathResult run_reference(const Sequential& sequential, const at::Tensor& input,
       }
       for (const auto& [name, grad] : got.channel_grads[f]) {
         if (!expected.channel_grads[f].count(name)) {
-          check(grad, at::Tensor(), "channel '" + name + "' grad (fuser " + std::to_string(f) + ", not in the expected)");
+          check(grad, at::Tensor(),
+                "channel '" + name + "' grad (fuser " + std::to_string(f) + ", not in the expected)");
         }
       }
     }

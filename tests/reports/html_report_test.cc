@@ -51,7 +51,8 @@ std::string rendered_dom(const std::string& html, int& status) {
   const std::string browser = chromium();
   if (browser.empty()) {
     status = -1;
-    ADD_FAILURE() << "no Chromium: install Debian's chromium package (scripts/ci-deps.sh does) or set GRADFUZZ_CHROMIUM";
+    ADD_FAILURE()
+        << "no Chromium: install Debian's chromium package (scripts/ci-deps.sh does) or set GRADFUZZ_CHROMIUM";
     return "";
   }
   const std::string dir = test_util::make_temp_dir();
@@ -60,10 +61,10 @@ std::string rendered_dom(const std::string& html, int& status) {
   // A profile of its own keeps parallel tests and the user's profile apart.
   std::string dom;
   status = test_util::run_command("timeout 120 '" + browser +
-                                    "' --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run "
-                                    "--user-data-dir='" + dir + "/profile' --dump-dom 'file://" + dir +
-                                    "/report.html' 2>/dev/null",
-                                dom);
+                                      "' --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run "
+                                      "--user-data-dir='" +
+                                      dir + "/profile' --dump-dom 'file://" + dir + "/report.html' 2>/dev/null",
+                                  dom);
   test_util::remove_dir(dir);
   return dom;
 }

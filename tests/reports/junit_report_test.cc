@@ -47,7 +47,8 @@ TEST(JunitReport, MergedShardsMatchGolden) {
 TEST(JunitReport, OneFailingTestcasePerClusterWithSignatureCountCaseFileAndReproduceLine) {
   const std::string xml = junit_of(data_report("shard-1.json"));
   EXPECT_THAT(xml, HasSubstr("<testsuite name=\"gradfuzz.fuzz\" tests=\"2\" failures=\"2\""));
-  EXPECT_THAT(xml, HasSubstr("<testcase classname=\"gradfuzz.fuzz.mismatch\" name=\"mismatch|Dispatch,Linear|grad_channel\""));
+  EXPECT_THAT(
+      xml, HasSubstr("<testcase classname=\"gradfuzz.fuzz.mismatch\" name=\"mismatch|Dispatch,Linear|grad_channel\""));
   EXPECT_THAT(xml, HasSubstr("count: 2 failing case(s)"));
   EXPECT_THAT(xml, HasSubstr("case file: corpus/findings/aaaa000000000001.json"));
   EXPECT_THAT(xml, HasSubstr("reproduce: gradfuzz replay corpus/findings/aaaa000000000001.json"));

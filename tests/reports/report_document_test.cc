@@ -98,7 +98,8 @@ TEST(ReportDocument, RefusesAZeroClusterCount) {
 TEST(ReportDocument, RefusesAShardOutsideItsCount) {
   Json doc = data_report("shard-1.json");
   doc["campaign"]["shard"] = "3/2";
-  EXPECT_THAT(error_of(doc), HasSubstr("night.json: /campaign/shard: expected \"i/N\" with 1 <= i <= N, got string \"3/2\""));
+  EXPECT_THAT(error_of(doc),
+              HasSubstr("night.json: /campaign/shard: expected \"i/N\" with 1 <= i <= N, got string \"3/2\""));
 }
 
 TEST(ReportDocument, RefusesAReportThatIsNotAnObject) {
@@ -128,7 +129,8 @@ TEST(ReportDocument, ReadsTheFileItIsGiven) {
     ADD_FAILURE() << "loaded {}";
   } catch (const ReportError& e) {
     // A run killed before its first snapshot leaves "{}": the message says so plainly.
-    EXPECT_EQ(std::string(e.what()), dir + "/empty.json: /schema_version: missing (expected the report schema version)");
+    EXPECT_EQ(std::string(e.what()),
+              dir + "/empty.json: /schema_version: missing (expected the report schema version)");
   }
   test_util::remove_dir(dir);
 }

@@ -46,9 +46,9 @@ TEST(ReportMerge, SumsCountsTakesTheLongestWallTimeAndRecomputesTheRate) {
   EXPECT_EQ(s["cases_run"], 12);
   EXPECT_EQ(s["passed"], 5);
   EXPECT_EQ(s["failed"], 7);
-  EXPECT_EQ(s["wall_s"], 3.0);  // the slowest shard: they ran side by side
+  EXPECT_EQ(s["wall_s"], 3.0);       // the slowest shard: they ran side by side
   EXPECT_EQ(s["cases_per_s"], 4.0);  // 12 cases / 3 s, not the mean of 3 and 2 cases/s
-  EXPECT_EQ(s["findings"], 3);  // clusters after merging, not 2 + 2
+  EXPECT_EQ(s["findings"], 3);       // clusters after merging, not 2 + 2
   EXPECT_EQ(s["complete"], true);
   EXPECT_EQ(merged["campaign"]["cases_requested"], 12);
   EXPECT_EQ(merged["campaign"]["workers"], 4);
@@ -130,7 +130,8 @@ TEST(ReportMerge, RefusesDifferentCampaignSeeds) {
 TEST(ReportMerge, RefusesDifferentToolVersions) {
   std::vector<NamedReport> inputs = two_shards();
   inputs[0].doc["tool"]["version"] = "0.2.0";
-  EXPECT_THAT(merge_error(inputs), HasSubstr("shard-2.json: /tool/version: \"0.1.0\" differs from \"0.2.0\" in shard-1.json"));
+  EXPECT_THAT(merge_error(inputs),
+              HasSubstr("shard-2.json: /tool/version: \"0.1.0\" differs from \"0.2.0\" in shard-1.json"));
   inputs = two_shards();
   inputs[1].doc["tool"]["git_sha"] = "def5678";
   EXPECT_THAT(merge_error(inputs), HasSubstr("shard-2.json: /tool/git_sha: \"def5678\" differs from \"abc1234\""));
@@ -139,7 +140,8 @@ TEST(ReportMerge, RefusesDifferentToolVersions) {
 TEST(ReportMerge, RefusesDifferentBackends) {
   std::vector<NamedReport> inputs = two_shards();
   inputs[1].doc["environment"]["backend"] = "te";
-  EXPECT_THAT(merge_error(inputs), HasSubstr("shard-2.json: /environment/backend: \"te\" differs from \"model\" in shard-1.json"));
+  EXPECT_THAT(merge_error(inputs),
+              HasSubstr("shard-2.json: /environment/backend: \"te\" differs from \"model\" in shard-1.json"));
 }
 
 TEST(ReportMerge, RefusesDifferentDtypesAndFaults) {
@@ -154,7 +156,8 @@ TEST(ReportMerge, RefusesDifferentDtypesAndFaults) {
 TEST(ReportMerge, RefusesShardsOfDifferentCounts) {
   std::vector<NamedReport> inputs = two_shards();
   inputs[1].doc["campaign"]["shard"] = "2/3";
-  EXPECT_THAT(merge_error(inputs), HasSubstr("shard-2.json: /campaign/shard: 2/3 is of 3 shards, but shard-1.json is of 2"));
+  EXPECT_THAT(merge_error(inputs),
+              HasSubstr("shard-2.json: /campaign/shard: 2/3 is of 3 shards, but shard-1.json is of 2"));
 }
 
 TEST(ReportMerge, RefusesTheSameShardTwice) {

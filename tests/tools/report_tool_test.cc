@@ -63,7 +63,8 @@ class ReportToolTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = make_temp_dir(std::string("gradfuzz-report-tool-") +
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-").string();
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-")
+               .string();
   }
   void TearDown() override { remove_tree(dir_); }
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
@@ -85,7 +86,8 @@ TEST_F(ReportToolTest, MergeWritesTheMergedReportJunitAndHtmlAndExitsOneWithFind
   const CliRun r = run({"report", "merge", path("merged.json"), data("shard-2.json"), data("shard-1.json"), "--junit",
                         path("merged.xml"), "--html", path("merged.html")});
   EXPECT_EQ(r.exit, 1) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("report merge: 2 report(s) -> " + path("merged.json") + ": 12 cases, 7 failed, 3 cluster(s)"));
+  EXPECT_THAT(r.out,
+              HasSubstr("report merge: 2 report(s) -> " + path("merged.json") + ": 12 cases, 7 failed, 3 cluster(s)"));
   const Json merged = Json::parse(read(path("merged.json")));
   EXPECT_EQ(merged["summary"]["cases_run"], 12);
   EXPECT_EQ(merged["merge"]["inputs"][0]["file"], data("shard-1.json"));
@@ -121,7 +123,8 @@ TEST_F(ReportToolTest, MergeRefusesAnInvalidInputNamingTheFileAndTheJsonPath) {
   const std::string bad = edited("shard-2.json", "bad.json", [](Json& d) { d["summary"]["wall_s"] = "long"; });
   const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), bad});
   EXPECT_EQ(r.exit, 2);
-  EXPECT_THAT(r.err, HasSubstr(bad + ": /summary/wall_s: expected a non-negative number of seconds, got string \"long\""));
+  EXPECT_THAT(r.err,
+              HasSubstr(bad + ": /summary/wall_s: expected a non-negative number of seconds, got string \"long\""));
 }
 
 TEST_F(ReportToolTest, MergeRefusesShardsOfDifferentCampaigns) {
@@ -150,7 +153,8 @@ TEST_F(ReportToolTest, MergeRefusesAnUnwritableJunitPathBeforeWriting) {
   const CliRun r = run({"report", "merge", path("merged.json"), data("shard-1.json"), data("shard-2.json"), "--junit",
                         path("no-such-dir/merged.xml")});
   EXPECT_EQ(r.exit, 2);
-  EXPECT_THAT(r.err, HasSubstr("--junit: cannot write '" + path("no-such-dir/merged.xml") + "' (No such file or directory)"));
+  EXPECT_THAT(r.err,
+              HasSubstr("--junit: cannot write '" + path("no-such-dir/merged.xml") + "' (No such file or directory)"));
   EXPECT_FALSE(exists(path("merged.json")));
 }
 
@@ -212,7 +216,8 @@ TEST_F(ReportToolTest, FuzzWritesJunitAndHtmlOfItsReport) {
   const CliRun r = run({"fuzz", "--cases", "3", "--workers", "0", "--quiet", "--corpus", path("corpus"), "--junit",
                         path("fuzz.xml"), "--html", path("fuzz.html")});
   ASSERT_EQ(r.exit, 0) << r.err;
-  EXPECT_THAT(read(path("fuzz.xml")), HasSubstr("<testcase classname=\"gradfuzz.fuzz\" name=\"no finding in 3 cases\""));
+  EXPECT_THAT(read(path("fuzz.xml")),
+              HasSubstr("<testcase classname=\"gradfuzz.fuzz\" name=\"no finding in 3 cases\""));
   EXPECT_THAT(read(path("fuzz.html")), HasSubstr("id=\"summary-cases_run\">3</td>"));
 }
 
@@ -230,8 +235,8 @@ TEST_F(ReportToolTest, ReplayWritesAFailingTestcaseWithTheCaseFileAndItsDtype) {
 }
 
 TEST_F(ReportToolTest, RunCommandsRefuseAnUnwritableOutputBeforeRunning) {
-  CliRun r = run({"fuzz", "--cases", "1000000", "--workers", "0", "--corpus", path("corpus"), "--html",
-                  path("missing/r.html")});
+  CliRun r = run(
+      {"fuzz", "--cases", "1000000", "--workers", "0", "--corpus", path("corpus"), "--html", path("missing/r.html")});
   EXPECT_EQ(r.exit, 2);
   EXPECT_THAT(r.err, HasSubstr("--html: cannot write '" + path("missing/r.html") + "'"));
   r = run({"selftest", "--faults", "slot-order", "--junit", path("missing/r.xml")});

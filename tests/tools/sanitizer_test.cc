@@ -40,7 +40,8 @@ TEST(Sanitizer, WrapsTheWorkerWithTheToolItsLogFileAndPadding) {
   EXPECT_THAT(joined, HasSubstr("--log-file /tmp/s/worker-%p.log "));
   EXPECT_THAT(joined, HasSubstr("--padding 512 "));
   // The worker's own command comes last, unchanged.
-  EXPECT_THAT(std::vector<std::string>(argv.end() - 4, argv.end()), ElementsAre("gradfuzz", "worker", "--backend", "model"));
+  EXPECT_THAT(std::vector<std::string>(argv.end() - 4, argv.end()),
+              ElementsAre("gradfuzz", "worker", "--backend", "model"));
   o.tool = SanitizerTool::kRacecheck;
   const auto race = sanitizer_argv(o, {"w"});
   EXPECT_EQ(std::find(race.begin(), race.end(), "--padding"), race.end());
@@ -55,8 +56,8 @@ TEST(Sanitizer, TurnsPyTorchsCachingAllocatorOffSoEveryTensorIsItsOwnAllocation)
 }
 
 TEST(Sanitizer, ToolNamesRoundTripAndUnknownOnesAreRefused) {
-  for (auto t : {SanitizerTool::kMemcheck, SanitizerTool::kRacecheck, SanitizerTool::kInitcheck,
-                 SanitizerTool::kSynccheck}) {
+  for (auto t :
+       {SanitizerTool::kMemcheck, SanitizerTool::kRacecheck, SanitizerTool::kInitcheck, SanitizerTool::kSynccheck}) {
     EXPECT_EQ(sanitizer_tool_from_name(sanitizer_tool_name(t)), t);
   }
   try {

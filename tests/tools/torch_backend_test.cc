@@ -87,8 +87,8 @@ TEST_F(TorchBackend, TheExportedScriptOfARegressionCaseRunsUnderPytest) {
   const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
   const std::string source = root ? root : ".";
   const std::string script = (dir_ / "test_regression_case.py").string();
-  const CliRun r = cli({"export", "--python", source + "/corpus/regression/b6e9acb245d0ad86.json", "--backend", "torch",
-                        "-o", script});
+  const CliRun r = cli(
+      {"export", "--python", source + "/corpus/regression/b6e9acb245d0ad86.json", "--backend", "torch", "-o", script});
   ASSERT_EQ(r.exit, 0) << r.err;
   std::ifstream in(script);
   std::stringstream text;
@@ -100,7 +100,8 @@ TEST_F(TorchBackend, TheExportedScriptOfARegressionCaseRunsUnderPytest) {
   EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("from gradfuzz_adapter")));
   const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
   const std::string py = python ? python : source + "/.venv/bin/python";
-  const std::string command = py + " -m pytest -q -p no:cacheprovider " + script + " > " + (dir_ / "pytest.log").string() + " 2>&1";
+  const std::string command =
+      py + " -m pytest -q -p no:cacheprovider " + script + " > " + (dir_ / "pytest.log").string() + " 2>&1";
   const int status = std::system(command.c_str());
   std::ifstream log(dir_ / "pytest.log");
   std::stringstream log_text;
