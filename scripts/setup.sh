@@ -9,7 +9,7 @@ cd "$root"
 venv="${GRADFUZZ_VENV:-$root/.venv}"
 build="${GRADFUZZ_BUILD:-$root/build}"
 torch_version="2.11.0"
-debs=(librapidcheck-dev libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev ninja-build ccache)
+debs=(librapidcheck-dev libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev ninja-build ccache clang-format)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -30,10 +30,23 @@ if ! "$venv/bin/python" -c "import torch,sys; sys.exit(torch.__version__.split('
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q "torch==$torch_version"
 fi
-# The Python adapter's test suite (adapter/tests, run by ctest) needs pytest.
-if ! "$venv/bin/python" -c "import pytest" 2>/dev/null; then
-  log "installing pytest into $venv"
-  "$venv/bin/pip" install -q pytest
+# The Python adapter's test suite (adapter/tests, run by ctest) needs pytest; its te tests
+# run TE's own Python code over a stubbed extension and need numpy and pydantic (TE imports
+# them) and TE's pure-Python wheel; ruff formats and lints the adapter (the format.ruff test).
+py_tools=("pytest==9.2.0" "ruff==0.17.6" "numpy==2.4.6" "pydantic==2.14.4")
+if ! "$venv/bin/python" - "${py_tools[@]}" <<'PY' 2>/dev/null; then
+import importlib.metadata as m, sys
+sys.exit(any(m.version(s.split("==")[0]) != s.split("==")[1] for s in sys.argv[1:]))
+PY
+  log "installing ${py_tools[*]} into $venv"
+  "$venv/bin/pip" install -q "${py_tools[@]}"
+fi
+te_wheel="$root/.te/rest/transformer_engine-2.20.2-py3-none-any.whl"
+if [ ! -f "$te_wheel" ]; then
+  log "downloading TransformerEngine 2.20.2's pure-Python wheel into .te/rest (the adapter's te tests)"
+  mkdir -p "$root/.te/rest"
+  grep -qx '/.te/' "$root/.git/info/exclude" 2>/dev/null || echo '/.te/' >> "$root/.git/info/exclude" 2>/dev/null || true
+  "$venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$root/.te/rest" "transformer-engine==2.20.2"
 fi
 prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
 
