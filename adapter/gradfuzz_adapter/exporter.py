@@ -19,7 +19,8 @@ import inspect
 import pprint
 import textwrap
 
-from . import catalog, errors, reference, script_support, te_backend, torch_runtime
+from . import catalog, errors, reference, script_support, torch_runtime
+from . import te as te_backend
 from .protocol import DTYPE_NAMES, tensor_bytes
 
 # te_backend's functions the te scripts embed (module level, TE-free: they take op objects).
@@ -376,16 +377,9 @@ def export_script(case, *, backend, paths, expect, case_file=""):
     parts.append(_section("Values and comparison (gradfuzz_adapter/script_support.py)"))
     parts.append(_module_body(script_support))
     if backend == "te":
-        parts.append(_section("te.ops helpers (gradfuzz_adapter/te_backend.py)"))
-        parts.append(_segments(te_backend, TE_HELPERS))
-        parts.append(
-            _section(
-                "Ops TE lacks and the FusedResidual fusion, as TE users write them\n"
-                "# (gradfuzz_adapter/te_backend.py: define_extensions)"
-            )
-        )
-        parts.append(_factory_body(te_backend, "define_extensions"))
-        parts.append("\n\nregister_fusions()\n")
+        for title, source in te_backend.script_sections():  # te/embed.py
+            parts.append(_section(title) if title else "\n\n")
+            parts.append(source)
     else:
         parts.append(_section("The torch backend's runtime (gradfuzz_adapter/torch_runtime.py)"))
         parts.append(_module_body(torch_runtime))

@@ -9,8 +9,11 @@ import pytest
 import torch
 from helpers import judge, run, spec
 
-from gradfuzz_adapter import te_backend
-from gradfuzz_adapter.te_backend import classify, fusion_name, op_recipe, render_call
+from gradfuzz_adapter.te import op_table, params
+from gradfuzz_adapter.te.backend import TEBackend
+from gradfuzz_adapter.te.classify import classify
+from gradfuzz_adapter.te.fusions import fusion_name, only_fusions
+from gradfuzz_adapter.te.op_table import op_recipe, render_call
 
 # ----------------------------------------------------------------------------------------
 # Without TE
@@ -51,6 +54,47 @@ def test_op_recipes_use_tes_constructors_and_option_names():
         op_recipe("Linear", {"out": 4}, [4, 8], "generator")  # TE's own ops return tuples
 
 
+def test_one_op_table_drives_the_mapping_the_classes_and_the_options():
+    from gradfuzz_adapter import catalog
+
+    # Every catalog op has exactly one entry; TE's classes and the custom ops partition it.
+    assert set(op_table.OPS) == set(catalog.OP_NAMES)
+    assert set(op_table.TE_CLASSES) | set(op_table.CUSTOM_OPS) == set(op_table.OPS)
+    assert not set(op_table.TE_CLASSES) & set(op_table.CUSTOM_OPS)
+    assert op_table.CUSTOM_OPS == ("Dispatch", "Combine", "RowStat", "DualExtraOutput")
+    for name, op in op_table.OPS.items():
+        callee, _, _ = op_recipe(name, {}, [4, 8])
+        assert callee == op.implementation, name
+    # The option domains come from the same entries; single grouped params only where run.
+    assert op_table.te_options(True)["GroupedLinear"]["single_grouped_weight"] == [0, 1]
+    narrowed = op_table.te_options(False)["GroupedLinear"]
+    assert narrowed["single_grouped_weight"] == [0] and narrowed["single_grouped_bias"] == [0]
+    assert narrowed["delay_wgrad_compute"] == [0, 1]
+    assert op_table.OPS["GroupedLinear"].options["single_grouped_bias"] == [0, 1]  # unchanged
+    with pytest.raises(NotImplementedError, match="no mapping for catalog op 'Nope'"):
+        op_recipe("Nope", {}, [4, 8])
+
+
+def test_scripts_embed_the_te_modules_whole_without_importing_them():
+    from gradfuzz_adapter.te import embed
+
+    sections = embed.script_sections()
+    titles = [t for t, _ in sections]
+    assert titles[-1] is None and sections[-1][1] == "register_fusions()\n"
+    text = "".join(source for _, source in sections)
+    for expected in (
+        "def param_groups(op, name):",
+        "def only_fusions(operation_fuser, names):",
+        "class Dispatch(CustomOp):",
+        "class FusedResidual(te.ops.FusedOperation):",
+        "def register_fusions():",
+    ):
+        assert expected in text, expected
+    # Docstrings and top-level imports are left to the script.
+    assert "import transformer_engine" not in text.split("def register_fusions")[0]
+    assert not any(line.startswith(("import ", "from ")) for line in text.splitlines())
+
+
 def test_fusions_are_named_after_their_fused_op():
     class ForwardLinearBiasAdd:
         @staticmethod
@@ -85,7 +129,7 @@ def test_only_fusions_narrows_the_lists_and_restores_them_on_error():
     original = [BackwardLinearAdd.fuse_backward_ops, BackwardLinearScale.fuse_backward_ops]
     Fuser.backward_fusion_functions = original
     with pytest.raises(KeyError):
-        with te_backend.only_fusions(Fuser, ["BackwardLinearScale"]):
+        with only_fusions(Fuser, ["BackwardLinearScale"]):
             assert Fuser.backward_fusion_functions == [BackwardLinearScale.fuse_backward_ops]
             assert Fuser.forward_fusion_functions == []
             raise KeyError("a failing path")
@@ -187,7 +231,7 @@ def backend():
     if reason:
         pytest.skip(reason)
     te_stub.install()
-    return te_backend.TEBackend(device="cpu")
+    return TEBackend(device="cpu")
 
 
 def bound(channel, to_caller=False):
@@ -383,20 +427,20 @@ def test_grouped_linear_parameters_map_to_the_model_layout(groups, single):
     op = fake_grouped_linear(groups, single_weight=single, single_bias=single)
     weights = torch.arange(groups * 6, dtype=torch.float32).reshape(groups, 3, 2)
     biases = torch.arange(groups * 3, dtype=torch.float32).reshape(groups, 3)
-    te_backend.copy_param_values(op, "GroupedLinear", [weights, biases])
-    leaves = te_backend.param_leaves(op, "GroupedLinear")
+    params.copy_param_values(op, "GroupedLinear", [weights, biases])
+    leaves = params.param_leaves(op, "GroupedLinear")
     assert len(leaves) == (2 if single else 2 * groups)
     # Gradients come back per TE parameter; the model wants [G, out, in] and [G, out].
     grads = {id(t): t.detach() * 10 for t in leaves}
-    got = te_backend.model_param_grads(op, "GroupedLinear", grads)
+    got = params.model_param_grads(op, "GroupedLinear", grads)
     assert torch.equal(got[0], weights * 10) and torch.equal(got[1], biases * 10)
 
 
 def test_main_grad_and_requires_grad_flags():
     op = fake_grouped_linear(2, main_grad=True)
-    te_backend.set_param_requires_grad(op, "GroupedLinear", [True, False])
-    te_backend.attach_main_grads(op, "GroupedLinear")
+    params.set_param_requires_grad(op, "GroupedLinear", [True, False])
+    params.attach_main_grads(op, "GroupedLinear")
     assert op.weight0.main_grad.dtype == torch.float32 and op.weight1.main_grad.shape == (3, 2)
     op.weight1.main_grad += 2.0  # what the wgrad GEMM accumulates
-    got = te_backend.model_param_grads(op, "GroupedLinear", {})  # autograd returned dummies
+    got = params.model_param_grads(op, "GroupedLinear", {})  # autograd returned dummies
     assert torch.equal(got[0][1], torch.full((3, 2), 2.0)) and got[1] is None

@@ -1,0 +1,312 @@
+"""The te backend's driver hooks (TEBuilder) and its hello/run answers (TEBackend).
+
+TE is imported by TEBackend() and by nothing else in the adapter, so the rest of the te
+package stays importable without TE (the exporter writes te scripts from it). Each path
+builds fresh te.ops objects and a fresh te.ops.Sequential; citations are to TE 2.20.2's
+source (transformer_engine/pytorch/...), as file:function.
+"""
+
+import contextlib
+import os
+import platform
+import types
+
+import torch
+
+from ..driver import Builder, run_paths
+from .classify import classify
+from .fusions import FUSION_PASSES, fusion_name, only_fusions
+from .op_table import DEVICE, DTYPE, OPS, Symbol, op_recipe, te_options
+from .params import (
+    attach_main_grads,
+    copy_param_values,
+    finish_weight_gradients,
+    model_param_grads,
+    param_leaves,
+    set_param_requires_grad,
+)
+
+
+class TEBuilder(Builder):
+    """Driver hooks for te.ops. Each path builds fresh ops and a fresh Sequential (TE ops
+    and fusers keep state); per-path state lives in self.path."""
+
+    name = "te"
+
+    def __init__(self, te, ext, operation_fuser, device=None):
+        self.te = te
+        self.ext = ext
+        self.operation_fuser = operation_fuser
+        self.fixed_device = device
+        self.path = None
+
+    def device(self, case):
+        if self.fixed_device is not None:
+            return torch.device(self.fixed_device)
+        return torch.device("cuda", torch.cuda.current_device())
+
+    @contextlib.contextmanager
+    def fusion_scope(self, fusions):
+        self.path = types.SimpleNamespace(names={}, channel_grads=None, dtype=None)
+        with only_fusions(self.operation_fuser, fusions):
+            yield
+
+    def _resolve(self, callee):
+        if callee.startswith("te."):
+            target = self.te
+            for part in callee.split(".")[1:]:
+                target = getattr(target, part)
+            return target
+        return getattr(self.ext, callee)
+
+    def create_op(self, op_case, case, device):
+        callee, args, kwargs = op_recipe(
+            op_case.name, op_case.attrs, op_case.input_shape, op_case.output_style
+        )
+        values = {DEVICE: device, DTYPE: case.dtype}
+        kwargs = {k: values.get(v, v) if isinstance(v, Symbol) else v for k, v in kwargs.items()}
+        op = self._resolve(callee)(*args, **kwargs)
+        params = [p.to(device=device, dtype=case.dtype) for p in op_case.params]
+        copy_param_values(op, op_case.name, params)
+        set_param_requires_grad(op, op_case.name, op_case.param_requires_grad)
+        attach_main_grads(op, op_case.name)
+        self.path.names[id(op)] = op_case.name
+        return op
+
+    def make_boundary(self):
+        return self.ext.Boundary()
+
+    def call_standalone(self, op, x, extras):
+        op(x, *extras)  # op.py: BasicOperation.forward builds a transient OperationFuser
+
+    def bind_input(self, op, slot, channel):
+        op.set_extra_input_channel(slot, channel)  # op.py: BasicOperation.set_extra_input_channel
+
+    def bind_output(self, op, slot, channel, output_to_caller):
+        op.set_extra_output_channel(slot, channel, output_to_caller=output_to_caller)
+
+    def is_locked(self, op):
+        return bool(getattr(op, "_extra_tensor_channels_locked", False))  # op.py: __init__
+
+    def make_sequential(self, modules):
+        return self.te.ops.Sequential(*modules)
+
+    def forward(self, seq, x, extras):
+        out = seq(x, *extras)
+        return list(out) if isinstance(out, tuple) else [out]
+
+    def _fusers(self, seq):
+        """The OperationFusers te.ops.Sequential built at its first forward
+        (sequential.py: Sequential._module_groups)."""
+        groups = getattr(seq, "_module_groups", None) or []
+        return [g for g in groups if isinstance(g, self.operation_fuser)]
+
+    def _returned_twice(self, seq, outputs):
+        """Per fuser, the (op, slot) public extra outputs whose tensor the fuser returned more
+        than once (as its main output too, or as another public extra output): TE returns
+        the very tensor again (fuser.py: _OperationFuserAutogradFunction.forward, `return
+        x, *extra_outputs_flat`; MakeExtraOutput hands back its input), and PyTorch then
+        delivers the cotangents of all those outputs to the last of them, so no such slot
+        receives its own gradient."""
+        groups = getattr(seq, "_module_groups", None) or []
+        extras = iter(outputs[1:])
+        out = []
+        for k, group in enumerate(groups):
+            if not isinstance(group, self.operation_fuser):
+                continue
+            after = groups[k + 1] if k + 1 < len(groups) else None
+            main = getattr(after, "last_input", None) if after is not None else outputs[0]
+            slots = list(group._public_extra_output_slots)  # fuser.py: OperationFuser.__init__
+            public = [next(extras, None) for _ in slots]
+            returned = [main] + public
+            twice = {
+                slot
+                for slot, t in zip(slots, public)
+                if t is not None and sum(r is t for r in returned) > 1
+            }
+            out.append(twice)
+        return out
+
+    def after_forward(self, seq, case, ops, outputs):
+        """Observes the gradient each channel producer's slot receives: the fuser sums the
+        caller's gradient and every consumer's into basic_op_grad_extra_outputs before the
+        producer's backward group runs (fuser.py: _OperationFuserAutogradFunction.backward).
+        That total is visible only where the producer's group contains none of the
+        channel's consumers (a fused op owning both ends applies it internally), and where
+        the slot's tensor was not returned twice (see _returned_twice)."""
+        recorded = [dict() for _ in case.fusers]
+        self.path.channel_grads = recorded
+        returned_twice = self._returned_twice(seq, outputs)
+        for f, (fuser, members) in enumerate(zip(self._fusers(seq), case.fusers)):
+            twice = returned_twice[f] if f < len(returned_twice) else set()
+            for op, idxs in fuser._backward_ops:
+                records = []
+                for p in idxs:
+                    kinds = case.ops[members[p]].extra_output_kinds
+                    for s, channel in enumerate(fuser._basic_op_extra_output_channels[p]):
+                        if channel is None or kinds[s] != "float" or (p, s) in twice:
+                            continue
+                        if any(c in idxs for c in fuser._basic_op_extra_output_consumers[p][s]):
+                            continue
+                        records.append((idxs.index(p), s, channel))
+                if records:
+                    self._observe(op, records, recorded[f])
+
+    @staticmethod
+    def _observe(op, records, store):
+        original = op.fuser_backward
+
+        def observed(basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+            for k, s, channel in records:
+                grad = basic_op_grad_extra_outputs[k][s]
+                if grad is not None:
+                    # A copy: MakeExtraOutput(in_place) adds into this tensor afterwards.
+                    store[channel] = grad.detach().clone()
+            return original(
+                basic_op_ctxs, grad_output, basic_op_grad_extra_outputs=basic_op_grad_extra_outputs
+            )
+
+        op.fuser_backward = observed
+
+    def param_leaves(self, op, op_case):
+        return param_leaves(op, op_case.name)
+
+    def param_grads(self, op, op_case, leaf_grads):
+        leaves = param_leaves(op, op_case.name)
+        return model_param_grads(op, op_case.name, {id(t): g for t, g in zip(leaves, leaf_grads)})
+
+    def after_backward(self, ops):
+        for op in ops:
+            if op is not None and hasattr(op, "need_backward_dw"):
+                finish_weight_gradients(op)
+
+    def recorded_channel_grads(self, case):
+        return self.path.channel_grads
+
+    def plans(self, seq, case, ops):
+        out = []
+        for fuser, members in zip(self._fusers(seq), case.fusers):
+            entry = {}
+            for key, attr in (("forward", "_forward_ops"), ("backward", "_backward_ops")):
+                groups = []
+                for op, idxs in getattr(fuser, attr, None) or []:
+                    fused = bool(op.is_fused_op)
+                    name = (
+                        getattr(op, "fusion_name", type(op).__name__)
+                        if fused
+                        else case.ops[members[idxs[0]]].name
+                    )
+                    groups.append(
+                        {
+                            "name": name,
+                            "begin": members[idxs[0]],
+                            "end": members[idxs[-1]] + 1,
+                            "fused": fused,
+                        }
+                    )
+                entry[key] = groups
+            out.append(entry)
+        return out
+
+    def classify(self, exc):
+        return classify(exc)
+
+    def left_locked(self, seq, ops, locked_before, phase):
+        # te.ops.Sequential builds its fusers at the first forward (lazy_fuser_construction);
+        # _make_module_groups constructs them in order and each OperationFuser.__init__ locks
+        # its ops once it validated, so a later fuser's routing error leaves the earlier
+        # fusers' ops locked. _module_groups stays None when that happened.
+        if phase != "forward" or seq is None or getattr(seq, "_module_groups", None) is not None:
+            return []
+        return [
+            i
+            for i, op in enumerate(ops)
+            if op is not None
+            and self.is_locked(op)
+            and not locked_before[i]
+            and isinstance(op, self.te.ops.BasicOperation)
+        ]
+
+
+class TEBackend:
+    name = "te"
+
+    def __init__(self, device=None):
+        """`device`: where te.ops run, CUDA's current device unless given (the tests run TE's
+        Python code on the CPU over a stubbed extension; see tests/te_stub.py)."""
+        # grouped_linear.py: GroupedLinear.__init__ honours single_grouped_weight/bias only
+        # when this variable is set (utils.py: resolve_grouped_linear_single_param_flags);
+        # the option is a dimension of the case, so it is set for the whole process.
+        os.environ.setdefault("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")
+        import transformer_engine
+        import transformer_engine.pytorch as te
+        from transformer_engine.pytorch.ops.fuser import OperationFuser
+
+        from . import extensions  # imports TE: only here
+
+        self.te = te
+        self.te_version = getattr(transformer_engine, "__version__", "unknown")
+        self.ext = extensions
+        extensions.register_fusions()
+        self.operation_fuser = OperationFuser
+        self.builder = TEBuilder(te, self.ext, OperationFuser, device)
+
+    def fusions(self):
+        out = []
+        for attr, pass_name in FUSION_PASSES:
+            for func in getattr(self.operation_fuser, attr):
+                name = fusion_name(func)
+                if getattr(func, "gradfuzz_fusion_name", None):
+                    implementation = "gradfuzz_adapter.te.extensions.FusedResidual"
+                else:
+                    implementation = f"te.ops.fused.{name}"
+                out.append({"name": name, "pass": pass_name, "implementation": implementation})
+        return out
+
+    def single_grouped_params(self):
+        """Whether GroupedLinear's single grouped parameters run here: they need the
+        grouped-tensor path (grouped_linear.py: GroupedLinear.fuser_forward raises
+        otherwise), which grouped_linear.py: is_op_fuser_grouped_tensor_path_supported
+        allows for bf16/fp16 on sm90+ with a recent enough cuBLASLt (not the H200 image of
+        2026-11, whose cuBLASLt is older than 13.4)."""
+        check = getattr(self.te.ops, "is_op_fuser_grouped_tensor_path_supported", None)
+        if check is None or not torch.cuda.is_available():
+            return False
+        try:
+            return any(check(None, dtype) for dtype in (torch.bfloat16, torch.float16))
+        except Exception:  # noqa: BLE001 - it queries the device; no answer means no
+            return False
+
+    def hello(self):
+        options = te_options(self.single_grouped_params())
+        ops = {}
+        for name, op in OPS.items():
+            if op.custom:
+                implementation = f"gradfuzz_adapter.te.extensions.{name} (a te.ops.BasicOperation)"
+            else:
+                implementation = op.implementation
+            ops[name] = {
+                "implementation": implementation,
+                "options": options.get(name, {}),
+                "output_styles": ["vector", "generator"] if op.custom else ["vector"],
+            }
+        return {
+            "backend": "te",
+            "protocol": 1,
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformer_engine": self.te_version,
+            },
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "capabilities": {
+                "devices": ["cuda"],
+                "dtypes": ["float32", "bfloat16", "float16"],
+                "ops": ops,
+                "fusions": self.fusions(),
+                "deviations": ["surplus_extra_inputs_ignored", "lazy_fuser_construction"],
+            },
+        }
+
+    def run(self, case, paths, tensors):
+        return run_paths(self.builder, case, paths, tensors)
