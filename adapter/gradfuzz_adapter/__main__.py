@@ -25,7 +25,7 @@ def make_backend(name):
 
         return TorchBackend()
     if name == "te":
-        from .te_backend import TEBackend
+        from .te.backend import TEBackend
 
         # GRADFUZZ_TE_DEVICE: where te.ops run (default CUDA's current device); the tests
         # set "cpu" to run TE's Python code over a stubbed extension (tests/te_stub.py).
@@ -63,7 +63,9 @@ class Server:
         if op == "quit":
             return None
         if op == "hello":
-            return dict(self._backend().hello(), ok=True), []
+            from .driver import protocol_hello
+
+            return dict(protocol_hello(self._backend().hello()), ok=True), []
         if op == "run":
             from .case import decode_case
 

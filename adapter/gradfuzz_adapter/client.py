@@ -279,7 +279,7 @@ def reply_tensor(reply_tensors, ref):
 
 
 def path_result(path, reply_tensors):
-    """A run reply's path entry with its tensor indices resolved."""
+    """A run reply's path entry (or repeat call) with its tensor indices resolved."""
 
     def t(ref):
         return reply_tensor(reply_tensors, ref)
@@ -290,5 +290,8 @@ def path_result(path, reply_tensors):
         out["grad_input"] = t(path["grad_input"])
         out["grad_params"] = [[t(r) for r in op] for op in path["grad_params"]]
         out["grad_extra_inputs"] = [t(r) for r in path["grad_extra_inputs"]]
+    if "channel_grads" in path:
         out["channel_grads"] = [{k: t(r) for k, r in c.items()} for c in path["channel_grads"]]
+    if "repeats" in path:
+        out["repeats"] = [path_result(r, reply_tensors) for r in path["repeats"]]
     return out

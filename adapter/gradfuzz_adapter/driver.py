@@ -1,14 +1,20 @@
-"""Runs one case through the paths of a backend (docs/BACKENDS.md "run").
+"""Runs one case through the paths of a backend (docs/BACKENDS.md "run", "Protocol 2").
 
 The steps and their phase names are the same for every backend: op creation, the
 call-then-bind calls, binding, Sequential construction, late binding, forward, backward.
 A backend supplies a Builder (torch_backend.TorchBuilder, te_backend.TEBuilder) that knows
 how its ops are made, bound, run and differentiated; this module does the rest: values on
-the device, caller-tensor copies (`modified`), the loss cotangents, one autograd.grad call,
-the reply's tensors and error reports.
+the device, caller-tensor copies (`modified`) and, when one changed, a second run that
+names the plan group that wrote it (`modified_by`), the loss cotangents, one
+autograd.grad call per call of the Sequential, the repeat calls of `spec.repeat_calls` with
+the plans a fresh Sequential makes for each, the reply's tensors and error reports with the
+function of the code under test that raised (`error.origin`).
 """
 
 import contextlib
+import os
+import sys
+import sysconfig
 
 import torch
 
@@ -19,6 +25,8 @@ PHASE_CONSTRUCT = "Sequential construction"
 PHASE_LATE_BIND = "late binding"
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
+
+PROTOCOL = 2
 
 
 class Builder:
@@ -59,7 +67,8 @@ class Builder:
         raise NotImplementedError
 
     def after_forward(self, seq, case, ops, outputs):
-        """Called once forward returned `outputs` (plans, backward observers)."""
+        """Called once the first call's forward returned `outputs` (plans, backward
+        observers); not for repeat calls, which report no channel gradients."""
 
     def param_leaves(self, op, op_case):
         """Backend tensors whose gradients autograd.grad should return (requiring grad)."""
@@ -75,6 +84,19 @@ class Builder:
 
     def after_backward(self, ops):
         """Called after autograd.grad (delayed weight gradients)."""
+
+    def before_repeat_call(self, ops, case):
+        """What a training loop does between two steps, before a repeat call: every
+        parameter's accumulated gradients cleared (`.grad`, as optimizer.zero_grad; a
+        `main_grad` buffer zeroed, as Megatron-LM zeroes its grad buffers), so a call's
+        gradients are its own."""
+        for op_case in case.catalog_ops:
+            for t in self.param_leaves(ops[op_case.index], op_case):
+                t.grad = None
+                main_grad = getattr(t, "main_grad", None)
+                if isinstance(main_grad, torch.Tensor):
+                    with torch.no_grad():
+                        main_grad.zero_()
 
     def recorded_channel_grads(self, case):
         """Per fuser {channel: gradient} observed by the backend, or None."""
@@ -95,18 +117,71 @@ class Builder:
         """Spec op indices a failed construction left locked."""
         return []
 
+    def code_under_test(self):
+        """Source files or folders whose frames can be an error's origin (absolute paths),
+        e.g. TE's package and the adapter's te extensions. Empty (the default): every frame
+        outside torch, Python's standard library, the adapter's plumbing and the builder's
+        own methods (see error_origin)."""
+        return ()
 
-def _to_device(t, dtype, device, requires_grad):
-    """A fresh copy on `device`: floating tensors in `dtype` with `requires_grad`."""
-    if t is None:
-        return None
-    if t.is_floating_point():
-        return t.to(device=device, dtype=dtype, copy=True).requires_grad_(bool(requires_grad))
-    return t.to(device=device, copy=True)
+    def writer_scope(self, seq, case, ops, tracker):
+        """Context manager under which one call of `seq` runs with each plan group's run
+        announced to `tracker` (tracker.instrument(obj, method, group) wraps a method that
+        runs one group; tracker.enter(group) marks a group's start where no method can be
+        wrapped), so that a changed caller tensor is attributed to the group that wrote it
+        (`modified_by`). The default wraps nothing: modified_by is left out. te:
+        te_writer_scope, torch runtime: torch_writer_scope (below)."""
+        return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------
+# Values on the device
+
+
+class _DeviceValues:
+    """The case's caller values on the path's device, in the case dtype, converted once per
+    case; each path (and each call) gets its own copy (`fresh`), so one path writing into
+    its tensors cannot reach another."""
+
+    def __init__(self, case):
+        self.case = case
+        self.device = None
+        self.cache = {}
+
+    def _on_device(self, key, t, dtype):
+        if t is None:
+            return None
+        cached = self.cache.get(key)
+        if cached is None:
+            if t.is_floating_point():
+                cached = t.to(device=self.device, dtype=dtype)
+            else:
+                cached = t.to(device=self.device)
+            self.cache[key] = cached
+        return cached
+
+    def fresh(self, key, t, requires_grad=False, dtype=None):
+        """A copy of value `t` (named `key`) on the device: floating tensors in `dtype`
+        (the case's by default) with `requires_grad`."""
+        dtype = dtype or self.case.dtype
+        base = self._on_device((key, dtype), t, dtype)
+        if base is None:
+            return None
+        copy = base.clone()
+        if copy.is_floating_point():
+            copy.requires_grad_(bool(requires_grad))
+        return copy
+
+    def use(self, device):
+        if self.device is not None and device != self.device:
+            self.cache.clear()
+        self.device = device
 
 
 class _CallerTensors:
-    """Copies of the caller-owned tensors a path receives, to see whether the path changed them."""
+    """Copies of the caller-owned tensors a call receives, to see whether the call changed
+    them (by value: a CUDA kernel may write through a data pointer without bumping
+    `_version`)."""
 
     def __init__(self):
         self.entries = []
@@ -116,190 +191,459 @@ class _CallerTensors:
             self.entries.append((name, t, t.detach().clone()))
 
     def modified(self):
-        out = []
-        for name, given, pristine in self.entries:
-            try:
-                same = given.shape == pristine.shape and torch.equal(given.detach(), pristine)
-            except RuntimeError:
-                same = False  # the tensor's data was replaced or freed
-            if not same:
-                out.append(name)
-        return out
+        return [name for name, given, pristine in self.entries if _differs(given, pristine)]
 
 
-def run_path(builder, case, path, tensors):
-    """One path's reply entry (docs/BACKENDS.md "run" reply); tensors go into `tensors`."""
-    result = {"name": path["name"], "status": "ok"}
-    device = None
-    ops = [None] * len(case.ops)
-    seq = None
-    phase = PHASE_CREATE
-    locked_before = [False] * len(case.ops)
-    outputs = []
-    grads = {}
-    modified = []
-    plans = []
+def _differs(given, snapshot):
     try:
-        with builder.fusion_scope(path.get("fusions") or []):
-            device = builder.device(case)
-            for op_case in case.ops:
-                ops[op_case.index] = (
-                    builder.make_boundary()
-                    if op_case.boundary
-                    else builder.create_op(op_case, case, device)
-                )
+        return not (given.shape == snapshot.shape and torch.equal(given.detach(), snapshot))
+    except RuntimeError:
+        return True  # the tensor's data was replaced or freed
 
-            phase = PHASE_CALL
-            for (index, grad_mode), (call_x, call_extras) in zip(
-                case.call_then_bind, case.call_inputs
-            ):
-                with torch.set_grad_enabled(grad_mode):
-                    x = _to_device(call_x, case.dtype, device, grad_mode)
-                    extras = [_to_device(e, case.dtype, device, grad_mode) for e in call_extras]
-                    builder.call_standalone(ops[index], x, extras)
 
-            phase = PHASE_BIND
-            for op_case in case.catalog_ops:
-                op = ops[op_case.index]
-                for slot, channel in op_case.bound_inputs:
-                    builder.bind_input(op, slot, channel)
-                for slot, channel, to_caller in op_case.bound_outputs:
-                    builder.bind_output(op, slot, channel, to_caller)
+# ----------------------------------------------------------------------------------------
+# Writers of caller tensors (modified_by)
 
-            phase = PHASE_CONSTRUCT
-            locked_before = [
-                op is not None and not c.boundary and builder.is_locked(op)
-                for op, c in zip(ops, case.ops)
-            ]
-            seq = builder.make_sequential(ops)
 
-            phase = PHASE_LATE_BIND
-            for index, slot, channel in case.late_binds:
-                builder.bind_input(ops[index], slot, channel)
+class WriterTracker:
+    """Attributes each change of a caller tensor to the plan group whose run it happened in.
 
-            phase = PHASE_FORWARD
-            caller = _CallerTensors()
-            x = _to_device(case.input, case.dtype, device, case.input_requires_grad)
-            extras = [
-                _to_device(e, case.dtype, device, rg)
-                for e, rg in zip(case.extra_inputs, case.extra_input_requires_grad)
-            ]
-            caller.add("input", x)
-            for k, e in enumerate(extras):
-                caller.add(f"extra_input[{k}]", e)
-            outputs = builder.forward(seq, x, extras)
-            for k, out in enumerate(outputs):
-                if not isinstance(out, torch.Tensor):
-                    outputs = []
-                    raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
-            builder.after_forward(seq, case, ops, outputs)
+    A group is {"name", "begin", "end", "pass"} (spec op indices, end exclusive, pass
+    "forward" or "backward"). Between two checks the tracker compares every caller tensor
+    with its value at the previous check; a change seen at the end of a group's run is that
+    group's, a change seen outside any group is nobody's (not reported)."""
 
-            phase = PHASE_BACKWARD
-            loss_outputs, loss_cotangents = [], []
-            for k, (out, cot) in enumerate(zip(outputs, case.cotangents)):
-                if (
-                    cot is None
-                    or out is None
-                    or not out.is_floating_point()
-                    or not out.requires_grad
-                ):
+    def __init__(self, caller):
+        self.caller = caller
+        self.current = None
+        self.last = {}
+        self.writers = {}
+        self.patched = []
+
+    def _check(self):
+        for name, given, pristine in self.caller.entries:
+            if name in self.writers:
+                continue
+            seen = self.last.get(name, pristine)
+            if _differs(given, seen):
+                if self.current is not None:
+                    self.writers[name] = dict(self.current)
+                else:
+                    self.last[name] = given.detach().clone()
+
+    def enter(self, group):
+        """Closes the running group (if any) and opens `group` (None: no group runs)."""
+        self._check()
+        self.current = group
+
+    def leave(self):
+        self.enter(None)
+
+    def instrument(self, obj, method, group):
+        """Wraps obj.<method> (an instance attribute from then on) so that each of its runs
+        is a run of `group`; idempotent per (obj, method)."""
+        if any(o is obj and m == method for o, m, _ in self.patched):
+            return
+        had = method in getattr(obj, "__dict__", {})
+        original = getattr(obj, method)
+        tracker = self
+
+        def wrapped(*args, **kwargs):
+            outer = tracker.current
+            tracker.enter(group)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracker.enter(outer)
+
+        setattr(obj, method, wrapped)
+        self.patched.append((obj, method, original if had else None))
+
+    def restore(self):
+        for obj, method, original in reversed(self.patched):
+            if original is None:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, method)
+            else:
+                setattr(obj, method, original)
+        self.patched = []
+
+
+@contextlib.contextmanager
+def te_writer_scope(operation_fuser, case, ops, tracker):
+    """The writer scope of te.ops (a TEBuilder's writer_scope returns this with TE's
+    OperationFuser class): TE builds its fusers and their plans at the first forward
+    (fuser.py: OperationFuser.maybe_fuse_ops sets _forward_ops/_backward_ops, lists of
+    (op, basic op indices)) and runs each group as op.fuser_forward / op.fuser_backward
+    (_OperationFuserAutogradFunction.forward/backward), so maybe_fuse_ops is wrapped to
+    instrument every group's method once the plans exist."""
+    index = {id(op): i for i, op in enumerate(ops) if op is not None}
+    original = operation_fuser.__dict__["maybe_fuse_ops"]
+
+    def maybe_fuse_ops(fuser, *args, **kwargs):
+        result = original(fuser, *args, **kwargs)
+        for attr, pass_, method in (
+            ("_forward_ops", "forward", "fuser_forward"),
+            ("_backward_ops", "backward", "fuser_backward"),
+        ):
+            for op, idxs in getattr(fuser, attr, None) or []:
+                members = [index.get(id(fuser._basic_ops[i])) for i in idxs]
+                if not members or None in members:
                     continue
-                if tuple(out.shape) != tuple(cot.shape):
-                    continue  # a shape bug; the output comparison reports it
-                cot = cot.to(device=out.device, dtype=out.dtype, copy=True)
-                caller.add(f"cotangent[{k}]", cot)
-                loss_outputs.append(out)
-                loss_cotangents.append(cot)
-            wrt = []
-            where = []
-            if x.requires_grad:
-                wrt.append(x)
-                where.append(("input", None))
-            param_leaves = {}
-            for op_case in case.catalog_ops:
-                leaves = builder.param_leaves(ops[op_case.index], op_case)
-                param_leaves[op_case.index] = (len(wrt), len(leaves))
-                wrt.extend(leaves)
-                where.extend(("param", op_case.index) for _ in leaves)
-            for k, e in enumerate(extras):
-                if e is not None and e.requires_grad:
-                    wrt.append(e)
-                    where.append(("extra", k))
+                name = (
+                    getattr(op, "fusion_name", type(op).__name__)
+                    if op.is_fused_op
+                    else case.ops[members[0]].name
+                )
+                group = {"name": name, "begin": min(members), "end": max(members) + 1}
+                tracker.instrument(op, method, dict(group, **{"pass": pass_}))
+        return result
+
+    operation_fuser.maybe_fuse_ops = maybe_fuse_ops
+    try:
+        yield
+    finally:
+        operation_fuser.maybe_fuse_ops = original
+        tracker.restore()
+
+
+@contextlib.contextmanager
+def torch_writer_scope(seq, case, tracker):
+    """The writer scope of the torch runtime (a TorchBuilder's writer_scope returns this):
+    every op is its own group. Forward: torch_runtime.Fuser.forward calls op.forward(x,
+    extras) per op, which is wrapped. Backward is PyTorch's autograd over eager ops, with no
+    per-op entry point: a hook on each op's main output marks the start of that op's
+    backward (its output's gradient is complete), which closes the group that ran before."""
+    for fuser, members in zip(seq.fusers, case.fusers):
+        for op, index in zip(fuser.ops, members):
+            group = {"name": op.name, "begin": index, "end": index + 1}
+            forward_group = dict(group, **{"pass": "forward"})
+            backward_group = dict(group, **{"pass": "backward"})
+            original = op.forward
+
+            def forward(x, extras, _original=original, _group=backward_group):
+                y, outs = _original(x, extras)
+                if isinstance(y, torch.Tensor) and y.requires_grad:
+                    y.register_hook(lambda grad, g=_group: tracker.enter(g))
+                return y, outs
+
+            op.forward = forward
+            tracker.instrument(op, "forward", forward_group)
+    try:
+        yield
+    finally:
+        tracker.restore()
+        for fuser in seq.fusers:
+            for op in fuser.ops:
+                op.__dict__.pop("forward", None)
+
+
+# ----------------------------------------------------------------------------------------
+# Error origins
+
+
+def _stdlib_dirs():
+    paths = sysconfig.get_paths()
+    return tuple(
+        os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if k in paths
+    )
+
+
+_STDLIB = _stdlib_dirs()
+_TORCH = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+# The adapter's own plumbing: never the code under test.
+_PLUMBING = tuple(
+    os.path.realpath(os.path.join(os.path.dirname(__file__), name))
+    for name in ("driver.py", "case.py", "protocol.py", "__main__.py", "client.py")
+)
+
+
+def _relative(path):
+    """`path` relative to the sys.path entry holding it ("transformer_engine/pytorch/ops/
+    op.py", "gradfuzz_adapter/torch_runtime.py"), else its base name."""
+    best = None
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.getcwd()) + os.sep
+        if path.startswith(root) and (best is None or len(root) > len(best)):
+            best = root
+    return path[len(best) :] if best else os.path.basename(path)
+
+
+def _qualname(frame):
+    """The function's qualified name with its defining class ("BasicOperation.
+    set_extra_input_channel" for a method a subclass inherits)."""
+    code = frame.f_code
+    name = getattr(code, "co_qualname", None)
+    if name is None:
+        # Python < 3.11: find the defining class through the method's self or cls.
+        name = code.co_name
+        owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
+        if owner is not None:
+            cls = owner if isinstance(owner, type) else type(owner)
+            for klass in cls.__mro__:
+                member = klass.__dict__.get(code.co_name)
+                member = getattr(member, "__func__", member)
+                if getattr(member, "__code__", None) is code:
+                    name = f"{klass.__qualname__}.{code.co_name}"
+                    break
+    return name
+
+
+def _shown(qualname):
+    return qualname.rsplit("<locals>.", 1)[-1]
+
+
+def _is_helper(qualname):
+    """A private helper (`_check_extra_tensor_channels_unlocked`) or a function nested in a
+    function (`_map_to_basic_ops.<locals>.raise_mismatch_error`): how a public method
+    raises, so the public method is the cause."""
+    last = qualname.rsplit(".", 1)[-1]
+    private = last.startswith("_") and not last.startswith("__")
+    nested = "<locals>." in qualname and "." not in _shown(qualname)
+    return private or nested
+
+
+def error_origin(exc, builder):
+    """{"origin", "origin_file"} for the frame of `exc`'s traceback that names the cause,
+    or {} when none qualifies.
+
+    Frames qualify inside the code under test: builder.code_under_test(), or by default
+    every frame but torch's, the standard library's, the adapter's plumbing (driver, case,
+    protocol) and the builder's own methods. Of those, the innermost method of a class that
+    is not a private helper is taken (`BasicOperation.set_extra_input_channel`, not the
+    `_check_extra_tensor_channels_unlocked` it calls; `Dispatch.fuser_forward`, not the
+    catalog's `check_logits`): errors cluster by the op class that raised. Without one, the
+    innermost public function, else the innermost frame."""
+    roots = tuple(os.path.realpath(p) for p in builder.code_under_test())
+    candidates = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        path = os.path.realpath(frame.f_code.co_filename)
+        if roots:
+            inside = any(path == r or path.startswith(r + os.sep) for r in roots)
+        else:
+            inside = (
+                os.path.isfile(path)
+                and not path.startswith(_TORCH)
+                and not path.startswith(_STDLIB)
+                and path not in _PLUMBING
+                and frame.f_locals.get("self") is not builder
+            )
+        if inside:
+            candidates.append((_qualname(frame), path, tb.tb_lineno))
+        tb = tb.tb_next
+    if not candidates:
+        return {}
+    public = [c for c in candidates if not _is_helper(c[0])]
+    methods = [c for c in public if "." in _shown(c[0])]
+    qualname, path, line = (methods or public or candidates)[-1]
+    # Nested definitions are shown from their innermost enclosing function on
+    # ("RowStat.fuser_forward" for a class that define_extensions defines).
+    return {"origin": _shown(qualname), "origin_file": f"{_relative(path)}:{line}"}
+
+
+def _error_entry(builder, exc, detail, phase):
+    entry = {"kind": detail, "type": type(exc).__name__, "message": str(exc), "phase": phase}
+    entry.update(error_origin(exc, builder))
+    return entry
+
+
+# ----------------------------------------------------------------------------------------
+# One path
+
+
+class _Built:
+    """What building a path made, and the phase it reached."""
+
+    def __init__(self, case):
+        self.ops = [None] * len(case.ops)
+        self.seq = None
+        self.phase = PHASE_CREATE
+        self.locked_before = [False] * len(case.ops)
+
+
+def _build(builder, case, device, values, built):
+    """Ops, call-then-bind calls, bindings, Sequential, late binds (built.phase follows)."""
+    built.phase = PHASE_CREATE
+    for op_case in case.ops:
+        built.ops[op_case.index] = (
+            builder.make_boundary()
+            if op_case.boundary
+            else builder.create_op(op_case, case, device)
+        )
+    ops = built.ops
+
+    built.phase = PHASE_CALL
+    for k, ((index, grad_mode), (call_x, call_extras)) in enumerate(
+        zip(case.call_then_bind, case.call_inputs)
+    ):
+        with torch.set_grad_enabled(grad_mode):
+            x = values.fresh(("call", k), call_x, grad_mode)
+            extras = [values.fresh(("call", k, j), e, grad_mode) for j, e in enumerate(call_extras)]
+            builder.call_standalone(ops[index], x, extras)
+
+    built.phase = PHASE_BIND
+    for op_case in case.catalog_ops:
+        op = ops[op_case.index]
+        for slot, channel in op_case.bound_inputs:
+            builder.bind_input(op, slot, channel)
+        for slot, channel, to_caller in op_case.bound_outputs:
+            builder.bind_output(op, slot, channel, to_caller)
+
+    built.phase = PHASE_CONSTRUCT
+    built.locked_before = [
+        op is not None and not c.boundary and builder.is_locked(op) for op, c in zip(ops, case.ops)
+    ]
+    built.seq = builder.make_sequential(ops)
+
+    built.phase = PHASE_LATE_BIND
+    for index, slot, channel in case.late_binds:
+        builder.bind_input(ops[index], slot, channel)
+
+
+class _Call:
+    """One call of the Sequential: its outputs, gradients and changed caller tensors."""
+
+    def __init__(self):
+        self.outputs = []
+        self.grads = {}
+        self.modified = []
+        self.caller = _CallerTensors()
+
+
+def _run_call(
+    builder,
+    case,
+    built,
+    values,
+    call,
+    *,
+    input_requires_grad,
+    no_grad=False,
+    first=True,
+    tracker_scope=None,
+):
+    """Forward (and, unless `no_grad`, one autograd.grad of sum_k <output_k, cotangent_k>)
+    of built.seq on fresh copies of the case's values; fills `call`. `first`: the path's
+    first call (observers, channel gradients). `tracker_scope(caller)`: a context manager
+    entered around forward and backward (the writer instrumentation)."""
+    ops, seq = built.ops, built.seq
+    built.phase = PHASE_FORWARD
+    caller = call.caller
+    x = values.fresh("input", case.input, input_requires_grad)
+    extras = [
+        values.fresh(("extra", k), e, rg)
+        for k, (e, rg) in enumerate(zip(case.extra_inputs, case.extra_input_requires_grad))
+    ]
+    caller.add("input", x)
+    for k, e in enumerate(extras):
+        caller.add(f"extra_input[{k}]", e)
+    scope = tracker_scope(caller) if tracker_scope is not None else contextlib.nullcontext()
+    with scope:
+        with torch.set_grad_enabled(not no_grad):
+            outputs = builder.forward(seq, x, extras)
+        for k, out in enumerate(outputs):
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
+        call.outputs = outputs
+        if first:
+            builder.after_forward(seq, case, ops, outputs)
+        if no_grad:
+            call.modified = caller.modified()
+            return
+
+        built.phase = PHASE_BACKWARD
+        loss_outputs, loss_cotangents = [], []
+        for k, (out, cot) in enumerate(zip(outputs, case.cotangents)):
+            if cot is None or out is None or not out.is_floating_point() or not out.requires_grad:
+                continue
+            if tuple(out.shape) != tuple(cot.shape):
+                continue  # a shape bug; the output comparison reports it
+            cot = values.fresh(("cotangent", k), cot, dtype=out.dtype).to(device=out.device)
+            caller.add(f"cotangent[{k}]", cot)
+            loss_outputs.append(out)
+            loss_cotangents.append(cot)
+        wrt = []
+        where = []
+        if x.requires_grad:
+            wrt.append(x)
+            where.append(("input", None))
+        param_leaves = {}
+        for op_case in case.catalog_ops:
+            leaves = builder.param_leaves(ops[op_case.index], op_case)
+            param_leaves[op_case.index] = (len(wrt), len(leaves))
+            wrt.extend(leaves)
+            where.extend(("param", op_case.index) for _ in leaves)
+        for k, e in enumerate(extras):
+            if e is not None and e.requires_grad:
+                wrt.append(e)
+                where.append(("extra", k))
+        if first:
             for fuser, channel, t in builder.channel_leaves(seq, case):
                 if t is not None and t.requires_grad:
                     wrt.append(t)
                     where.append(("channel", (fuser, channel)))
-            computed = [None] * len(wrt)
-            if loss_outputs and wrt:
-                computed = list(
-                    torch.autograd.grad(loss_outputs, wrt, loss_cotangents, allow_unused=True)
-                )
-            builder.after_backward(ops)
-            grads["input"] = None
-            grads["extra"] = [None] * len(extras)
-            grads["channel"] = [dict() for _ in case.fusers]
-            for (kind, key), g, t in zip(where, computed, wrt):
-                if kind == "input":
-                    grads["input"] = g
-                elif kind == "extra":
-                    grads["extra"][key] = g
-                elif kind == "channel":
-                    grads["channel"][key[0]][key[1]] = torch.zeros_like(t) if g is None else g
-            grads["params"] = []
-            for op_case in case.ops:
-                if op_case.boundary:
-                    grads["params"].append([])
-                    continue
-                start, count = param_leaves[op_case.index]
-                grads["params"].append(
-                    builder.param_grads(
-                        ops[op_case.index], op_case, computed[start : start + count]
-                    )
-                )
-            recorded = builder.recorded_channel_grads(case)
-            if recorded is not None:
-                grads["channel"] = recorded
-            modified = caller.modified()
-    except Exception as exc:  # noqa: BLE001 - every backend error becomes the path's result
-        status, detail = builder.classify(exc)
-        message = f"{type(exc).__name__}: {exc}"
-        if status == "unsupported":
-            result["status"] = "unsupported"
-            result["reason"] = f"{message} [{detail}]"
-        else:
-            result["status"] = "error"
-            result["error"] = {
-                "kind": detail,
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "phase": phase,
-            }
-        result["left_locked"] = (
-            builder.left_locked(seq, ops, locked_before, phase)
-            if phase
-            in (
-                PHASE_CONSTRUCT,
-                PHASE_FORWARD,
+        computed = [None] * len(wrt)
+        if loss_outputs and wrt:
+            computed = list(
+                torch.autograd.grad(loss_outputs, wrt, loss_cotangents, allow_unused=True)
             )
-            else []
+        builder.after_backward(ops)
+    grads = {"input": None, "extra": [None] * len(extras)}
+    grads["channel"] = [dict() for _ in case.fusers]
+    for (kind, key), g, t in zip(where, computed, wrt):
+        if kind == "input":
+            grads["input"] = g
+        elif kind == "extra":
+            grads["extra"][key] = g
+        elif kind == "channel":
+            grads["channel"][key[0]][key[1]] = torch.zeros_like(t) if g is None else g
+    grads["params"] = []
+    for op_case in case.ops:
+        if op_case.boundary:
+            grads["params"].append([])
+            continue
+        start, count = param_leaves[op_case.index]
+        grads["params"].append(
+            builder.param_grads(ops[op_case.index], op_case, computed[start : start + count])
         )
-    if seq is not None:
-        try:
-            plans = builder.plans(seq, case, ops)
-        except Exception:  # noqa: BLE001 - a plan we cannot read is left out, not an error
-            plans = []
-    result["plans"] = plans
+    if first:
+        recorded = builder.recorded_channel_grads(case)
+        if recorded is not None:
+            grads["channel"] = recorded
+    else:
+        del grads["channel"]
+    call.grads = grads
+    call.modified = caller.modified()
+
+
+def _fail(builder, result, exc, phase):
+    status, detail = builder.classify(exc)
+    if status == "unsupported":
+        result["status"] = "unsupported"
+        result["reason"] = f"{type(exc).__name__}: {exc} [{detail}]"
+    else:
+        result["status"] = "error"
+        result["error"] = _error_entry(builder, exc, detail, phase)
+
+
+def _emit(result, call, tensors, phase):
+    """The call's tensors into the reply (indices into `result`); a result that cannot
+    travel is the call's error."""
     mark = len(tensors.tensors)
     try:
-        result["outputs"] = [tensors.add(o) for o in outputs]
+        result["outputs"] = [tensors.add(o) for o in call.outputs]
+        grads = call.grads
         if grads:
             result["grad_input"] = tensors.add(grads["input"])
             result["grad_params"] = [[tensors.add(g) for g in gs] for gs in grads["params"]]
             result["grad_extra_inputs"] = [tensors.add(g) for g in grads["extra"]]
-            result["channel_grads"] = [
-                {name: tensors.add(g) for name, g in chans.items() if g is not None}
-                for chans in grads["channel"]
-            ]
+            if "channel" in grads:
+                result["channel_grads"] = [
+                    {name: tensors.add(g) for name, g in chans.items() if g is not None}
+                    for chans in grads["channel"]
+                ]
     except Exception as exc:  # noqa: BLE001 - a result that cannot travel is the path's error
         del tensors.tensors[mark:]
         for key in ("outputs", "grad_input", "grad_params", "grad_extra_inputs", "channel_grads"):
@@ -311,15 +655,171 @@ def run_path(builder, case, path, tensors):
             "message": f"the path's results cannot be sent: {exc}",
             "phase": phase,
         }
-    result["modified"] = modified
-    result.setdefault("left_locked", [])
+
+
+def _safe_plans(builder, seq, case, ops):
+    if seq is None:
+        return []
+    try:
+        return builder.plans(seq, case, ops)
+    except Exception:  # noqa: BLE001 - a plan we cannot read is left out, not an error
+        return []
+
+
+def _fresh_plans(builder, case, device, values, repeat_call):
+    """Per fuser, the plans of a fresh Sequential (fresh ops, same bindings and values) at
+    its first call with `repeat_call`'s requires-grad pattern: what TE's fuser plans for that
+    first_op_requiring_backward without its plan cache (forward only: TE's
+    OperationFuser.maybe_fuse_ops makes both passes' plans at the forward)."""
+    built = _Built(case)
+    _build(builder, case, device, values, built)
+    x = values.fresh("input", case.input, repeat_call["input_requires_grad"])
+    extras = [
+        values.fresh(("extra", k), e, rg)
+        for k, (e, rg) in enumerate(zip(case.extra_inputs, case.extra_input_requires_grad))
+    ]
+    with torch.set_grad_enabled(not repeat_call["no_grad"]):
+        builder.forward(built.seq, x, extras)
+    return builder.plans(built.seq, case, built.ops)
+
+
+def repeat_calls(case):
+    """spec.repeat_calls as [{"no_grad", "input_requires_grad"}] (harness/case_spec.h:
+    RepeatCall's defaults: false, true)."""
+    return [
+        {
+            "no_grad": bool(c.get("no_grad", False)),
+            "input_requires_grad": bool(c.get("input_requires_grad", True)),
+        }
+        for c in case.spec.get("repeat_calls") or []
+    ]
+
+
+def run_path(builder, case, path, tensors, values=None):
+    """One path's reply entry (docs/BACKENDS.md "run" reply and Protocol 2); tensors go
+    into `tensors`. `values`: the case's device values (shared by the case's paths)."""
+    values = values or _DeviceValues(case)
+    result = {"name": path["name"], "status": "ok"}
+    fusions = path.get("fusions") or []
+    built = _Built(case)
+    call = _Call()
+    repeats = []
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(builder.fusion_scope(fusions))
+            device = builder.device(case)
+            values.use(device)
+            _build(builder, case, device, values, built)
+            _run_call(
+                builder, case, built, values, call, input_requires_grad=case.input_requires_grad
+            )
+        except Exception as exc:  # noqa: BLE001 - every backend error becomes the path's result
+            _fail(builder, result, exc, built.phase)
+            result["left_locked"] = (
+                builder.left_locked(built.seq, built.ops, built.locked_before, built.phase)
+                if built.phase in (PHASE_CONSTRUCT, PHASE_FORWARD)
+                else []
+            )
+        result["plans"] = _safe_plans(builder, built.seq, case, built.ops)
+        _emit(result, call, tensors, built.phase)
+        result["modified"] = call.modified if result["status"] == "ok" else []
+        result.setdefault("left_locked", [])
+        if result["status"] == "ok":
+            for k, repeat_call in enumerate(repeat_calls(case), start=1):
+                repeat = _run_repeat(builder, case, built, values, device, fusions, repeat_call)
+                repeat["name"] = f"{path['name']}.call[{k}]"
+                _emit_repeat(repeat, tensors)
+                repeats.append(repeat)
+                if repeat["status"] != "ok":
+                    break  # the Sequential's state is unknown after a failed call (as the model)
+    if repeat_calls(case):
+        result["repeats"] = repeats
+    if result["modified"]:
+        modified_by = _writers(builder, case, path, values)
+        if modified_by:
+            result["modified_by"] = modified_by
     return result
+
+
+def _run_repeat(builder, case, built, values, device, fusions, repeat_call):
+    """One repeat call of built.seq (same Sequential, same values) and the plans a fresh
+    Sequential makes for it."""
+    repeat = {"status": "ok"}
+    call = _Call()
+    try:
+        builder.before_repeat_call(built.ops, case)
+        _run_call(
+            builder,
+            case,
+            built,
+            values,
+            call,
+            input_requires_grad=repeat_call["input_requires_grad"],
+            no_grad=repeat_call["no_grad"],
+            first=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - the call's error is the repeat's result
+        _fail(builder, repeat, exc, built.phase)
+    repeat["plans"] = _safe_plans(builder, built.seq, case, built.ops)
+    repeat["modified"] = call.modified if repeat["status"] == "ok" else []
+    repeat["call"] = call
+    if not fusions:
+        # No fusion registered: nothing to cache wrongly (the model checks none either).
+        repeat["expected_plans"] = []
+        return repeat
+    try:
+        repeat["expected_plans"] = _fresh_plans(builder, case, device, values, repeat_call)
+    except Exception as exc:  # noqa: BLE001 - the first call built it: a failure is news
+        repeat["expected_plans"] = []
+        if repeat["status"] == "ok":
+            _fail(builder, repeat, exc, "the plan check")
+    return repeat
+
+
+def _emit_repeat(repeat, tensors):
+    call = repeat.pop("call")
+    _emit(repeat, call, tensors, "forward")
+
+
+def _writers(builder, case, path, values):
+    """modified_by: the path run again (fresh ops, same values) with each plan group's run
+    watched (builder.writer_scope), {caller tensor: group} for the tensors it changed; {}
+    where the backend cannot tell or the second run went otherwise."""
+    built = _Built(case)
+    call = _Call()
+    holder = {}
+
+    def tracker_scope(caller):
+        tracker = WriterTracker(caller)
+        holder["tracker"] = tracker
+        return builder.writer_scope(built.seq, case, built.ops, tracker)
+
+    try:
+        with builder.fusion_scope(path.get("fusions") or []):
+            device = builder.device(case)
+            values.use(device)
+            _build(builder, case, device, values, built)
+            _run_call(
+                builder,
+                case,
+                built,
+                values,
+                call,
+                input_requires_grad=case.input_requires_grad,
+                tracker_scope=tracker_scope,
+            )
+            tracker = holder["tracker"]
+            tracker.leave()  # a change after the last group's start is that group's
+    except Exception:  # noqa: BLE001 - the attribution is best effort; the path's result stands
+        return {}
+    return {name: group for name, group in tracker.writers.items() if name in call.modified}
 
 
 def run_paths(builder, case, paths, tensors):
     """Every requested path in order, honouring skip_if_nothing_fused."""
     results = []
     first_ok_unfused = None
+    values = _DeviceValues(case)
     for path in paths:
         if path.get("skip_if_nothing_fused") and results and first_ok_unfused:
             results.append(
@@ -332,8 +832,22 @@ def run_paths(builder, case, paths, tensors):
                 }
             )
             continue
-        result = run_path(builder, case, path, tensors)
+        result = run_path(builder, case, path, tensors, values)
         if not results:
-            first_ok_unfused = result["status"] == "ok" and not builder.any_fused(result["plans"])
+            plans = [result["plans"]] + [r["plans"] for r in result.get("repeats", [])]
+            first_ok_unfused = result["status"] == "ok" and not any(
+                builder.any_fused(p) for p in plans
+            )
         results.append(result)
     return results
+
+
+def protocol_hello(hello):
+    """A backend's hello with what this driver adds for every backend (Protocol 2): the
+    protocol number and capabilities.repeat_calls."""
+    hello = dict(hello)
+    hello["protocol"] = max(int(hello.get("protocol", 1)), PROTOCOL)
+    capabilities = dict(hello.get("capabilities") or {})
+    capabilities.setdefault("repeat_calls", True)
+    hello["capabilities"] = capabilities
+    return hello

@@ -38,8 +38,9 @@ def ask(process, header, tensors=()):
 
 def test_hello_run_quit_through_pipes(adapter):
     header, _ = ask(adapter, {"op": "hello"})
-    assert header["ok"] and header["backend"] == "torch" and header["protocol"] == 1
+    assert header["ok"] and header["backend"] == "torch" and header["protocol"] == 2
     caps = header["capabilities"]
+    assert caps["repeat_calls"] is True  # driver.protocol_hello
     assert "cpu" in caps["devices"] and caps["fusions"] == []
     assert set(caps["ops"]) >= {"Linear", "Dispatch", "GroupedLinear", "SwiGLU"}
     assert caps["ops"]["RowStat"]["output_styles"] == ["vector", "generator"]

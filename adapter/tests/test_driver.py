@@ -1,0 +1,387 @@
+"""The driver's Protocol 2 fields (docs/BACKENDS.md): error origins, the writer of a changed
+caller tensor (modified_by) and repeat calls, on the torch runtime and on TE's own Python
+code over the stubbed extension (te_stub.py)."""
+
+import inspect
+
+import pytest
+import torch
+from helpers import run, spec
+
+from gradfuzz_adapter import driver, torch_runtime
+from gradfuzz_adapter.driver import WriterTracker, _CallerTensors, error_origin
+from gradfuzz_adapter.torch_backend import TorchBackend, TorchBuilder
+
+
+def bound(channel, to_caller=False):
+    return {"channel": channel, "output_to_caller": to_caller}
+
+
+def line_of(function, text):
+    """The line number of the first line of `function`'s source that contains `text`."""
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+class WatchedTorchBuilder(TorchBuilder):
+    """The torch builder with the writer hook wired as torch_backend should wire it."""
+
+    def writer_scope(self, seq, case, ops, tracker):
+        return driver.torch_writer_scope(seq, case, tracker)
+
+
+@pytest.fixture
+def torch_backend():
+    backend = TorchBackend()
+    backend.builder = WatchedTorchBuilder()
+    return backend
+
+
+# ----------------------------------------------------------------------------------------
+# Error origins
+
+
+def test_a_locked_late_bind_names_the_public_setter_of_the_torch_runtime(torch_backend):
+    ops = [{"name": "AddExtraInput"}]
+    late = [{"op": 0, "slot": 0, "channel": "r"}]
+    _, results = run(torch_backend, spec(ops, late_binds=late))
+    error = results[0]["error"]
+    assert (error["kind"], error["phase"]) == ("locked", "late binding")
+    # _check_binding raises; the public method that called it is the cause.
+    assert error["origin"] == "BasicOp.set_extra_input_channel"
+    line = line_of(torch_runtime.BasicOp.set_extra_input_channel, "self._check_binding(")
+    assert error["origin_file"] == f"gradfuzz_adapter/torch_runtime.py:{line}"
+
+
+def test_a_routing_error_names_the_fuser_constructor(torch_backend):
+    ops = [{"name": "AddExtraInput", "input_channels": ["nowhere"]}]
+    _, results = run(torch_backend, spec(ops))
+    error = results[0]["error"]
+    assert (error["kind"], error["origin"]) == ("missing-producer", "Fuser.__init__")
+    assert error["origin_file"].startswith("gradfuzz_adapter/torch_runtime.py:")
+
+
+def test_an_origin_skips_torch_the_driver_and_the_builder():
+    builder = TorchBuilder()
+
+    def raise_in_torch():
+        torch.zeros(2).view(3)  # raises inside torch: no frame of the code under test
+
+    try:
+        raise_in_torch()
+    except RuntimeError as exc:
+        origin = error_origin(exc, builder)
+    # The test's own function is the only frame outside torch (a module-level function).
+    assert origin["origin"] == "test_an_origin_skips_torch_the_driver_and_the_builder"
+    assert origin["origin_file"].startswith("test_driver.py:")
+
+    class Builder(TorchBuilder):
+        def create_op(self, op_case, case, device):
+            raise ValueError("in the builder")
+
+    builder = Builder()
+    try:
+        builder.create_op(None, None, None)
+    except ValueError as exc:
+        origin = error_origin(exc, builder)
+    assert origin["origin"] == "test_an_origin_skips_torch_the_driver_and_the_builder"
+
+
+# ----------------------------------------------------------------------------------------
+# Writers
+
+
+def test_the_tracker_attributes_a_change_to_the_group_that_made_it():
+    caller = _CallerTensors()
+    a, b = torch.zeros(3), torch.zeros(2)
+    caller.add("input", a)
+    caller.add("extra_input[0]", b)
+    tracker = WriterTracker(caller)
+    b += 1  # outside any group: nobody's
+    first = {"name": "A", "begin": 0, "end": 1, "pass": "forward"}
+    second = {"name": "B", "begin": 1, "end": 2, "pass": "forward"}
+
+    class Op:
+        def run(self, t):
+            t.mul_(2)
+
+        def write(self, t):
+            t.add_(5)
+
+    op0, op1 = Op(), Op()
+    tracker.instrument(op0, "run", first)
+    tracker.instrument(op1, "write", second)
+    op0.run(b)  # b changes again, inside group A
+    op1.write(a)
+    op0.run(torch.zeros(1))
+    tracker.leave()
+    assert tracker.writers == {"extra_input[0]": first, "input": second}
+    tracker.restore()
+    assert "run" not in op0.__dict__ and "write" not in op1.__dict__
+
+
+def test_the_writer_of_an_in_place_add_on_the_torch_runtime(torch_backend, monkeypatch):
+    # A planted defect: the runtime hands AddExtraInput(in_place) the caller's tensor
+    # instead of a private copy (torch_runtime.Fuser.forward), so the add writes into it.
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    ops = [
+        {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+        {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [False]},
+        {"name": "GELU"},
+    ]
+    _, results = run(torch_backend, spec(ops))
+    assert results[0]["modified"] == ["extra_input[0]"]
+    assert results[0]["modified_by"] == {
+        "extra_input[0]": {"name": "AddExtraInput", "begin": 1, "end": 2, "pass": "forward"}
+    }
+
+
+def test_no_writer_is_looked_for_when_nothing_changed(torch_backend, monkeypatch):
+    def fail(*args):
+        raise AssertionError("the instrumented second run ran")
+
+    monkeypatch.setattr(driver, "_writers", fail)
+    ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}}]
+    _, results = run(torch_backend, spec(ops))
+    assert results[0]["modified"] == [] and "modified_by" not in results[0]
+
+
+def test_without_the_hook_a_changed_tensor_has_no_writer(monkeypatch):
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]}]
+    _, results = run(TorchBackend(), spec(ops))
+    assert results[0]["modified"] == ["extra_input[0]"] and "modified_by" not in results[0]
+
+
+# ----------------------------------------------------------------------------------------
+# Repeat calls
+
+
+REPEATS = [{"no_grad": True}, {"input_requires_grad": False}, {}]
+
+
+def test_repeat_calls_on_the_torch_runtime_give_the_first_calls_values(torch_backend):
+    ops = [
+        {"name": "Linear", "attrs": {"out": 6}},
+        {"name": "RowStat", "output_bindings": [bound("s", True)]},
+        {"name": "ScaledSReLU", "input_channels": ["s"]},
+    ]
+    paths = [{"name": "fused", "fusions": ["AnyName"]}]
+    _, results = run(torch_backend, spec(ops, repeat_calls=REPEATS), paths=paths)
+    first = results[0]
+    names = [r["name"] for r in first["repeats"]]
+    assert names == ["fused.call[1]", "fused.call[2]", "fused.call[3]"]
+    no_grad, frozen_input, again = first["repeats"]
+    for repeat in first["repeats"]:
+        assert repeat["status"] == "ok" and repeat["modified"] == []
+        assert len(repeat["outputs"]) == 2
+        for got, want in zip(repeat["outputs"], first["outputs"]):
+            assert torch.equal(got, want)
+        assert repeat["plans"] == first["plans"]
+        assert repeat["expected_plans"] == first["plans"]  # torch: one group per op
+        assert "channel_grads" not in repeat
+    assert "grad_input" not in no_grad  # forward only
+    assert frozen_input["grad_input"] is None
+    for repeat in (frozen_input, again):
+        for got, want in zip(repeat["grad_params"], first["grad_params"]):
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert torch.equal(again["grad_input"], first["grad_input"])
+
+
+def test_a_failing_repeat_call_ends_the_repeats(torch_backend, monkeypatch):
+    calls = []
+    original = torch_runtime.Sequential.__call__
+
+    def second_call_fails(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch_runtime.InvalidArgumentError("the second call")
+        return original(self, *args)
+
+    monkeypatch.setattr(torch_runtime.Sequential, "__call__", second_call_fails)
+    _, results = run(torch_backend, spec([{"name": "GELU"}], repeat_calls=REPEATS))
+    first = results[0]
+    assert first["status"] == "ok"
+    assert [r["status"] for r in first["repeats"]] == ["error"]
+    error = first["repeats"][0]["error"]
+    assert (error["kind"], error["phase"], error["message"]) == (
+        "invalid-argument",
+        "forward",
+        "the second call",
+    )
+    # Every frame is plumbing, the builder or a nested function: the innermost is taken.
+    assert error["origin"] == "second_call_fails"
+
+
+def test_a_case_without_repeat_calls_has_no_repeats(torch_backend):
+    _, results = run(torch_backend, spec([{"name": "GELU"}]))
+    assert "repeats" not in results[0]
+
+
+def test_hello_says_protocol_2_and_repeat_calls():
+    hello = driver.protocol_hello(TorchBackend().hello())
+    assert hello["protocol"] == 2 and hello["capabilities"]["repeat_calls"] is True
+    hello = driver.protocol_hello({"protocol": 1, "capabilities": {"repeat_calls": False}})
+    assert hello["capabilities"]["repeat_calls"] is False  # a backend may say otherwise
+
+
+# ----------------------------------------------------------------------------------------
+# On TE's Python code
+
+
+@pytest.fixture(scope="module")
+def te():
+    import te_stub
+
+    reason = te_stub.available()
+    if reason:
+        pytest.skip(reason)
+    te_stub.install()
+    from gradfuzz_adapter import te_backend
+
+    backend = te_backend.TEBackend(device="cpu")
+
+    class WatchedTEBuilder(te_backend.TEBuilder):
+        def writer_scope(self, seq, case, ops, tracker):
+            return driver.te_writer_scope(self.operation_fuser, case, ops, tracker)
+
+    builder = backend.builder
+    backend.builder = WatchedTEBuilder(builder.te, builder.ext, builder.operation_fuser, "cpu")
+    return backend
+
+
+def test_te_locked_after_a_standalone_call_names_basic_operations_setter(te):
+    ops = [
+        {"name": "MakeExtraOutput", "output_bindings": [bound("c")]},
+        {"name": "AddExtraInput", "input_channels": ["c"]},
+    ]
+    _, results = run(te, spec(ops, dtype="float32", call_then_bind=[{"op": 1}]))
+    error = results[0]["error"]
+    assert (error["kind"], error["phase"]) == ("locked", "binding")
+    # Raised by _check_extra_tensor_channels_unlocked, called by the setter AddExtraInput
+    # inherits: the defining class is named, so every subclass's case is one cause.
+    assert error["origin"] == "BasicOperation.set_extra_input_channel"
+    operation = te.te.ops.BasicOperation
+    line = line_of(operation.set_extra_input_channel, "self._check_extra_tensor_channels_")
+    assert error["origin_file"] == f"transformer_engine/pytorch/ops/op.py:{line}"
+
+
+def test_te_routing_error_at_the_first_forward_names_the_fuser(te):
+    ops = [
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+        {"name": "Boundary"},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+    ]
+    _, results = run(te, spec(ops, dtype="float32"))
+    error = results[0]["error"]
+    assert (error["kind"], error["origin"]) == ("missing-producer", "OperationFuser.__init__")
+    assert error["origin_file"].startswith("transformer_engine/pytorch/ops/fuser.py:")
+
+
+def test_te_custom_op_errors_name_the_custom_op(te):
+    ops = [{"name": "Dispatch", "attrs": {"groups": 2}}]
+    case_spec = spec(ops, dtype="float32", shape=(4, 8))
+    from gradfuzz_adapter.client import make_request
+
+    header, tensors = make_request(case_spec)
+    tensors[header["values"]["extra_inputs"][0]] = torch.zeros(3, 2, dtype=torch.float64)
+    from gradfuzz_adapter.case import decode_case
+    from gradfuzz_adapter.protocol import TensorList
+
+    results = te.run(decode_case(header, tensors), header["paths"], TensorList())
+    error = results[0]["error"]
+    assert error["kind"] == "invalid-argument"
+    assert error["origin"] == "Dispatch.fuser_forward"  # not the catalog's check it called
+
+
+IN_PLACE = [
+    {"name": "MakeExtraOutput", "attrs": {"in_place": 1}, "output_bindings": [bound("c")]},
+    {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+    {"name": "AddExtraInput", "attrs": {"in_place": 1}, "input_channels": ["c"]},
+]
+
+
+def test_te_writers_of_in_place_ops(te):
+    _, results = run(te, spec(IN_PLACE, dtype="float32"), paths=[{"name": "unfused"}])
+    result = results[0]
+    assert result["modified"] == ["input", "cotangent[0]"]
+    # add_extra_input.py: fuser_forward adds x into the channel's value, the caller's input;
+    # make_extra_output.py: fuser_backward accumulates into the gradient AddExtraInput handed
+    # back for the channel, which is the caller's cotangent itself.
+    assert result["modified_by"] == {
+        "input": {"name": "AddExtraInput", "begin": 2, "end": 3, "pass": "forward"},
+        "cotangent[0]": {"name": "MakeExtraOutput", "begin": 0, "end": 1, "pass": "backward"},
+    }
+
+
+def test_te_writer_inside_a_fused_op(te):
+    ops = [
+        {"name": "ConstantScale", "attrs": {"scale": 2.0}},
+        {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+        {"name": "ConstantScale", "attrs": {"scale": 0.75}},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+    ]
+    paths = [{"name": "joint", "fusions": ["FusedResidual.joint"]}]
+    _, results = run(te, spec(ops, dtype="float32"), paths=paths)
+    result = results[0]
+    assert result["modified"] == ["extra_input[0]"]
+    assert result["modified_by"] == {
+        "extra_input[0]": {"name": "AddExtraInput", "begin": 1, "end": 2, "pass": "forward"}
+    }
+    assert result["plans"][0]["forward"][-1]["name"] == "FusedResidual.joint"
+
+
+RESIDUAL = [
+    {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+    {"name": "ConstantScale", "attrs": {"scale": 0.75}},
+    {"name": "AddExtraInput", "input_channels": ["r"]},
+    {"name": "Bias"},
+]
+
+
+def test_te_repeat_calls_give_the_first_calls_values_and_fresh_plans(te):
+    paths = [{"name": "joint", "fusions": ["FusedResidual.joint"]}]
+    case_spec = spec(RESIDUAL, dtype="float32", repeat_calls=REPEATS)
+    _, results = run(te, case_spec, paths=paths)
+    first = results[0]
+    assert first["status"] == "ok", first
+    assert first["plans"][0]["forward"][0]["name"] == "FusedResidual.joint"
+    assert [r["status"] for r in first["repeats"]] == ["ok"] * 3
+    for repeat in first["repeats"]:
+        assert torch.equal(repeat["outputs"][0], first["outputs"][0])
+        assert repeat["expected_plans"] == repeat["plans"]
+        assert repeat["plans"][0]["forward"] == first["plans"][0]["forward"]
+    frozen_input, again = first["repeats"][1:]
+    assert frozen_input["grad_input"] is None
+    assert torch.equal(again["grad_input"], first["grad_input"])
+    # The bias's gradient is the call's own (not accumulated over calls).
+    assert torch.equal(again["grad_params"][3][0], first["grad_params"][3][0])
+
+
+def test_te_repeat_call_with_a_stale_plan_differs_from_the_fresh_plans(te, monkeypatch):
+    # A planted defect: from its second call on, a fuser runs its basic ops unfused whatever
+    # its (cached) plan says, as a cache keyed wrongly would. A fresh Sequential's first
+    # call still plans FusedResidual: the repeat's plans differ from expected_plans.
+    fuser_class = te.operation_fuser
+    original = fuser_class.maybe_fuse_ops
+    seen = set()
+
+    def stale(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if id(self) in seen:
+            self._forward_ops = [(op, [i]) for i, op in enumerate(self._basic_ops)]
+        seen.add(id(self))
+
+    monkeypatch.setattr(fuser_class, "maybe_fuse_ops", stale)
+    paths = [{"name": "joint", "fusions": ["FusedResidual.joint"]}]
+    case_spec = spec(RESIDUAL, dtype="float32", repeat_calls=[{"no_grad": True}])
+    _, results = run(te, case_spec, paths=paths)
+    repeat = results[0]["repeats"][0]
+    assert repeat["status"] == "ok", repeat
+    names = ["MakeExtraOutput", "ConstantScale", "AddExtraInput", "Bias"]
+    assert [g["name"] for g in repeat["plans"][0]["forward"]] == names
+    assert [g["name"] for g in repeat["expected_plans"][0]["forward"]] == [
+        "FusedResidual.joint",
+        "Bias",
+    ]
