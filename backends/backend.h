@@ -8,58 +8,26 @@
 #include <vector>
 
 #include "harness/builder.h"
+#include "harness/capabilities.h"
 #include "harness/case_spec.h"
 #include "harness/path_run.h"
-#include "ops/fusion_registry.h"
-#include "ops/op_registry.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
-/// One catalog op as a backend builds it.
-struct OpCapability {
-  std::string name;
-  /// What runs it ("ops::Linear", "te.ops.BasicLinear", "adapter custom op").
-  std::string implementation;
-  /// Attr -> values the generator draws from for this backend (a catalog attr with the
-  /// values the backend supports, or a backend-only option the model accepts and ignores).
-  std::map<std::string, std::vector<double>> options;
-  /// Output styles the op can be built with (kVector always).
-  std::vector<ops::OutputStyle> output_styles{ops::OutputStyle::kVector};
-};
-
-/// One fusion registration a backend has.
-struct FusionCapability {
-  std::string name;
-  ops::FusionPass pass = ops::FusionPass::kForward;
-  std::string implementation;
-};
-
-/// What a backend can run (docs/BACKENDS.md "hello"): the generator draws only from it.
-struct BackendCapabilities {
-  std::string backend = "model";
-  std::vector<std::string> devices;
-  std::vector<std::string> dtypes;
-  std::vector<OpCapability> ops;
-  std::vector<FusionCapability> fusions;
-  /// Documented behaviours that differ from runtime.md ("surplus_extra_inputs_ignored",
-  /// "lazy_fuser_construction").
-  std::vector<std::string> deviations;
-  /// "python", "torch", "transformer_engine" versions (remote backends).
-  std::map<std::string, std::string> versions;
-  std::string device_name;
-  /// Whether the backend runs a case's repeat_calls (further calls of the same Sequential
-  /// with their plans); the generator draws them only then.
-  bool repeat_calls = false;
-
-  const OpCapability* op(const std::string& name) const;
-  bool has_deviation(const std::string& name) const;
-  std::vector<std::string> op_names() const;
-  std::vector<std::string> fusion_names() const;
-};
-
-void to_json(nlohmann::json& j, const BackendCapabilities& caps);
-/// Throws std::invalid_argument (or nlohmann errors) naming the bad field.
-void from_json(const nlohmann::json& j, BackendCapabilities& caps);
+// The case's value types (harness/), used throughout this folder.
+using harness::backend_names;
+using harness::BackendCapabilities;
+using harness::CasePlan;
+using harness::CaseSpec;
+using harness::CaseTensors;
+using harness::FuserPlans;
+using harness::FusionCapability;
+using harness::model_capabilities;
+using harness::OpCapability;
+using harness::PathRequest;
+using harness::PathRun;
+using harness::PathStatus;
+using harness::PlanGroup;
 
 /// A backend process died while running a case (the case is a `crash` finding).
 class BackendCrash : public std::runtime_error {
@@ -110,14 +78,8 @@ struct BackendOptions {
   double start_timeout_s = 120;
 };
 
-/// "model", "te", "torch".
-const std::vector<std::string>& backend_names();
 /// Throws std::invalid_argument listing the known names for an unknown one.
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
-
-/// Capabilities of the model backend: every catalog op with both output styles, every
-/// catalog fusion, every dtype, cpu (and cuda when this process has it).
-BackendCapabilities model_capabilities();
 
 /// The JSON the adapter and export requests carry for a case: the spec, the plan (with
 /// resolved attrs and parameter shapes) and the values (indices into `tensors`, which this
@@ -125,4 +87,4 @@ BackendCapabilities model_capabilities();
 nlohmann::json case_request_json(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                  std::vector<at::Tensor>& tensors_out);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

@@ -1,15 +1,27 @@
-#include "harness/model_backend.h"
+#include "backends/model_backend.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 
-#include "harness/tolerances.h"
+#include "harness/dtype.h"
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
+
+using harness::any_fused;
+using harness::build_case;
+using harness::build_stage_name;
+using harness::BuildOptions;
+using harness::BuildStage;
+using harness::BuiltCase;
+using harness::create_ops;
+using harness::RepeatCall;
+using harness::run_guarded;
+using harness::scalar_type_from_name;
+using harness::to_path;
 
 namespace {
 
@@ -271,4 +283,4 @@ std::vector<PathRun> ModelBackend::run_paths(const CaseSpec& spec, const CasePla
   return runs;
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

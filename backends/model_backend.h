@@ -2,9 +2,9 @@
 
 #include <vector>
 
-#include "harness/backend.h"
+#include "backends/backend.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
 /// The model backend: gradfuzz's own runtime (`ops/`) in this process. Paths build the
 /// case's ops with the case's dtype and device and the request's fusions (names the model
@@ -22,4 +22,4 @@ class ModelBackend final : public Backend {
   BackendCapabilities capabilities_;
 };
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

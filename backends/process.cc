@@ -1,4 +1,4 @@
-#include "harness/process.h"
+#include "backends/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -14,7 +14,7 @@
 
 extern char** environ;
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
 namespace {
 
@@ -173,4 +173,4 @@ void ChildProcess::clear_stderr() {
   }
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
 /// A child process with pipes to its stdin and stdout; its stderr goes to an unlinked
 /// temporary file (so a chatty child never blocks on a full pipe) whose recent content
@@ -62,4 +62,4 @@ class ChildProcess {
 /// "exited with status N" or "killed by signal N (name)" for a waitpid status.
 std::string describe_wait_status(int status);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

@@ -1,4 +1,4 @@
-#include "harness/remote_backend.h"
+#include "backends/remote_backend.h"
 
 #include <ATen/ATen.h>
 
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-#include "harness/wire.h"
+#include "backends/wire.h"
 
 #ifndef GRADFUZZ_DEFAULT_PYTHON
 #define GRADFUZZ_DEFAULT_PYTHON "python3"
@@ -15,7 +15,7 @@
 #define GRADFUZZ_SOURCE_DIR "."
 #endif
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
 namespace {
 
@@ -86,6 +86,22 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
   if (j.contains("modified")) run.modified = j["modified"].get<std::vector<std::string>>();
   if (j.contains("left_locked")) run.left_locked = j["left_locked"].get<std::vector<int64_t>>();
   return run;
+}
+
+/// `j` with every {"expect_tensor": k} replaced by the frame index offset + k.
+json with_tensor_offsets(const json& j, int64_t offset) {
+  if (j.is_object()) {
+    if (j.size() == 1 && j.contains("expect_tensor")) return offset + j.at("expect_tensor").get<int64_t>();
+    json out = json::object();
+    for (const auto& [k, v] : j.items()) out[k] = with_tensor_offsets(v, offset);
+    return out;
+  }
+  if (j.is_array()) {
+    json out = json::array();
+    for (const auto& v : j) out.push_back(with_tensor_offsets(v, offset));
+    return out;
+  }
+  return j;
 }
 
 json paths_json(const std::vector<PathRequest>& paths) {
@@ -246,17 +262,13 @@ std::string RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& p
   header["op"] = "export";
   header["backend"] = request.backend;
   header["paths"] = paths_json(paths);
-  json expect{{"kind", request.expect},
-              {"tolerance",
-               {{"atol", request.tolerance.atol},
-                {"rtol", request.tolerance.rtol},
-                {"baseline_factor", request.baseline_factor},
-                {"baseline_cap", request.baseline_cap}}}};
-  if (!request.error_kind.empty()) expect["error_kind"] = request.error_kind;
-  header["expect"] = std::move(expect);
+  // The expectations' tensors follow the case's; their references become frame indices.
+  const int64_t offset = static_cast<int64_t>(out_tensors.size());
+  for (const auto& t : request.expect_tensors) wire::add_tensor(out_tensors, t);
+  header["expect"] = with_tensor_offsets(request.expect, offset);
   header["case_file"] = request.case_file;
   Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
   return reply.frame.header.at("script").get<std::string>();
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

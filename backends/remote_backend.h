@@ -1,27 +1,24 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/process.h"
-#include "harness/tolerances.h"
+#include "backends/backend.h"
+#include "backends/process.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::backends {
 
 /// What an exported pytest file expects (docs/BACKENDS.md "export").
 struct ExportRequest {
-  /// "te" or "torch": whose build the script contains.
+  /// "te" or "torch": which script to write.
   std::string backend;
-  /// "pass" (every path matches the reference) or "error" (the case is an invalid
-  /// configuration: building or running it must raise `error_kind`).
-  std::string expect = "pass";
-  std::string error_kind;
-  Tolerance tolerance;
-  double baseline_factor = 0;
-  double baseline_cap = 0;
-  /// Named in the script's docstring with the command that reproduces it.
+  /// What the script must check (docs/BACKENDS.md "export"): {"kind": "pass"|"error",
+  /// "error_kind", "tolerance", "tensors": {...}}. A tensor it refers to is written
+  /// {"expect_tensor": k}, k an index into expect_tensors.
+  nlohmann::json expect;
+  std::vector<at::Tensor> expect_tensors;
   std::string case_file;
 };
 
@@ -65,4 +62,4 @@ class RemoteBackend final : public Backend {
 /// gradfuzz_adapter, --backend NAME; PYTHONPATH gets the adapter folder in front).
 ChildProcess::Options adapter_process_options(const BackendOptions& options);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::backends

@@ -1,4 +1,4 @@
-#include "harness/wire.h"
+#include "backends/wire.h"
 
 #include <ATen/ATen.h>
 #include <poll.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <system_error>
 
-namespace gradfuzz::harness::wire {
+namespace gradfuzz::backends::wire {
 
 namespace {
 
@@ -160,4 +160,4 @@ at::Tensor tensor_at(const Frame& frame, const nlohmann::json& ref) {
   return frame.tensors[static_cast<size_t>(i)];
 }
 
-}  // namespace gradfuzz::harness::wire
+}  // namespace gradfuzz::backends::wire

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace gradfuzz::harness::wire {
+namespace gradfuzz::backends::wire {
 
 // Framed messages over pipes (docs/BACKENDS.md "Frame format"): an 8-byte little-endian
 // header length, a JSON header, then the raw bytes of every tensor the header's "tensors"
@@ -58,4 +58,4 @@ nlohmann::json add_tensor(std::vector<at::Tensor>& tensors, const at::Tensor& t)
 /// ProtocolError for an index out of range or a field of another type.
 at::Tensor tensor_at(const Frame& frame, const nlohmann::json& ref);
 
-}  // namespace gradfuzz::harness::wire
+}  // namespace gradfuzz::backends::wire

@@ -1,4 +1,4 @@
-#include "tools/campaign.h"
+#include "campaign/campaign.h"
 
 #include <unistd.h>
 
@@ -13,15 +13,15 @@
 #include <set>
 #include <stdexcept>
 
+#include "campaign/exit_codes.h"
+#include "campaign/files.h"
+#include "campaign/worker_pool.h"
 #include "corpus/case_file.h"
 #include "generators/invalid_gen.h"
 #include "generators/shrink.h"
 #include "reports/build_info.h"
-#include "tools/exit_codes.h"
-#include "tools/files.h"
-#include "tools/worker_pool.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 namespace {
 
@@ -132,10 +132,10 @@ const CampaignFinding* CampaignOutcome::first_attributable() const {
   return nullptr;
 }
 
-bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const harness::RunOptions& run_options) {
+bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const runner::RunOptions& run_options) {
   ops::FaultScope off(fault, /*enabled=*/false);
   try {
-    return harness::run_case(spec, run_options).passed();
+    return runner::run_case(spec, run_options).passed();
   } catch (const std::exception&) {
     return false;
   }
@@ -203,7 +203,7 @@ class InflightFiles {
 }  // namespace
 
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress) {
-  InProcessRunner runner(harness::make_backend({}), options.run_options);
+  InProcessRunner runner(backends::make_backend({}), options.run_options);
   return run_campaign(options, runner, reporter, progress);
 }
 
@@ -288,7 +288,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     pending.emplace(id, std::move(p));
     try {
       runner.submit(std::move(job));
-    } catch (const harness::BackendUnavailable&) {
+    } catch (const backends::BackendUnavailable&) {
       throw;  // the backend broke (its workers cannot start): not gradfuzz's bug, exit 2
     } catch (const std::exception& e) {
       throw InternalError(std::string("running a case raised: ") + e.what(),
@@ -446,4 +446,4 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   return outcome;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

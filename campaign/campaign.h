@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "campaign/case_runner.h"
 #include "generators/case_gen.h"
-#include "harness/runner.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
-#include "tools/case_runner.h"
+#include "runner/run_case.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// Cases run when neither a count nor a time budget is given.
 inline constexpr int64_t kDefaultCampaignCases = 100;
@@ -62,7 +62,7 @@ struct CampaignOptions {
   int64_t max_shrink_calls = 2000;
   int64_t max_crash_shrink_calls = 64;
   int64_t max_timeout_shrink_calls = 4;
-  harness::RunOptions run_options;
+  runner::RunOptions run_options;
   /// Backend the cases run on (recorded in case files).
   std::string backend = "model";
   /// This run is shard `shard_index` (0-based) of `shard_count`: its k-th case is the
@@ -183,6 +183,6 @@ harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& sp
 
 /// Whether `spec` passes with `fault` switched off (other faults as they are). Raising
 /// counts as not passing.
-bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const harness::RunOptions& run_options);
+bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const runner::RunOptions& run_options);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,20 +1,20 @@
-#include "tools/case_runner.h"
+#include "campaign/case_runner.h"
 
 #include <memory>
 #include <stdexcept>
 
 #include "ops/faults.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
-harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, harness::Backend& backend,
-                                   const harness::RunOptions& run_options) {
+harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, backends::Backend& backend,
+                                   const runner::RunOptions& run_options) {
   // The switchboard is process-wide: every fault off except the one asked for.
   std::vector<std::unique_ptr<ops::FaultScope>> scopes;
   for (ops::Fault f : ops::all_faults()) {
     scopes.push_back(std::make_unique<ops::FaultScope>(f, !fault.empty() && ops::fault_name(f) == fault));
   }
-  return harness::run_case(spec, backend, run_options);
+  return runner::run_case(spec, backend, run_options);
 }
 
 int InProcessRunner::submit(Job job) {
@@ -38,4 +38,4 @@ harness::CaseResult InProcessRunner::run_now(const harness::CaseSpec& spec, cons
   return run_with_fault(spec, fault, *backend_, run_options_);
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -7,12 +7,12 @@
 #include <optional>
 #include <string>
 
-#include "harness/backend.h"
+#include "backends/backend.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
-#include "harness/runner.h"
+#include "runner/run_case.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// One case to run, and what came of it.
 struct Job {
@@ -56,7 +56,7 @@ class CaseRunner {
 /// Runs each case at submit() in this process on one backend.
 class InProcessRunner final : public CaseRunner {
  public:
-  InProcessRunner(std::unique_ptr<harness::Backend> backend, harness::RunOptions run_options)
+  InProcessRunner(std::unique_ptr<backends::Backend> backend, runner::RunOptions run_options)
       : backend_(std::move(backend)), run_options_(std::move(run_options)) {}
   const harness::BackendCapabilities& capabilities() override { return backend_->capabilities(); }
   int slots() const override { return 1; }
@@ -68,13 +68,13 @@ class InProcessRunner final : public CaseRunner {
   void cancel_in_flight() override { ready_.clear(); }
 
  private:
-  std::unique_ptr<harness::Backend> backend_;
-  harness::RunOptions run_options_;
+  std::unique_ptr<backends::Backend> backend_;
+  runner::RunOptions run_options_;
   std::deque<JobResult> ready_;
 };
 
 /// Runs `spec` on `backend` with `fault` (a fault name, or empty) switched on.
-harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, harness::Backend& backend,
-                                   const harness::RunOptions& run_options);
+harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, backends::Backend& backend,
+                                   const runner::RunOptions& run_options);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

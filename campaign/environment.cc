@@ -1,17 +1,17 @@
-#include "tools/environment.h"
+#include "campaign/environment.h"
 
 #include <ATen/Context.h>
 
+#include "campaign/exit_codes.h"
 #include "generators/coverage.h"
 #include "reports/build_info.h"
-#include "tools/exit_codes.h"
 
 #if defined(GRADFUZZ_WITH_CUDA) && __has_include(<cuda_runtime_api.h>)
 #include <cuda_runtime_api.h>
 #define GRADFUZZ_HAVE_CUDART_HEADER 1
 #endif
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 bool cuda_available() { return at::hasCUDA(); }
 
@@ -51,4 +51,4 @@ reports::ReportContext make_report_context(const reports::CampaignInfo& campaign
   return context;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

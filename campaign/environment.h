@@ -4,7 +4,7 @@
 
 #include "reports/reporter.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// Whether this process can run CUDA cases (LibTorch built with CUDA and a device present).
 bool cuda_available();
@@ -20,4 +20,4 @@ reports::EnvironmentInfo environment_info(const std::string& device);
 /// feature coverage names, the current UTC date and `campaign`.
 reports::ReportContext make_report_context(const reports::CampaignInfo& campaign, const std::string& device);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// Exit status of every gradfuzz command (fuzzer.md "Command line").
 enum class ExitCode : int {
@@ -32,4 +32,4 @@ class InternalError : public std::runtime_error {
   std::string repro_;
 };
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,4 +1,4 @@
-#include "tools/files.h"
+#include "campaign/files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 namespace {
 
@@ -122,4 +122,4 @@ size_t count_regular_files(const std::filesystem::path& dir) {
   return n;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 // File-system helpers on POSIX calls. std::filesystem's free functions are avoided (only
 // std::filesystem::path is used, as a value): the LibTorch 2.11 PyPI wheel's libtorch.so
@@ -66,4 +66,4 @@ std::vector<std::filesystem::path> regular_files(const std::filesystem::path& di
 /// Number of regular files directly in `dir` (0 when it does not exist).
 size_t count_regular_files(const std::filesystem::path& dir);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

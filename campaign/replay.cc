@@ -1,13 +1,13 @@
-#include "tools/replay.h"
+#include "campaign/replay.h"
 
 #include <algorithm>
 #include <memory>
 #include <ostream>
 
-#include "tools/environment.h"
-#include "tools/exit_codes.h"
+#include "campaign/environment.h"
+#include "campaign/exit_codes.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
   if (paths.empty()) throw InputError("replay: expected at least one case file or directory");
@@ -34,8 +34,8 @@ std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
 }
 
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
-                           const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out) {
-  InProcessRunner runner(harness::make_backend({}), run_options);
+                           const runner::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out) {
+  InProcessRunner runner(backends::make_backend({}), run_options);
   return replay_cases(cases, fault, runner, reporter, out);
 }
 
@@ -90,4 +90,4 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
   return outcome;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

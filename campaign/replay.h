@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "campaign/case_runner.h"
 #include "corpus/case_file.h"
-#include "harness/runner.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
-#include "tools/case_runner.h"
+#include "runner/run_case.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// One loaded case file.
 struct LoadedCase {
@@ -46,6 +46,6 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
                            CaseRunner& runner, reports::Reporter* reporter, std::ostream* out);
 /// The same in this process on the model backend.
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
-                           const harness::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out);
+                           const runner::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,9 +1,9 @@
-#include "tools/sanitizer.h"
+#include "campaign/sanitizer.h"
 
 #include <sstream>
 #include <stdexcept>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 namespace {
 
@@ -107,4 +107,4 @@ SanitizerReport parse_sanitizer_log(const std::string& text) {
   return report;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// A compute-sanitizer tool (`--sanitize TOOL`).
 enum class SanitizerTool { kMemcheck, kRacecheck, kInitcheck, kSynccheck };
@@ -47,4 +47,4 @@ struct SanitizerReport {
 /// summaries; indented lines belong to the open block.
 SanitizerReport parse_sanitizer_log(const std::string& text);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

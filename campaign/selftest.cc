@@ -1,11 +1,11 @@
-#include "tools/selftest.h"
+#include "campaign/selftest.h"
 
 #include <algorithm>
 
-#include "tools/exit_codes.h"
-#include "tools/replay.h"
+#include "campaign/exit_codes.h"
+#include "campaign/replay.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
                        CaseRunner& runner) {
@@ -22,7 +22,7 @@ int replay_exit_status(const std::filesystem::path& case_file, const std::option
 
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress) {
-  InProcessRunner runner(harness::make_backend({}), options.campaign.run_options);
+  InProcessRunner runner(backends::make_backend({}), options.campaign.run_options);
   return run_selftest(options, runner, reporter, progress);
 }
 
@@ -60,4 +60,4 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
   return entries;
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "campaign/campaign.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
-#include "tools/campaign.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// Cases per fault when --cases is not given.
 inline constexpr int64_t kDefaultSelftestCases = 2000;
@@ -50,4 +50,4 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
                        CaseRunner& runner);
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,4 +1,4 @@
-#include "tools/worker_pool.h"
+#include "campaign/worker_pool.h"
 
 #include <ATen/Context.h>
 #include <poll.h>
@@ -13,13 +13,13 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "harness/wire.h"
+#include "backends/wire.h"
 #ifdef GRADFUZZ_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 #include "ops/faults.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 namespace {
 
@@ -51,7 +51,7 @@ std::string format_seconds(double s) {
 struct WorkerPool::Slot {
   enum class State { kStarting, kIdle, kBusy };
   int index = 0;
-  std::unique_ptr<harness::ChildProcess> child;
+  std::unique_ptr<backends::ChildProcess> child;
   State state = State::kStarting;
   std::optional<Job> job;
   Clock::time_point deadline;
@@ -84,8 +84,8 @@ WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options))
   for (auto& slot : slots_) {
     while (slot->state == Slot::State::kStarting) {
       if (Clock::now() > deadline) {
-        throw harness::BackendUnavailable("worker " + std::to_string(slot->index) + " did not start within " +
-                                          format_seconds(options_.backend.start_timeout_s + 10) + " s");
+        throw backends::BackendUnavailable("worker " + std::to_string(slot->index) + " did not start within " +
+                                           format_seconds(options_.backend.start_timeout_s + 10) + " s");
       }
       pump(deadline);
     }
@@ -96,7 +96,7 @@ WorkerPool::~WorkerPool() {
   for (auto& slot : slots_) {
     if (!slot->child) continue;
     try {
-      harness::wire::write_frame(slot->child->stdin_fd(), json{{"op", "quit"}}, {});
+      backends::wire::write_frame(slot->child->stdin_fd(), json{{"op", "quit"}}, {});
     } catch (const std::exception&) {
       // Killed below either way.
     }
@@ -105,7 +105,7 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::start(Slot& slot) {
-  harness::ChildProcess::Options process;
+  backends::ChildProcess::Options process;
   process.argv = {options_.executable,   "worker",         "--backend",
                   options_.backend.name, "--case-timeout", format_seconds(options_.case_timeout_s)};
   if (!options_.backend.python.empty()) {
@@ -136,13 +136,13 @@ void WorkerPool::start(Slot& slot) {
     process.env[kSanitizerLogEnv] = slot.sanitizer_log;
   }
   process.new_process_group = true;
-  slot.child = std::make_unique<harness::ChildProcess>(process);
+  slot.child = std::make_unique<backends::ChildProcess>(process);
   slot.state = Slot::State::kStarting;
   slot.job.reset();
   slot.cases = 0;
   slot.deadline = after(options_.backend.start_timeout_s + 10);
   ++started_;
-  harness::wire::write_frame(slot.child->stdin_fd(), json{{"op", "hello"}}, {});
+  backends::wire::write_frame(slot.child->stdin_fd(), json{{"op", "hello"}}, {});
 }
 
 void WorkerPool::restart(Slot& slot) {
@@ -172,8 +172,8 @@ int WorkerPool::submit(Job job) {
     // compute-sanitizer slows kernels by one to two orders of magnitude.
     if (options_.sanitizer) slot->deadline = after(options_.case_timeout_s * 20);
     try {
-      harness::wire::write_frame(slot->child->stdin_fd(), std::move(header), {});
-    } catch (const harness::wire::PeerClosed&) {
+      backends::wire::write_frame(slot->child->stdin_fd(), std::move(header), {});
+    } catch (const backends::wire::PeerClosed&) {
       // The worker died between cases; collect() turns that into this case's crash, which
       // is wrong for the case, so restart and hand it over again instead.
       Job again = std::move(*slot->job);
@@ -222,7 +222,7 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
 void WorkerPool::start_failed(Slot& slot, const std::string& why) {
   // Before any worker was ready the backend itself is in doubt: say why at once.
   if (!ever_ready_ || ++slot.failed_starts >= kMaxFailedStarts) {
-    throw harness::BackendUnavailable(
+    throw backends::BackendUnavailable(
         "worker " + std::to_string(slot.index) + " " + why +
         (ever_ready_ ? " (" + std::to_string(slot.failed_starts) + " starts in a row)" : ""));
   }
@@ -230,17 +230,17 @@ void WorkerPool::start_failed(Slot& slot, const std::string& why) {
 }
 
 std::optional<JobResult> WorkerPool::collect(Slot& slot) {
-  harness::wire::Frame frame;
+  backends::wire::Frame frame;
   try {
-    frame = harness::wire::read_frame(slot.child->stdout_fd(), slot.deadline);
-  } catch (const harness::wire::PeerClosed&) {
+    frame = backends::wire::read_frame(slot.child->stdout_fd(), slot.deadline);
+  } catch (const backends::wire::PeerClosed&) {
     const std::string how = slot.child->terminate();
     if (slot.state == Slot::State::kStarting) {
       start_failed(slot, how + " before it was ready: " + slot.child->stderr_tail(3000));
       return std::nullopt;
     }
     return fail(slot, harness::VerdictKind::kCrash, "the worker running the case " + how);
-  } catch (const harness::wire::Timeout&) {
+  } catch (const backends::wire::Timeout&) {
     if (slot.state == Slot::State::kStarting) {
       slot.child->terminate();
       start_failed(slot, "did not answer hello in time: " + slot.child->stderr_tail(3000));
@@ -249,14 +249,14 @@ std::optional<JobResult> WorkerPool::collect(Slot& slot) {
     slot.child->terminate();
     return fail(slot, harness::VerdictKind::kTimeout,
                 "the case ran past the limit of " + format_seconds(options_.case_timeout_s) + " s; worker killed");
-  } catch (const harness::wire::ProtocolError& e) {
+  } catch (const backends::wire::ProtocolError& e) {
     slot.child->terminate();
     return fail(slot, harness::VerdictKind::kCrash, std::string("the worker broke the protocol: ") + e.what());
   }
   const json& h = frame.header;
   if (slot.state == Slot::State::kStarting) {
     if (!h.value("ok", false)) {
-      throw harness::BackendUnavailable(h.value("error", std::string("worker refused to start")));
+      throw backends::BackendUnavailable(h.value("error", std::string("worker refused to start")));
     }
     if (capabilities_.ops.empty()) capabilities_ = h.at("capabilities").get<harness::BackendCapabilities>();
     slot.state = Slot::State::kIdle;
@@ -386,19 +386,19 @@ class SanitizerLog {
 
 }  // namespace
 
-int run_worker(const harness::BackendOptions& backend_options, const harness::RunOptions& run_options) {
+int run_worker(const backends::BackendOptions& backend_options, const runner::RunOptions& run_options) {
   // Die with the supervisor, whatever killed it.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   SanitizerLog sanitizer;
   // Frames go to the original stdout; anything a library prints goes to stderr instead.
   const int out = ::dup(1);
   ::dup2(2, 1);
-  std::unique_ptr<harness::Backend> backend = harness::make_backend(backend_options);
+  std::unique_ptr<backends::Backend> backend = backends::make_backend(backend_options);
   while (true) {
-    harness::wire::Frame request;
+    backends::wire::Frame request;
     try {
-      request = harness::wire::read_frame(0, std::nullopt);
-    } catch (const harness::wire::PeerClosed&) {
+      request = backends::wire::read_frame(0, std::nullopt);
+    } catch (const backends::wire::PeerClosed&) {
       return 0;
     }
     const std::string op = request.header.value("op", "");
@@ -429,11 +429,11 @@ int run_worker(const harness::BackendOptions& backend_options, const harness::Ru
       reply = json{{"ok", false}, {"error", e.what()}};
     }
     try {
-      harness::wire::write_frame(out, std::move(reply), {});
-    } catch (const harness::wire::PeerClosed&) {
+      backends::wire::write_frame(out, std::move(reply), {});
+    } catch (const backends::wire::PeerClosed&) {
       return 0;
     }
   }
 }
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -8,21 +8,21 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
+#include "backends/backend.h"
+#include "backends/process.h"
+#include "campaign/case_runner.h"
+#include "campaign/sanitizer.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
-#include "harness/process.h"
-#include "harness/runner.h"
-#include "tools/case_runner.h"
-#include "tools/sanitizer.h"
+#include "runner/run_case.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 
 /// How the supervisor starts its workers (`gradfuzz worker`, docs/BACKENDS.md "Processes").
 struct WorkerPoolOptions {
   /// Worker processes; each owns one backend (and, for te/torch, one adapter).
   int workers = 1;
-  harness::BackendOptions backend;
+  backends::BackendOptions backend;
   /// CUDA devices handed out round-robin (CUDA_VISIBLE_DEVICES of each worker); empty: inherit.
   std::vector<std::string> devices;
   /// Seconds one case may run before its worker (and the worker's adapter) is killed.
@@ -31,7 +31,7 @@ struct WorkerPoolOptions {
   /// grow by whatever a backend keeps from case to case.
   int64_t recycle_after = 2000;
   /// Run options passed to run_case in the workers.
-  harness::RunOptions run_options;
+  runner::RunOptions run_options;
   /// Path of the gradfuzz executable (default $GRADFUZZ_EXECUTABLE, else /proc/self/exe).
   std::string executable;
   /// Run every worker under compute-sanitizer; a case during which it reports an error gets
@@ -56,7 +56,7 @@ class WorkerInternalError : public std::runtime_error {
 class WorkerPool final : public CaseRunner {
  public:
   /// Starts every worker and waits for their hello (capabilities). Throws
-  /// harness::BackendUnavailable when a worker's backend cannot start.
+  /// backends::BackendUnavailable when a worker's backend cannot start.
   explicit WorkerPool(WorkerPoolOptions options);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
@@ -103,9 +103,9 @@ class WorkerPool final : public CaseRunner {
 /// `gradfuzz worker`: the loop a worker process runs (frames on stdin/stdout). Returns the
 /// exit status. Under compute-sanitizer ($GRADFUZZ_SANITIZER_LOG names its log, "%p" the
 /// worker's pid) each case's result is checked against what the log gained meanwhile.
-int run_worker(const harness::BackendOptions& backend, const harness::RunOptions& run_options);
+int run_worker(const backends::BackendOptions& backend, const runner::RunOptions& run_options);
 
 /// Environment variable that tells a worker where its sanitizer log is.
 inline constexpr const char* kSanitizerLogEnv = "GRADFUZZ_SANITIZER_LOG";
 
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "harness/backend.h"
+#include "harness/capabilities.h"
 #include "harness/limits.h"
 #include "ops/errors.h"
 #include "ops/faults.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
+#include "harness/capabilities.h"
 #include "harness/case_spec.h"
 
 namespace gradfuzz::generators {

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <mutex>
 
-#include "harness/tolerances.h"
+#include "harness/dtype.h"
 #include "ops/errors.h"
 
 namespace gradfuzz::harness {

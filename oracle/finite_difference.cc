@@ -1,14 +1,14 @@
-#include "harness/finite_difference.h"
+#include "oracle/finite_difference.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <limits>
 
-#include "harness/tolerances.h"
 #include "ops/reference.h"
+#include "oracle/tolerances.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
 
 namespace {
 
@@ -154,4 +154,4 @@ void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, 
   }
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

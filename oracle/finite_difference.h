@@ -11,7 +11,15 @@
 #include "harness/case_spec.h"
 #include "harness/path_run.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
+
+// The case's value types (harness/), used throughout this folder.
+using harness::BuiltCase;
+using harness::CaseSpec;
+using harness::CaseTensors;
+using harness::PathRun;
+using harness::TensorMismatch;
+using harness::VerdictKind;
 
 /// Knobs of the finite-difference check of the reference.
 struct FiniteDifferenceOptions {
@@ -33,4 +41,4 @@ void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, 
                               const BuiltCase& built, const FiniteDifferenceOptions& options, at::Generator& generator,
                               std::vector<TensorMismatch>& details, std::vector<std::string>& notes);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

@@ -1,4 +1,4 @@
-#include "harness/oracle.h"
+#include "oracle/oracle.h"
 
 #include <ATen/ATen.h>
 
@@ -21,7 +21,7 @@
 // earlier form added 32x the largest baseline error of the whole tensor to every element,
 // which in bfloat16 exceeded the tensor's magnitude and let a misrouted gradient pass.)
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
 
 namespace {
 
@@ -308,4 +308,4 @@ void check_caller_tensors(const PathRun& run, std::vector<TensorMismatch>& detai
   }
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

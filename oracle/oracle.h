@@ -8,9 +8,18 @@
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
 #include "harness/path_run.h"
-#include "harness/tolerances.h"
+#include "oracle/tolerances.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
+
+// The case's value types (harness/), used throughout this folder.
+using harness::CaseSpec;
+using harness::FuserPlans;
+using harness::PathRun;
+using harness::PlanGroup;
+using harness::RepeatCall;
+using harness::TensorMismatch;
+using harness::VerdictKind;
 
 /// How much of a low-precision case's own rounding a path may add, per element
 /// (fuzzer.md "Paths and oracle"; the reasoning is in oracle.cc).
@@ -76,4 +85,4 @@ bool all_finite(const PathRun& run);
 /// Records a kModifiedInput detail for each caller-owned tensor `run` changed.
 void check_caller_tensors(const PathRun& run, std::vector<TensorMismatch>& details);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

@@ -1,4 +1,4 @@
-#include "harness/tolerances.h"
+#include "oracle/tolerances.h"
 
 #include <ATen/Context.h>
 
@@ -7,15 +7,7 @@
 #include <mutex>
 #include <stdexcept>
 
-namespace gradfuzz::harness {
-
-at::ScalarType scalar_type_from_name(const std::string& dtype) {
-  if (dtype == "float64") return at::kDouble;
-  if (dtype == "float32") return at::kFloat;
-  if (dtype == "bfloat16") return at::kBFloat16;
-  if (dtype == "float16") return at::kHalf;
-  throw std::invalid_argument("unknown dtype '" + dtype + "'; known dtypes: float64, float32, bfloat16, float16");
-}
+namespace gradfuzz::oracle {
 
 Tolerance base_tolerance(at::ScalarType dtype) {
   // torch.testing.assert_close defaults (torch/testing/_comparison.py, _DTYPE_PRECISIONS).
@@ -105,4 +97,4 @@ void disable_tf32() {
   });
 }
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

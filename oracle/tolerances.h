@@ -5,17 +5,13 @@
 #include <cstdint>
 #include <string>
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
 
 /// Relative and absolute tolerance: |got - expected| <= atol + rtol * |expected|.
 struct Tolerance {
   double rtol = 0;
   double atol = 0;
 };
-
-/// "float64" -> at::kDouble, "float32" -> at::kFloat, "bfloat16", "float16"; throws
-/// std::invalid_argument for anything else.
-at::ScalarType scalar_type_from_name(const std::string& dtype);
 
 /// torch.testing.assert_close defaults for `dtype`: fp64 1e-7/1e-7, fp32 1.3e-6/1e-5,
 /// fp16 1e-3/1e-5, bf16 1.6e-2/1e-5. Throws std::invalid_argument for other dtypes.
@@ -56,4 +52,4 @@ double finite_difference_step();
 /// really means float32. Idempotent (runs once per process).
 void disable_tf32();
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

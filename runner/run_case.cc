@@ -1,4 +1,4 @@
-#include "harness/runner.h"
+#include "runner/run_case.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,13 +11,49 @@
 #include <set>
 #include <stdexcept>
 
-#include "harness/model_backend.h"
-#include "harness/tolerances.h"
+#include "backends/model_backend.h"
+#include "harness/dtype.h"
 #include "ops/cuda/launch_stats.h"
 #include "ops/errors.h"
 #include "ops/reference.h"
+#include "oracle/tolerances.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::runner {
+
+using backends::BackendCrash;
+using backends::BackendTimeout;
+using backends::ModelBackend;
+using oracle::all_finite;
+using oracle::case_tolerance;
+using oracle::check_caller_tensors;
+using oracle::check_finite_differences;
+using oracle::compare_paths;
+using oracle::compare_plans;
+using oracle::Comparer;
+using oracle::disable_tf32;
+using oracle::expected_for_call;
+using oracle::path_pair_tolerance;
+using oracle::rounding_errors;
+using oracle::Tolerance;
+using oracle::ToleranceContext;
+
+using harness::build_case;
+using harness::build_stage_name;
+using harness::BuildOptions;
+using harness::BuildStage;
+using harness::check_static_wiring;
+using harness::create_ops;
+using harness::describe_error;
+using harness::draw_case_tensors;
+using harness::kBoundaryOp;
+using harness::OpPlan;
+using harness::OpSpec;
+using harness::param_shapes;
+using harness::plan_case;
+using harness::run_guarded;
+using harness::scalar_type_from_name;
+using harness::to_path;
+using harness::verdict_name;
 
 namespace {
 
@@ -623,4 +659,4 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
 
 }  // namespace
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::runner

@@ -5,14 +5,29 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
+#include "backends/backend.h"
 #include "harness/builder.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
-#include "harness/finite_difference.h"
-#include "harness/oracle.h"
+#include "oracle/finite_difference.h"
+#include "oracle/oracle.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::runner {
+
+// The case's value types (harness/), used throughout this folder.
+using backends::Backend;
+using harness::BackendCapabilities;
+using harness::BuiltCase;
+using harness::CasePlan;
+using harness::CaseResult;
+using harness::CaseSpec;
+using harness::CaseTensors;
+using harness::PathRequest;
+using harness::PathRun;
+using harness::PathStatus;
+using harness::RepeatCall;
+using harness::TensorMismatch;
+using harness::VerdictKind;
 
 /// Knobs of run_case; the defaults are what the fuzzer uses.
 struct RunOptions {
@@ -27,9 +42,9 @@ struct RunOptions {
   /// Check the reference gradient against central finite differences for small float64
   /// cases ("reference~finite_difference").
   bool finite_differences = true;
-  FiniteDifferenceOptions finite_difference;
+  oracle::FiniteDifferenceOptions finite_difference;
   /// Per-element rounding allowance of low-precision cases (oracle.h).
-  RoundingAllowance allowance;
+  oracle::RoundingAllowance allowance;
   /// Confirm a low-precision mismatch by running the same values in the backend's widest
   /// dtype before reporting it (see run_case).
   bool confirm_in_wide_dtype = true;
@@ -79,4 +94,4 @@ std::optional<std::string> reference_error_kind(const CaseSpec& spec);
 /// all but same_fusion_channel, which needs the fused plans).
 std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& plan);
 
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::runner

@@ -12,13 +12,23 @@
 #include <memory>
 #include <ostream>
 
+#include "campaign/files.h"
 #include "harness/builder.h"
-#include "harness/tolerances.h"
+#include "harness/dtype.h"
 #include "ops/fusion_registry.h"
 #include "ops/reference.h"
-#include "tools/files.h"
+#include "oracle/tolerances.h"
 
 namespace gradfuzz::tools {
+
+using campaign::campaign_case;
+using campaign::CampaignOptions;
+using campaign::CampaignOutcome;
+using campaign::inflight_case_text;
+using campaign::InflightFile;
+using campaign::make_temp_dir;
+using campaign::remove_tree;
+using campaign::run_campaign;
 
 namespace {
 
@@ -134,7 +144,7 @@ void run_floor_case(const PreparedCase& c, FloorTimes& times) {
       times.forward_backward_s += std::chrono::duration<double>(t2 - t1).count();
     }
     {
-      // Reference path (float64 CPU, no call-then-bind), as harness::run_case builds it.
+      // Reference path (float64 CPU, no call-then-bind), as runner::run_case builds it.
       auto t0 = Clock::now();
       harness::BuildOptions build;
       build.call_then_bind = false;
@@ -161,7 +171,7 @@ void run_floor_case(const PreparedCase& c, FloorTimes& times) {
 }  // namespace
 
 FloorTimes measure_floor(const std::vector<harness::CaseSpec>& specs) {
-  harness::disable_tf32();
+  oracle::disable_tf32();
   std::vector<PreparedCase> prepared(specs.size());
   std::vector<bool> ok(specs.size(), false);
   for (size_t i = 0; i < specs.size(); ++i) ok[i] = prepare(specs[i], prepared[i]);
@@ -224,7 +234,7 @@ BenchOutcome run_bench(CampaignOptions options) {
   t0 = Clock::now();
   for (const auto& spec : specs) {
     try {
-      const harness::CaseResult result = harness::run_case(spec, options.run_options);
+      const harness::CaseResult result = runner::run_case(spec, options.run_options);
       for (const auto& [name, counts] : result.kernels) {
         outcome.kernel_launches[name][0] += counts[0];
         outcome.kernel_launches[name][1] += counts[1];
@@ -265,8 +275,8 @@ harness::CaseSpec scaling_case(int64_t rows, int64_t features, const std::string
 }  // namespace
 
 std::vector<ScalingRow> run_shape_scaling(const std::string& device, const std::string& dtype, int64_t max_elements,
-                                          const harness::RunOptions& run_options) {
-  harness::disable_tf32();
+                                          const runner::RunOptions& run_options) {
+  oracle::disable_tf32();
   std::vector<ScalingRow> rows;
   for (int64_t n = 100; n <= max_elements; n *= 10) {
     ScalingRow row;
@@ -280,10 +290,10 @@ std::vector<ScalingRow> run_shape_scaling(const std::string& device, const std::
     const harness::CaseSpec spec = scaling_case(row.rows, row.features, device, dtype);
     // Small cases repeat to rise above the clock's noise; each keeps its fastest run.
     row.repeats = n <= 100000 ? 20 : n <= 1000000 ? 3 : 1;
-    harness::run_case(spec, run_options);  // warm-up: allocator, lazy init
+    runner::run_case(spec, run_options);  // warm-up: allocator, lazy init
     for (int r = 0; r < row.repeats; ++r) {
       auto t0 = Clock::now();
-      const harness::CaseResult result = harness::run_case(spec, run_options);
+      const harness::CaseResult result = runner::run_case(spec, run_options);
       synchronize(device == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU));
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
       if (r == 0 || s < row.case_s) row.case_s = s;

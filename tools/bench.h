@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "campaign/campaign.h"
 #include "harness/case_spec.h"
-#include "tools/campaign.h"
 
 namespace gradfuzz::tools {
+
+using campaign::CampaignOptions;
 
 /// Cases of `gradfuzz bench` when --cases is not given.
 inline constexpr int64_t kDefaultBenchCases = 200;
@@ -75,7 +77,7 @@ struct ScalingRow {
   int64_t elements = 0;  // rows * features of the input (every activation has as many)
   int64_t rows = 0;
   int64_t features = 0;
-  /// Seconds per case: harness::run_case (fused, unfused and reference paths, comparison)
+  /// Seconds per case: runner::run_case (fused, unfused and reference paths, comparison)
   /// and the bare fused+reference floor on the same case (the fastest of its repeats).
   double case_s = 0;
   double floor_s = 0;
@@ -86,7 +88,7 @@ struct ScalingRow {
 /// Times the chain at 10^2, 10^3, ... up to `max_elements` input elements in `dtype` on
 /// `device` ("cpu" or "cuda").
 std::vector<ScalingRow> run_shape_scaling(const std::string& device, const std::string& dtype, int64_t max_elements,
-                                          const harness::RunOptions& run_options);
+                                          const runner::RunOptions& run_options);
 
 /// Prints the rows as a table, with the time per element and the harness/floor ratio.
 void print_scaling(const std::vector<ScalingRow>& rows, std::ostream& out);

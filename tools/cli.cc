@@ -17,29 +17,60 @@
 #include <set>
 #include <sstream>
 
+#include "backends/remote_backend.h"
+#include "campaign/campaign.h"
+#include "campaign/environment.h"
+#include "campaign/exit_codes.h"
+#include "campaign/files.h"
+#include "campaign/replay.h"
+#include "campaign/sanitizer.h"
+#include "campaign/selftest.h"
+#include "campaign/worker_pool.h"
 #include "corpus/case_file.h"
 #include "harness/case_spec.h"
+#include "harness/dtype.h"
 #include "harness/limits.h"
-#include "harness/remote_backend.h"
-#include "harness/tolerances.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
+#include "oracle/tolerances.h"
 #include "reports/console_reporter.h"
 #include "reports/json_reporter.h"
 #include "tools/bench.h"
-#include "tools/campaign.h"
-#include "tools/environment.h"
-#include "tools/exit_codes.h"
-#include "tools/files.h"
-#include "tools/replay.h"
 #include "tools/report_tool.h"
-#include "tools/sanitizer.h"
-#include "tools/selftest.h"
-#include "tools/worker_pool.h"
 
 namespace gradfuzz::tools {
+
+using campaign::campaign_gen_options;
+using campaign::CampaignOptions;
+using campaign::CampaignOutcome;
+using campaign::CaseRunner;
+using campaign::cuda_available;
+using campaign::ExitCode;
+using campaign::find_leftover_cases;
+using campaign::InProcessRunner;
+using campaign::InputError;
+using campaign::InternalError;
+using campaign::kDefaultCampaignCases;
+using campaign::kDefaultSelftestCases;
+using campaign::kSelftestCaseTimeoutS;
+using campaign::LeftoverCase;
+using campaign::load_case_paths;
+using campaign::LoadedCase;
+using campaign::make_report_context;
+using campaign::make_temp_dir;
+using campaign::replay_cases;
+using campaign::ReplayOutcome;
+using campaign::resolve_device;
+using campaign::run_campaign;
+using campaign::run_selftest;
+using campaign::run_worker;
+using campaign::sanitizer_tool_from_name;
+using campaign::SanitizerOptions;
+using campaign::SelftestOptions;
+using campaign::WorkerPool;
+using campaign::WorkerPoolOptions;
 
 namespace {
 
@@ -155,9 +186,9 @@ class StopSignals {
   struct sigaction previous_int_ {};
 };
 
-harness::BackendOptions backend_options(const Flags& f) {
-  harness::BackendOptions o;
-  const auto& known = harness::backend_names();
+backends::BackendOptions backend_options(const Flags& f) {
+  backends::BackendOptions o;
+  const auto& known = backends::backend_names();
   if (std::find(known.begin(), known.end(), f.backend) == known.end()) {
     throw InputError("--backend: expected model, te or torch, got '" + f.backend + "'");
   }
@@ -188,14 +219,14 @@ SanitizerOptions sanitizer_options(const Flags& f) {
 }
 
 /// The runner of a campaign: worker processes, or this process with --workers 0.
-std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOptions& run_options) {
-  const harness::BackendOptions backend = backend_options(f);
+std::unique_ptr<CaseRunner> make_runner(const Flags& f, const runner::RunOptions& run_options) {
+  const backends::BackendOptions backend = backend_options(f);
   if (f.workers < 0 || f.workers > 1024) {
     throw InputError("--workers: expected 0 (run in this process) to 1024, got " + std::to_string(f.workers));
   }
   try {
     if (f.workers == 0) {
-      auto runner = std::make_unique<InProcessRunner>(harness::make_backend(backend), run_options);
+      auto runner = std::make_unique<InProcessRunner>(backends::make_backend(backend), run_options);
       runner->capabilities();  // starts a remote backend now: a missing TE is a usage error
       return runner;
     }
@@ -207,7 +238,7 @@ std::unique_ptr<CaseRunner> make_runner(const Flags& f, const harness::RunOption
     pool.case_timeout_s = backend.case_timeout_s;
     pool.run_options = run_options;
     return std::make_unique<WorkerPool>(pool);
-  } catch (const harness::BackendUnavailable& e) {
+  } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
   }
 }
@@ -478,14 +509,14 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
     // The same cases as a campaign on that backend: its capabilities drive the generator.
     // A backend name starts it; a file holds what `gradfuzz list capabilities --json` wrote
     // (so the model can run TE's cases where TE is not installed).
-    const auto& names = harness::backend_names();
+    const auto& names = backends::backend_names();
     if (std::find(names.begin(), names.end(), f.generate_as) != names.end()) {
       Flags other = f;
       other.backend = f.generate_as;
       try {
-        auto backend = harness::make_backend(backend_options(other));
+        auto backend = backends::make_backend(backend_options(other));
         options.generate_as = std::make_shared<const harness::BackendCapabilities>(backend->capabilities());
-      } catch (const harness::BackendUnavailable& e) {
+      } catch (const backends::BackendUnavailable& e) {
         throw InputError(std::string("--generate-as ") + f.generate_as + ": " + e.what());
       }
     } else {
@@ -535,7 +566,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
     flags.backend = *recorded.begin();
   }
   Reporters reporters(f.report, out, /*quiet=*/true, f.ci);
-  harness::RunOptions run_options;
+  runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
   reports::CampaignInfo info;
@@ -596,12 +627,12 @@ int cmd_list(const Flags& f, std::ostream& out) {
     return static_cast<int>(ExitCode::kOk);
   }
   if (f.backend != "model" && f.what != "faults") {
-    std::unique_ptr<harness::Backend> backend;
+    std::unique_ptr<backends::Backend> backend;
     const harness::BackendCapabilities* caps = nullptr;
     try {
-      backend = harness::make_backend(backend_options(f));
+      backend = backends::make_backend(backend_options(f));
       caps = &backend->capabilities();
-    } catch (const harness::BackendUnavailable& e) {
+    } catch (const backends::BackendUnavailable& e) {
       throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
     }
     if (f.what == "capabilities") {
@@ -682,7 +713,7 @@ int cmd_bench(const Flags& f, const CLI::App& sub, std::ostream& out) {
     }
     out << "bench --shapes scaling: MakeExtraOutput, Linear, Bias, GELU, AddExtraInput (all fusions), " << dtype
         << ", device " << device << '\n';
-    print_scaling(run_shape_scaling(device, dtype, max_elements, harness::RunOptions{}), out);
+    print_scaling(run_shape_scaling(device, dtype, max_elements, runner::RunOptions{}), out);
     return static_cast<int>(ExitCode::kOk);
   }
   CampaignOptions options = campaign_options(f, sub);
@@ -732,8 +763,8 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
 }
 
 int cmd_worker(const Flags& f) {
-  harness::BackendOptions backend = backend_options(f);
-  harness::RunOptions run_options;
+  backends::BackendOptions backend = backend_options(f);
+  runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   return run_worker(backend, run_options);
 }
@@ -752,36 +783,37 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
     throw InputError(c.path.string() + ": /repeat_calls: a case with repeat calls cannot be exported (the " + target +
                      " backend does not run them)");
   }
-  harness::PreparedCase prepared;
+  runner::PreparedCase prepared;
   try {
-    prepared = harness::prepare_case(spec);
+    prepared = runner::prepare_case(spec);
   } catch (const std::exception& e) {
     throw InputError(c.path.string() + ": the case cannot be built: " + e.what());
   }
-  harness::ExportRequest request;
+  backends::ExportRequest request;
   request.backend = target;
   request.case_file = c.path.string();
-  if (const auto kind = harness::reference_error_kind(spec)) {
-    request.expect = "error";
-    request.error_kind = *kind;
-  }
+  request.expect = {{"kind", "pass"}};
+  if (const auto kind = runner::reference_error_kind(spec)) request.expect = {{"kind", "error"}, {"error_kind", *kind}};
   const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
-  request.tolerance = harness::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
+  const oracle::Tolerance tolerance =
+      oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
+  nlohmann::json tol{{"atol", tolerance.atol}, {"rtol", tolerance.rtol}};
   if (dtype != at::kDouble) {
-    const harness::RoundingAllowance allowance;
-    request.baseline_factor = allowance.factor;
-    request.baseline_cap = allowance.cap;
+    const oracle::RoundingAllowance allowance;
+    tol["baseline_factor"] = allowance.factor;
+    tol["baseline_cap"] = allowance.cap;
   }
+  request.expect["tolerance"] = std::move(tol);
   // Generating a script is plain code generation: the torch adapter does it for both
   // targets, so a te script can be written where TE does not import.
   Flags adapter = f;
   adapter.backend = "torch";
-  harness::RemoteBackend backend(backend_options(adapter));
+  backends::RemoteBackend backend(backend_options(adapter));
   std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
   std::string script;
   try {
     script = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);
-  } catch (const harness::BackendUnavailable& e) {
+  } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("export: ") + e.what());
   }
   if (f.output.empty() || f.output == "-") {
@@ -789,7 +821,9 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
   } else {
     ReportFile(f.output).write_raw(script);
     out << "wrote " << f.output << " (" << target << ", "
-        << (request.expect == "error" ? "expects " + request.error_kind : "expects a pass") << ")\n";
+        << (request.expect.at("kind") == "error" ? "expects " + request.expect.at("error_kind").get<std::string>()
+                                                 : std::string("expects a pass"))
+        << ")\n";
   }
   return static_cast<int>(ExitCode::kOk);
 }
@@ -887,7 +921,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   } catch (const corpus::CorpusError& e) {
     err << "gradfuzz: error: " << e.what() << '\n';
     return static_cast<int>(ExitCode::kUsage);
-  } catch (const harness::BackendUnavailable& e) {
+  } catch (const backends::BackendUnavailable& e) {
     // A backend that cannot start or whose workers keep dying before they are ready.
     err << "gradfuzz: error: " << e.what() << '\n';
     return static_cast<int>(ExitCode::kUsage);

@@ -11,14 +11,18 @@
 #include <ostream>
 #include <sstream>
 
+#include "campaign/exit_codes.h"
 #include "reports/html_report.h"
 #include "reports/junit_report.h"
 #include "reports/report_diff.h"
 #include "reports/report_document.h"
 #include "reports/report_merge.h"
-#include "tools/exit_codes.h"
 
 namespace gradfuzz::tools {
+
+using campaign::ExitCode;
+using campaign::InputError;
+using campaign::InternalError;
 
 namespace {
 

@@ -12,12 +12,18 @@
 #include <sstream>
 #include <thread>
 
+#include "campaign/files.h"
+#include "campaign/worker_pool.h"
 #include "harness/case_spec.h"
 #include "tools/cli.h"
-#include "tools/files.h"
-#include "tools/worker_pool.h"
 
 namespace gradfuzz::tools {
+
+using campaign::Job;
+using campaign::make_temp_dir;
+using campaign::remove_tree;
+using campaign::WorkerPool;
+using campaign::WorkerPoolOptions;
 namespace {
 
 using ::testing::HasSubstr;

@@ -1,4 +1,4 @@
-#include "tools/campaign.h"
+#include "campaign/campaign.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,12 +8,13 @@
 #include <sstream>
 #include <string>
 
+#include "campaign/environment.h"
+#include "campaign/exit_codes.h"
+#include "campaign/files.h"
 #include "corpus/case_file.h"
-#include "tools/environment.h"
-#include "tools/exit_codes.h"
-#include "tools/files.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
+
 namespace {
 
 /// A fresh directory under the system temp dir, removed at the end of the test.
@@ -219,4 +220,4 @@ TEST(Campaign, FaultFindingIsShrunkSavedWithItsFaultAndDeduplicated) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,4 +1,4 @@
-#include "tools/files.h"
+#include "campaign/files.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 #include <sstream>
 #include <string>
 
+#include "campaign/campaign.h"
 #include "corpus/case_file.h"
-#include "tools/campaign.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 namespace {
 
 std::string read_all(const std::filesystem::path& path) {
@@ -103,4 +103,4 @@ TEST(FindLeftoverCases, MovesAnUnreadableLeftoverAsideAndSaysWhy) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,6 +1,6 @@
 // The compute-sanitizer wrapper, tested without a GPU: the command line a sanitized worker
-// gets and the parsing of sanitizer logs (tests/tools/data/*.log).
-#include "tools/sanitizer.h"
+// gets and the parsing of sanitizer logs (tests/campaign/data/*.log).
+#include "campaign/sanitizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,7 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
+
 namespace {
 
 using ::testing::ElementsAre;
@@ -17,7 +18,7 @@ using ::testing::HasSubstr;
 
 std::string read_data(const std::string& name) {
   const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
-  std::ifstream in(std::string(root ? root : ".") + "/tests/tools/data/" + name);
+  std::ifstream in(std::string(root ? root : ".") + "/tests/campaign/data/" + name);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
@@ -103,4 +104,4 @@ TEST(Sanitizer, ReadsRacecheckHazardsAndSkipsItsSummary) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

@@ -1,7 +1,7 @@
 // Worker processes: a worker that dies or hangs costs its case a crash or timeout verdict,
 // never the campaign. These tests start real `gradfuzz worker` processes
 // (GRADFUZZ_EXECUTABLE, set by ctest) and provoke the process-level faults in them.
-#include "tools/worker_pool.h"
+#include "campaign/worker_pool.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,12 +10,12 @@
 #include <chrono>
 #include <thread>
 
+#include "campaign/campaign.h"
+#include "campaign/files.h"
 #include "corpus/case_file.h"
 #include "harness/case_spec.h"
-#include "tools/campaign.h"
-#include "tools/files.h"
 
-namespace gradfuzz::tools {
+namespace gradfuzz::campaign {
 namespace {
 
 using harness::CaseSpec;
@@ -123,4 +123,4 @@ TEST(WorkerPool, ACampaignOnWorkersSurvivesAbortingCasesAndSavesThemUnderCrashin
 }
 
 }  // namespace
-}  // namespace gradfuzz::tools
+}  // namespace gradfuzz::campaign

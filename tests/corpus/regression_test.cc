@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "corpus/case_file.h"
-#include "harness/runner.h"
 #include "ops/faults.h"
+#include "runner/run_case.h"
 
 namespace gradfuzz::corpus {
 namespace {
@@ -32,11 +32,11 @@ TEST_P(RegressionCorpus, ReplaysToItsRecordedVerdict) {
   {
     std::optional<ops::FaultScope> fault;
     if (file.verdict.fault) fault.emplace(ops::fault_from_name(*file.verdict.fault));
-    with_fault = harness::run_case(file.spec);
+    with_fault = runner::run_case(file.spec);
   }
   EXPECT_EQ(with_fault.verdict, file.verdict.kind) << with_fault;
   if (file.verdict.fault) {
-    const harness::CaseResult without = harness::run_case(file.spec);
+    const harness::CaseResult without = runner::run_case(file.spec);
     EXPECT_TRUE(without.passed()) << "fails with every fault off: " << without;
   }
 }

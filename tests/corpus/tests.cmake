@@ -5,5 +5,5 @@ gradfuzz_add_test(corpus_test
 # One ctest test per regression case file, listed when ctest runs.
 gradfuzz_add_test(regression_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/regression_test.cc
-  LIBS gradfuzz::corpus
+  LIBS gradfuzz::corpus gradfuzz::runner
   DISCOVERY_MODE PRE_TEST)

@@ -12,9 +12,9 @@
 
 #include "generators/coverage.h"
 #include "generators/validate.h"
-#include "harness/runner.h"
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
+#include "runner/run_case.h"
 
 namespace gradfuzz::generators {
 namespace {
@@ -113,11 +113,11 @@ TEST(CaseGen, ReachesEveryOpFusionAndFeature) {
 
 // Valid by construction also means the runtime accepts every case: no path raises.
 TEST(CaseGen, GeneratedCasesRunWithoutErrors) {
-  harness::RunOptions options;
+  runner::RunOptions options;
   options.finite_differences = false;
   for (uint64_t seed = 0; seed < 40; ++seed) {
     const CaseSpec spec = generate_case(seed, 100);
-    const auto result = harness::run_case(spec, options);
+    const auto result = runner::run_case(spec, options);
     EXPECT_NE(result.verdict, harness::VerdictKind::kUnexpectedError)
         << "seed " << seed << ": " << result.error_detail << "\n"
         << spec;

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "generators/validate.h"
-#include "harness/runner.h"
+#include "runner/run_case.h"
 
 namespace gradfuzz::generators {
 namespace {
@@ -40,11 +40,11 @@ TEST(InvalidGen, IsDeterministicForASeed) {
 // Through the runtime: every path raises the promised kind and no failed construction
 // leaves an op locked (run_case turns either problem into unexpected_error).
 TEST(InvalidGen, EveryPathRaisesThePromisedKind) {
-  harness::RunOptions options;
+  runner::RunOptions options;
   options.finite_differences = false;
   for (uint64_t seed = 0; seed < 48; ++seed) {
     const auto c = generate_invalid_case(seed, 100);
-    const auto result = harness::run_case(c.spec, options);
+    const auto result = runner::run_case(c.spec, options);
     EXPECT_TRUE(result.passed()) << "seed " << seed << " (" << c.description << "): " << result.error_detail;
     EXPECT_THAT(result.error_detail, HasSubstr(c.expected_kind)) << "seed " << seed << " (" << c.description << ")";
   }

@@ -7,4 +7,4 @@ gradfuzz_add_test(generators_test
     ${CMAKE_CURRENT_LIST_DIR}/invalid_gen_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/shrink_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/validate_test.cc
-  LIBS gradfuzz::generators rapidcheck_gtest)
+  LIBS gradfuzz::generators gradfuzz::runner rapidcheck_gtest)

@@ -1,18 +1,27 @@
-#include "harness/finite_difference.h"
+#include "oracle/finite_difference.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "harness/runner.h"
 #include "ops/reference.h"
+#include "runner/run_case.h"
 #include "tests/harness/test_specs.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
+
+using harness::build_case;
+using harness::BuildOptions;
+using harness::CaseSpec;
+using harness::PathRun;
+using harness::TensorMismatch;
+using harness::to_path;
+using runner::prepare_case;
+using runner::PreparedCase;
 namespace {
 
+using harness::testing::op;
 using ::testing::HasSubstr;
-using testing::op;
 
 /// The float64 reference of `spec` (as the runner computes it) and what the finite-difference
 /// check says of it, with the reference's input gradient scaled by `scale` first.
@@ -83,4 +92,4 @@ TEST(FiniteDifferences, AWrongGradientDisagreesAtEveryStep) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

@@ -1,4 +1,4 @@
-#include "harness/oracle.h"
+#include "oracle/oracle.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -7,9 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "harness/tolerances.h"
+#include "oracle/tolerances.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::oracle {
+
+using harness::PathRun;
+using harness::TensorMismatch;
+using harness::VerdictKind;
 namespace {
 
 at::Tensor doubles(std::vector<double> values, std::vector<int64_t> shape) {
@@ -121,4 +125,4 @@ TEST(RoundingErrors, ANonFiniteBaselineGrantsNoAllowance) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

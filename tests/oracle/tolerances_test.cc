@@ -1,8 +1,12 @@
-#include "harness/tolerances.h"
+#include "oracle/tolerances.h"
 
 #include <gtest/gtest.h>
 
-namespace gradfuzz::harness {
+#include "harness/dtype.h"
+
+namespace gradfuzz::oracle {
+
+using harness::scalar_type_from_name;
 namespace {
 
 TEST(Tolerances, BaseTableIsAssertCloseDefaults) {
@@ -56,4 +60,4 @@ TEST(Tolerances, EffectiveAtolAddsRtolTimesRms) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::oracle

@@ -1,22 +1,38 @@
-#include "harness/runner.h"
+#include "runner/run_case.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "harness/model_backend.h"
+#include "backends/model_backend.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
 #include "tests/harness/test_specs.h"
 
-namespace gradfuzz::harness {
+namespace gradfuzz::runner {
+
+using backends::Backend;
+using backends::ModelBackend;
+using harness::BackendCapabilities;
+using harness::CasePlan;
+using harness::CaseResult;
+using harness::CaseSpec;
+using harness::CaseTensors;
+using harness::kBoundaryOp;
+using harness::model_capabilities;
+using harness::OpSpec;
+using harness::OutputBindingSpec;
+using harness::PathRequest;
+using harness::PathRun;
+using harness::TensorMismatch;
+using harness::VerdictKind;
 namespace {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
 
-using testing::op;
+using harness::testing::op;
 
 OutputBindingSpec hidden(std::string channel) { return {std::move(channel), false}; }
 
@@ -347,4 +363,4 @@ TEST(RunCase, ParametersAndInputsWithoutGradStillCompare) {
 }
 
 }  // namespace
-}  // namespace gradfuzz::harness
+}  // namespace gradfuzz::runner

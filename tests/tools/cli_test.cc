@@ -10,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "campaign/files.h"
 #include "corpus/case_file.h"
 #include "ops/faults.h"
-#include "tools/files.h"
 
 namespace gradfuzz::tools {
+
+using campaign::make_temp_dir;
+using campaign::remove_tree;
 namespace {
 
 using ::testing::HasSubstr;

@@ -15,11 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "campaign/exit_codes.h"
+#include "campaign/files.h"
 #include "tools/cli.h"
-#include "tools/exit_codes.h"
-#include "tools/files.h"
 
 namespace gradfuzz::tools {
+
+using campaign::InputError;
+using campaign::make_temp_dir;
+using campaign::regular_files;
+using campaign::remove_tree;
 namespace {
 
 using ::testing::HasSubstr;

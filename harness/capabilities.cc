@@ -1,0 +1,128 @@
+#include "harness/capabilities.h"
+
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace gradfuzz::harness {
+
+namespace {
+
+using nlohmann::json;
+
+const char* style_name(ops::OutputStyle style) {
+  return style == ops::OutputStyle::kGenerator ? "generator" : "vector";
+}
+
+ops::OutputStyle style_from(const std::string& name) {
+  if (name == "vector") return ops::OutputStyle::kVector;
+  if (name == "generator") return ops::OutputStyle::kGenerator;
+  throw std::invalid_argument("unknown output style '" + name + "'; known: vector, generator");
+}
+
+ops::FusionPass pass_from(const std::string& name) {
+  for (ops::FusionPass pass : {ops::FusionPass::kJoint, ops::FusionPass::kForward, ops::FusionPass::kBackward}) {
+    if (name == ops::fusion_pass_name(pass)) return pass;
+  }
+  throw std::invalid_argument("unknown fusion pass '" + name + "'; known: joint, forward, backward");
+}
+
+}  // namespace
+
+const OpCapability* BackendCapabilities::op(const std::string& name) const {
+  auto it = std::find_if(ops.begin(), ops.end(), [&](const OpCapability& o) { return o.name == name; });
+  return it == ops.end() ? nullptr : &*it;
+}
+
+bool BackendCapabilities::has_deviation(const std::string& name) const {
+  return std::find(deviations.begin(), deviations.end(), name) != deviations.end();
+}
+
+std::vector<std::string> BackendCapabilities::op_names() const {
+  std::vector<std::string> out;
+  for (const auto& o : ops) out.push_back(o.name);
+  return out;
+}
+
+std::vector<std::string> BackendCapabilities::fusion_names() const {
+  std::vector<std::string> out;
+  for (const auto& f : fusions) out.push_back(f.name);
+  return out;
+}
+
+void to_json(json& j, const BackendCapabilities& caps) {
+  json ops_json = json::object();
+  for (const auto& o : caps.ops) {
+    json styles = json::array();
+    for (auto s : o.output_styles) styles.push_back(style_name(s));
+    ops_json[o.name] = {{"implementation", o.implementation}, {"options", o.options}, {"output_styles", styles}};
+  }
+  json fusions = json::array();
+  for (const auto& f : caps.fusions) {
+    fusions.push_back(
+        {{"name", f.name}, {"pass", ops::fusion_pass_name(f.pass)}, {"implementation", f.implementation}});
+  }
+  j = json{{"backend", caps.backend},   {"devices", caps.devices},
+           {"dtypes", caps.dtypes},     {"ops", ops_json},
+           {"fusions", fusions},        {"deviations", caps.deviations},
+           {"versions", caps.versions}, {"device_name", caps.device_name}};
+  if (caps.repeat_calls) j["repeat_calls"] = true;
+}
+
+void from_json(const json& j, BackendCapabilities& caps) {
+  caps = BackendCapabilities{};
+  if (j.contains("backend")) caps.backend = j["backend"].get<std::string>();
+  caps.devices = j.at("devices").get<std::vector<std::string>>();
+  caps.dtypes = j.at("dtypes").get<std::vector<std::string>>();
+  for (const auto& [name, o] : j.at("ops").items()) {
+    OpCapability op;
+    op.name = name;
+    op.implementation = o.value("implementation", "");
+    if (o.contains("options")) {
+      for (const auto& [attr, values] : o["options"].items()) op.options[attr] = values.get<std::vector<double>>();
+    }
+    if (o.contains("output_styles")) {
+      op.output_styles.clear();
+      for (const auto& s : o["output_styles"]) op.output_styles.push_back(style_from(s.get<std::string>()));
+    }
+    caps.ops.push_back(std::move(op));
+  }
+  for (const auto& f : j.at("fusions")) {
+    caps.fusions.push_back(
+        {f.at("name").get<std::string>(), pass_from(f.at("pass").get<std::string>()), f.value("implementation", "")});
+  }
+  if (j.contains("deviations")) caps.deviations = j["deviations"].get<std::vector<std::string>>();
+  if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
+  if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
+  caps.repeat_calls = j.value("repeat_calls", false);
+}
+
+BackendCapabilities model_capabilities() {
+  BackendCapabilities caps;
+  caps.backend = "model";
+  caps.devices = {"cpu"};
+  if (at::hasCUDA()) caps.devices.push_back("cuda");
+  caps.dtypes = {"float64", "float32", "bfloat16", "float16"};
+  caps.repeat_calls = true;
+  const auto& registry = ops::OpRegistry::catalog();
+  for (const auto& name : registry.names()) {
+    OpCapability op;
+    op.name = name;
+    op.implementation = "gradfuzz::ops (" + registry.info(name).summary + ")";
+    op.output_styles = {ops::OutputStyle::kVector, ops::OutputStyle::kGenerator};
+    caps.ops.push_back(std::move(op));
+  }
+  for (const auto& entry : ops::FusionRegistry::catalog().entries()) {
+    caps.fusions.push_back({entry.name, entry.pass, "gradfuzz::ops fused op"});
+  }
+  return caps;
+}
+
+const std::vector<std::string>& backend_names() {
+  static const std::vector<std::string> names{"model", "te", "torch"};
+  return names;
+}
+
+}  // namespace gradfuzz::harness

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "ops/fusion_registry.h"
+#include "ops/op_registry.h"
+
+namespace gradfuzz::harness {
+
+/// One catalog op as a backend builds it.
+struct OpCapability {
+  std::string name;
+  /// What runs it ("ops::Linear", "te.ops.BasicLinear", "adapter custom op").
+  std::string implementation;
+  /// Attr -> values the generator draws from for this backend (a catalog attr with the
+  /// values the backend supports, or a backend-only option the model accepts and ignores).
+  std::map<std::string, std::vector<double>> options;
+  /// Output styles the op can be built with (kVector always).
+  std::vector<ops::OutputStyle> output_styles{ops::OutputStyle::kVector};
+};
+
+/// One fusion registration a backend has.
+struct FusionCapability {
+  std::string name;
+  ops::FusionPass pass = ops::FusionPass::kForward;
+  std::string implementation;
+};
+
+/// What a backend can run (docs/BACKENDS.md "hello"): the generator draws only from it.
+struct BackendCapabilities {
+  std::string backend = "model";
+  std::vector<std::string> devices;
+  std::vector<std::string> dtypes;
+  std::vector<OpCapability> ops;
+  std::vector<FusionCapability> fusions;
+  /// Documented behaviours that differ from runtime.md ("surplus_extra_inputs_ignored",
+  /// "lazy_fuser_construction").
+  std::vector<std::string> deviations;
+  /// "python", "torch", "transformer_engine" versions (remote backends).
+  std::map<std::string, std::string> versions;
+  std::string device_name;
+  /// Whether the backend runs a case's repeat_calls (further calls of the same Sequential
+  /// with their plans); the generator draws them only then.
+  bool repeat_calls = false;
+
+  const OpCapability* op(const std::string& name) const;
+  bool has_deviation(const std::string& name) const;
+  std::vector<std::string> op_names() const;
+  std::vector<std::string> fusion_names() const;
+};
+
+void to_json(nlohmann::json& j, const BackendCapabilities& caps);
+/// Throws std::invalid_argument (or nlohmann errors) naming the bad field.
+void from_json(const nlohmann::json& j, BackendCapabilities& caps);
+
+/// Capabilities of the model backend: every catalog op with both output styles, every
+/// catalog fusion, every dtype, cpu (and cuda when this process has it).
+BackendCapabilities model_capabilities();
+
+/// The backends gradfuzz can test: "model", "te", "torch".
+const std::vector<std::string>& backend_names();
+
+}  // namespace gradfuzz::harness
