@@ -75,17 +75,10 @@ class Server:
             return {"ok": True, "paths": paths}, out.tensors
         if op == "export":
             from .case import decode_case
-            from .exporter import export_script
+            from .exporter import export_reply
 
             case = decode_case(header, tensors)
-            script = export_script(
-                case,
-                backend=header.get("backend", self.backend_name),
-                paths=header.get("paths") or [],
-                expect=header.get("expect") or {"kind": "pass"},
-                case_file=header.get("case_file", ""),
-            )
-            return {"ok": True, "script": script}, []
+            return export_reply(case, header, self.backend_name), []
         return {
             "ok": False,
             "error": f"unknown request op {op!r}; known: hello, run, export, quit",

@@ -5,7 +5,7 @@ of gradfuzz: it embeds the source of what it needs (the catalog functions and th
 reference, the comparison helpers, and for te the adapter's custom ops, FusedResidual and
 parameter helpers; for torch the torch backend's runtime). The case is built as a user
 writes it: explicit constructor calls, parameter copies, the standalone calls, bindings and
-the Sequential, with the drawn values inlined (base64 of their float64/int64 bytes). One
+the Sequential, with the drawn values inlined (script_values.py). One
 test per path (pytest.mark.parametrize over the paths' fusion lists) compares every output
 and gradient with the float64 reference under the request's tolerance, or, when the case
 expects an error, asserts that building and running it raises that error.
@@ -14,14 +14,13 @@ Generating a te script does not import TE: te_backend.py imports it only in TEBa
 """
 
 import ast
-import base64
 import inspect
 import pprint
 import textwrap
 
 from . import catalog, errors, reference, script_support, torch_runtime
 from . import te as te_backend
-from .protocol import DTYPE_NAMES, tensor_bytes
+from .script_values import ScriptValues
 
 # te_backend's functions the te scripts embed (module level, TE-free: they take op objects).
 TE_HELPERS = (
@@ -93,22 +92,6 @@ def _factory_body(module, factory):
     first = min([body[0].lineno] + [d.lineno for d in getattr(body[0], "decorator_list", [])])
     text = "\n".join(lines[first - 1 : body[-1].end_lineno])
     return textwrap.dedent(text).strip() + "\n"
-
-
-def _tensor_literal(t):
-    """Source of a CPU tensor from its inlined bytes (float64 or int64)."""
-    if t is None:
-        return "None"
-    t = t.detach().cpu()
-    dtype = DTYPE_NAMES[t.dtype]
-    data = base64.b64encode(tensor_bytes(t)).decode("ascii")
-    return f'b64_tensor("{data}", "{dtype}", {list(t.shape)})'
-
-
-def _tensors_literal(ts, indent="    "):
-    if not ts:
-        return "[]"
-    return "[\n" + "".join(f"{indent}{_tensor_literal(t)},\n" for t in ts) + "]"
 
 
 def _section(title):
@@ -310,8 +293,30 @@ def _late_binds(case):
     return out
 
 
-def export_script(case, *, backend, paths, expect, case_file=""):
-    """The pytest file for `case` on `backend` ("te" or "torch")."""
+def export_reply(case, request, default_backend):
+    """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"}; writes
+    the request's `data_file` when values do not fit the script (script_values.py)."""
+    data_file = request.get("data_file") or None
+    values = ScriptValues(case, data_file=data_file)
+    script = export_script(
+        case,
+        backend=request.get("backend", default_backend),
+        paths=request.get("paths") or [],
+        expect=request.get("expect") or {"kind": "pass"},
+        case_file=request.get("case_file", ""),
+        values=values,
+    )
+    values.save()
+    reply = {"ok": True, "script": script, "notes": values.notes}
+    if values.data:
+        reply["data_file"] = data_file
+    return reply
+
+
+def export_script(case, *, backend, paths, expect, case_file="", values=None):
+    """The pytest file for `case` on `backend` ("te" or "torch"). `values`: how the case's
+    tensors are spelled (a ScriptValues; by default all in the script)."""
+    values = values or ScriptValues(case)
     if backend not in ("te", "torch"):
         raise ValueError(f"export writes te or torch scripts, got '{backend}'")
     tolerance = dict((expect or {}).get("tolerance") or {})
@@ -350,7 +355,9 @@ def export_script(case, *, backend, paths, expect, case_file=""):
         "import base64  # noqa: E402",
         "import contextlib  # noqa: E402",
         "import math  # noqa: E402",
+        "import os  # noqa: E402",
         "import types  # noqa: E402",
+        "import zlib  # noqa: E402",
         "",
         "import pytest  # noqa: E402",
         "import torch  # noqa: E402",
@@ -385,29 +392,33 @@ def export_script(case, *, backend, paths, expect, case_file=""):
         parts.append(_module_body(torch_runtime))
 
     device = "cuda" if backend == "te" else case.device
-    values = [
+    one = values.expr
+
+    def many(ts, indent="    "):
+        if not ts:
+            return "[]"
+        return "[\n" + "".join(f"{indent}{one(t)},\n" for t in ts) + "]"
+
+    lines = values.prelude() + [
         f"DTYPE = torch.{str(case.dtype).replace('torch.', '')}",
         f'DEVICE = torch.device("{device}")',
-        f"INPUT = {_tensor_literal(case.input)}",
+        f"INPUT = {one(case.input)}",
         f"INPUT_REQUIRES_GRAD = {case.input_requires_grad}",
-        "PARAMS = [\n"
-        + "".join(f"    {_tensors_literal(op.params, ' ' * 8)},\n" for op in case.ops)
-        + "]",
+        "PARAMS = [\n" + "".join(f"    {many(op.params, ' ' * 8)},\n" for op in case.ops) + "]",
         f"PARAM_REQUIRES_GRAD = {[op.param_requires_grad for op in case.ops]!r}",
-        f"EXTRA_INPUTS = {_tensors_literal(case.extra_inputs)}",
+        f"EXTRA_INPUTS = {many(case.extra_inputs)}",
         f"EXTRA_INPUT_REQUIRES_GRAD = {case.extra_input_requires_grad!r}",
-        f"COTANGENTS = {_tensors_literal(case.cotangents)}",
+        f"COTANGENTS = {many(case.cotangents)}",
         "CALL_INPUTS = [\n"
-        + "".join(
-            f"    ({_tensor_literal(x)}, {_tensors_literal(es, ' ' * 8)}),\n"
-            for x, es in case.call_inputs
-        )
+        + "".join(f"    ({one(x)}, {many(es, ' ' * 8)}),\n" for x, es in case.call_inputs)
         + "]",
         f"OPS = {_reference_ops_literal(case)}",
         f"TOLERANCE = {tolerance!r}",
     ]
-    parts.append(_section("The case's values: float64/int64 bytes, rounded to the case dtype"))
-    parts.append("\n".join(values) + "\n")
+    parts.append(_section("The case's values, rounded to the case dtype (script_values.py)"))
+    if values.notes:
+        parts.append("".join(f"# NOTE: {note}\n" for note in values.notes))
+    parts.append("\n".join(lines) + "\n")
 
     parts.append(_section("The case, built as a user writes it"))
     parts.append(_build_te(case) if backend == "te" else _build_torch(case))

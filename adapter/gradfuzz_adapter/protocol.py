@@ -22,9 +22,14 @@ DTYPES = {
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
-# Same limits as harness/wire.h: a header or payload beyond them is a broken peer.
-MAX_HEADER_BYTES = 1 << 30
-MAX_PAYLOAD_BYTES = 1 << 36
+# The C++ side's limits (wire.h: kMaxHeaderBytes, kMaxPayloadBytes): a header or payload
+# beyond them is a broken peer there, so this side never writes one (write_frame raises
+# before a byte goes out) and refuses to read one.
+MAX_HEADER_BYTES = 64 << 20
+MAX_PAYLOAD_BYTES = 16 << 30
+# Frames up to this size go out in one write (one syscall, no partial frame in the pipe
+# between two writes); larger payloads are written tensor by tensor, without a joined copy.
+ONE_WRITE_BYTES = 1 << 20
 
 
 class ProtocolError(Exception):
@@ -52,8 +57,13 @@ def read_frame(stream):
     if prefix is None:
         return None
     (length,) = struct.unpack("<Q", prefix)
-    if length == 0 or length > MAX_HEADER_BYTES:
-        raise ProtocolError(f"bad frame header length {length}")
+    if length == 0:
+        raise ProtocolError("bad frame header length 0")
+    if length > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            f"bad frame header length: frame header of {length} bytes is over the limit of "
+            f"{MAX_HEADER_BYTES} bytes"
+        )
     text = _read_exact(stream, length)
     if text is None:
         raise ProtocolError("stream ended inside a frame header")
@@ -119,8 +129,10 @@ def tensor_bytes(t):
     return ctypes.string_at(t.data_ptr(), nbytes)
 
 
-def write_frame(stream, header, tensors=()):
-    """Writes one frame; `tensors` are sent with their own dtype (one of DTYPES)."""
+def encode_frame(header, tensors=()):
+    """The frame's pieces [prefix + header, tensor bytes...]; raises ProtocolError (before
+    anything is written) for what the peer would refuse: a None or unsupported tensor, a
+    header over MAX_HEADER_BYTES, a payload over MAX_PAYLOAD_BYTES."""
     header = dict(header)
     blobs = []
     if tensors:
@@ -134,9 +146,28 @@ def write_frame(stream, header, tensors=()):
             blobs.append(tensor_bytes(t))
         header["tensors"] = descriptors
     text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    stream.write(struct.pack("<Q", len(text)) + text)
-    for blob in blobs:
-        stream.write(blob)
+    if len(text) > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            f"frame header of {len(text)} bytes is over the limit of {MAX_HEADER_BYTES} "
+            "bytes (wire.h kMaxHeaderBytes); large data travels as tensors, not in the header"
+        )
+    payload = sum(len(b) for b in blobs)
+    if payload > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(
+            f"frame payload of {payload} bytes is over the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )
+    return [struct.pack("<Q", len(text)) + text, *blobs]
+
+
+def write_frame(stream, header, tensors=()):
+    """Writes one frame; `tensors` are sent with their own dtype (one of DTYPES). Nothing is
+    written when the frame cannot be encoded (encode_frame's ProtocolError)."""
+    pieces = encode_frame(header, tensors)
+    if sum(len(p) for p in pieces) <= ONE_WRITE_BYTES:
+        stream.write(b"".join(pieces))
+    else:
+        for piece in pieces:
+            stream.write(piece)
     stream.flush()
 
 

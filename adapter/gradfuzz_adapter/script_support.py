@@ -14,6 +14,8 @@ missing gradient; one returned where none is expected must be zero. Imports only
 
 import base64
 import math
+import os
+import zlib
 
 import torch
 
@@ -34,6 +36,37 @@ def b64_tensor(text, dtype, shape):
     if not raw:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(raw, dtype=dtype).reshape(shape).clone()
+
+
+def unpack(text, dtype, shape):
+    """A float64 (or int64) CPU tensor from base64 of zlib of its bytes in `dtype`
+    (script_values.ScriptValues: the case dtype, which holds the values exactly)."""
+    raw = bytearray(zlib.decompress(base64.b64decode(text)))
+    dtype = SCRIPT_DTYPES[dtype]
+    if not raw:
+        return torch.empty(shape, dtype=torch.float64 if dtype.is_floating_point else dtype)
+    t = torch.frombuffer(raw, dtype=dtype).reshape(shape)
+    return t.to(torch.float64) if t.is_floating_point() else t.clone()
+
+
+def seeded(shape, dtype, *, seed, role, fan_in=0):
+    """Values drawn as gradfuzz draws them (harness/builder.cc), rounded to `dtype`:
+    role "input" N(0, 1) pushed 0.1 away from zero, "normal" N(0, 1), "weight"
+    N(0, 1) / sqrt(fan_in), "vector" as "input"."""
+    z = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    if role == "weight":
+        values = z / math.sqrt(max(fan_in, 1))
+    elif role == "normal":
+        values = z
+    else:
+        values = torch.sign(z) * (0.1 + z.abs()) + (z == 0) * 0.1
+    return values.to(SCRIPT_DTYPES[dtype]).to(torch.float64)
+
+
+def load_values(file_name):
+    """{key: float64 tensor} from the data file gradfuzz export wrote beside the script."""
+    folder = os.path.dirname(os.path.abspath(__file__))
+    return torch.load(os.path.join(folder, file_name), weights_only=True)
 
 
 def mismatch(expected, got, tolerance, baseline=None, gradient=True):

@@ -296,3 +296,36 @@ def test_te_scripts_run_on_tes_python_code(tmp_path):
     assert "object of type 'generator' has no len()" in output
     assert set(outcomes["test_finding3.py"].values()) == {"FAILED"}, output
     assert "Cannot change extra tensor channels" in output
+
+
+def test_values_over_the_budget_go_to_a_data_file_or_a_seed(tmp_path, monkeypatch):
+    from gradfuzz_adapter import script_values
+
+    monkeypatch.setattr(script_values, "INLINE_BUDGET", 600)  # fits the small values only
+    case_spec = spec(RESIDUAL, shape=(16, 8), dtype="float32", seed=3)
+    data_file = str(tmp_path / "test_file.values.pt")
+    header, tensors = make_request(
+        case_spec,
+        op="export",
+        backend="torch",
+        expect={"kind": "pass", "tolerance": TOLERANCE},
+        data_file=data_file,
+    )
+    reply, _ = Server("torch").handle(header, tensors)
+    assert reply["ok"] and reply["notes"] == [] and reply["data_file"] == data_file
+    in_file = reply["script"]
+    assert "VALUES = load_values('test_file.values.pt')" in in_file
+    assert "VALUES['input']" in in_file
+    del header["data_file"]
+    reply, _ = Server("torch").handle(header, tensors)
+    seeded = reply["script"]
+    assert "input" in reply["notes"][0] and "seeded([16, 8], 'float32', seed=" in seeded
+    scripts = {
+        "test_file.py": in_file,
+        "test_file_broken.py": in_file.replace(*BROKEN_VALUE),
+        "test_seeded.py": seeded,
+    }
+    outcomes, output = run_pytest(tmp_path, scripts)
+    assert set(outcomes["test_file.py"].values()) == {"PASSED"}, output
+    assert set(outcomes["test_file_broken.py"].values()) == {"FAILED"}, output
+    assert set(outcomes["test_seeded.py"].values()) == {"PASSED"}, output

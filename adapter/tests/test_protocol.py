@@ -1,10 +1,19 @@
 import io
+import os
+import re
 import struct
 
 import pytest
 import torch
 
-from gradfuzz_adapter.protocol import ProtocolError, TensorList, read_frame, write_frame
+from gradfuzz_adapter.protocol import (
+    MAX_HEADER_BYTES,
+    MAX_PAYLOAD_BYTES,
+    ProtocolError,
+    TensorList,
+    read_frame,
+    write_frame,
+)
 
 
 def round_trip(header, tensors):
@@ -90,3 +99,43 @@ def test_truncated_and_malformed_frames_are_protocol_errors():
     bad = b'{"tensors":[{"dtype":"int8","shape":[1]}]}'
     with pytest.raises(ProtocolError):
         read_frame(io.BytesIO(struct.pack("<Q", len(bad)) + bad + b"\0"))
+
+
+def test_a_header_over_the_peers_limit_is_refused_before_a_byte_is_written():
+    buffer = io.BytesIO()
+    with pytest.raises(ProtocolError, match="over the limit of 67108864 bytes"):
+        write_frame(buffer, {"ok": True, "script": "x" * MAX_HEADER_BYTES})
+    assert buffer.getvalue() == b""  # the stream stays in step: the server answers instead
+    with pytest.raises(ProtocolError, match="frame header of 67108865 bytes"):
+        read_frame(io.BytesIO(struct.pack("<Q", MAX_HEADER_BYTES + 1)))
+
+
+def test_the_limits_are_the_cpp_sides(repo):
+    # wire.h (harness/ before the C++ side's move to backends/) states the reader's limits.
+    found = [
+        os.path.join(repo, folder, "wire.h")
+        for folder in ("backends", "harness")
+        if os.path.isfile(os.path.join(repo, folder, "wire.h"))
+    ]
+    assert found, "wire.h not found"
+    text = open(found[0]).read()
+    header = re.search(r"kMaxHeaderBytes = (\d+)ull << (\d+);", text)
+    payload = re.search(r"kMaxPayloadBytes = (\d+)ull << (\d+);", text)
+    assert int(header[1]) << int(header[2]) == MAX_HEADER_BYTES
+    assert int(payload[1]) << int(payload[2]) == MAX_PAYLOAD_BYTES
+
+
+def test_a_small_frame_goes_out_in_one_write():
+    class Recorder(io.BytesIO):
+        writes = 0
+
+        def write(self, data):
+            self.writes += 1
+            return super().write(data)
+
+    stream = Recorder()
+    write_frame(stream, {"op": "x"}, [torch.ones(3), torch.zeros(2, dtype=torch.int64)])
+    assert stream.writes == 1
+    stream.seek(0)
+    header, tensors = read_frame(stream)
+    assert torch.equal(tensors[0], torch.ones(3))

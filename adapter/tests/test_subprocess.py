@@ -1,7 +1,9 @@
 """The adapter as the C++ worker runs it: python3 -m gradfuzz_adapter --backend torch, framed
 requests on its stdin, replies on its stdout."""
 
+import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -85,3 +87,40 @@ def test_a_bad_request_is_answered_and_the_adapter_goes_on(adapter):
 def test_end_of_input_exits_cleanly(adapter):
     adapter.stdin.close()
     assert adapter.wait(timeout=30) == 0
+
+
+def test_a_large_case_exports_within_the_frame_limit(adapter, tmp_path):
+    # Issue 15: exports of large cases ended in "bad frame header length 375092705": the
+    # script inlined every value, and the reply header went past the C++ reader's 64 MiB.
+    case_spec = spec(
+        [
+            {
+                "name": "MakeExtraOutput",
+                "output_bindings": [{"channel": "r", "output_to_caller": False}],
+            },
+            {"name": "Boundary"},
+            {"name": "AddExtraInput", "input_channels": ["r"]},
+        ],
+        shape=(2048, 2048),
+        dtype="float32",
+    )
+    data_file = str(tmp_path / "test_large.values.pt")
+    for extra in ({}, {"data_file": data_file}):
+        request, tensors = make_request(
+            case_spec, op="export", backend="te", expect={"kind": "error"}, **extra
+        )
+        write_frame(adapter.stdin, request, tensors)
+        prefix = adapter.stdout.read(8)
+        length = struct.unpack("<Q", prefix)[0]
+        assert length <= 64 << 20  # wire.h: kMaxHeaderBytes, the C++ reader's limit
+        reply = json.loads(adapter.stdout.read(length))
+        assert reply["ok"] and len(reply["script"]) < 1 << 20
+        if extra:
+            assert reply["notes"] == [] and reply["data_file"] == data_file
+            values = torch.load(data_file, weights_only=True)
+            assert set(values) == {"input", "cotangent[0]"}
+            assert values["input"].shape == (2048, 2048)
+        else:
+            assert "draws them from a seed" in reply["notes"][0]
+    header, _ = ask(adapter, {"op": "hello"})  # the stream is still in step
+    assert header["ok"]
