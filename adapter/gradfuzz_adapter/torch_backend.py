@@ -3,6 +3,9 @@
 A third, independent implementation of the catalog and of the repaired runtime semantics,
 on the CPU and, where present, CUDA. Its capability "fusions" is empty, so its fused and
 unfused paths are the same computation (the unfused one is skipped when asked to be).
+A case's FP8 recipe (and cache_quantized_input) runs on recipes.py's emulation: the ops it
+quantizes carry a recipes.OpQuantization, and the delayed-scaling histories live in the
+ops, so they persist across the calls of one Sequential.
 """
 
 import os
@@ -10,7 +13,7 @@ import platform
 
 import torch
 
-from . import catalog
+from . import catalog, recipes
 from .driver import Builder, run_paths
 from .errors import GradfuzzError
 from .torch_runtime import BasicOp, Boundary, Sequential
@@ -19,7 +22,12 @@ from .torch_runtime import BasicOp, Boundary, Sequential
 class TorchBuilder(Builder):
     name = "torch"
 
+    def __init__(self):
+        self.recipe = None  # the running case's recipes.Recipe, set by TorchBackend.run
+
     def device(self, case):
+        if self.recipe is not None and not recipes.RECIPES[self.recipe.name].emulated:
+            raise NotImplementedError(f"the torch backend does not emulate {self.recipe.name}")
         if case.device == "cuda" and not torch.cuda.is_available():
             raise NotImplementedError("the case runs on cuda, which this machine does not have")
         return torch.device(case.device)
@@ -38,6 +46,9 @@ class TorchBuilder(Builder):
                 p.copy_(value)
         for p, rg in zip(op.params, op_case.param_requires_grad):
             p.requires_grad_(rg)
+        quantization = recipes.OpQuantization(op_case.name, op_case.attrs, self.recipe)
+        if quantization.active:
+            op.quantization = quantization
         return op
 
     def make_boundary(self):
@@ -60,7 +71,12 @@ class TorchBuilder(Builder):
 
     def forward(self, seq, x, extras):
         out = seq(x, *extras)
+        # The end of TE's autocast region: the forward delayed-scaling update.
+        recipes.update_after_forward(_quantizations(seq.modules))
         return list(out) if isinstance(out, tuple) else [out]
+
+    def after_backward(self, ops):
+        recipes.update_after_backward(_quantizations(ops))
 
     def param_leaves(self, op, op_case):
         return [p for p in op.params if p.requires_grad]
@@ -104,11 +120,22 @@ class TorchBuilder(Builder):
         ]
 
 
+def _quantizations(ops):
+    return [
+        op.quantization for op in ops if isinstance(op, BasicOp) and op.quantization is not None
+    ]
+
+
 # Catalog attrs whose values change this backend's math and that the generator should draw
-# (the catalog options added for TE: zero-centred gamma, interleaved SwiGLU), and the
-# in-place flags (math-neutral here, see catalog.add_extra_input).
+# (the catalog options added for TE: zero-centred gamma, interleaved SwiGLU,
+# cache_quantized_input, emulated by recipes.cached_input_activation), and the in-place
+# flags (math-neutral here, see catalog.add_extra_input).
+_CACHED_INPUT = {"cache_quantized_input": [0, 1]}
 OPTIONS = {
-    "SwiGLU": {"interleave": [0, 1, 2, 4]},
+    "ReLU": dict(_CACHED_INPUT),
+    "GELU": dict(_CACHED_INPUT),
+    "SReLU": dict(_CACHED_INPUT),
+    "SwiGLU": dict(_CACHED_INPUT, interleave=[0, 1, 2, 4]),
     "ScaledSwiGLU": {"interleave": [0, 1, 2, 4]},
     "RMSNorm": {"zero_centered_gamma": [0, 1]},
     "LayerNorm": {"zero_centered_gamma": [0, 1]},
@@ -145,10 +172,15 @@ class TorchBackend:
                 "ops": ops,
                 "fusions": [],
                 "deviations": [],
+                "recipes": recipe_capabilities(),
             },
         }
 
     def run(self, case, paths, tensors):
+        # A recipe the generator could not have drawn from hello is the request's error
+        # (ValueError: ok false); one the emulation lacks makes each path unsupported
+        # (TorchBuilder.device).
+        self.builder.recipe = recipes.parse_recipe(case.spec.get("recipe"))
         # One intra-op thread suits tiny cases (see __main__.configure_torch); a large case
         # (more elements in a tensor than the harness's on-device reference threshold, 2^16)
         # gets every core: a [4096, 4096] matmul takes seconds per thread.
@@ -166,6 +198,23 @@ class TorchBackend:
 
 
 LARGE_CASE_ELEMENTS = 1 << 16
+
+
+def recipe_capabilities():
+    """capabilities.recipes (docs/BACKENDS.md Protocol 2): every recipe of recipes.RECIPES,
+    available where this backend emulates it (on any device it runs)."""
+    out = []
+    for name, info in recipes.RECIPES.items():
+        out.append(
+            {
+                "name": name,
+                "available": info.emulated,
+                "reason": "" if info.emulated else f"the torch backend does not emulate {name}",
+                "fp8_formats": list(info.fp8_formats),
+                "options": {k: list(v) for k, v in info.options.items()},
+            }
+        )
+    return out
 
 
 def _largest_tensor(case):

@@ -56,11 +56,17 @@ class BasicOp:
         self.output_channels = [None] * self.num_extra_outputs
         self.output_to_caller = [True] * self.num_extra_outputs
         self.locked = False
+        # recipes.OpQuantization under a case's FP8 recipe (or cache_quantized_input), set
+        # by whoever builds the op; None: the catalog's math as it is.
+        self.quantization = None
 
     # -- runtime.md section 1: the op's math
 
     def forward(self, x, extra_inputs):
-        y, outs = apply(self.name, x, list(extra_inputs), self.params, self.attrs)
+        if self.quantization is not None and self.quantization.active:
+            y, outs = self.quantization.apply(x, list(extra_inputs), self.params, self.attrs)
+        else:
+            y, outs = apply(self.name, x, list(extra_inputs), self.params, self.attrs)
         if self.output_style == "generator":
             return y, (t for t in outs)
         return y, tuple(outs)

@@ -127,5 +127,16 @@ def install():
         importlib.import_module(f"transformer_engine.pytorch.{sub}")
     te = sys.modules["transformer_engine.pytorch"]
     te.ops = sys.modules["transformer_engine.pytorch.ops"]
+    # What transformer_engine/pytorch/__init__.py exports from quantization.py.
+    quantization = importlib.import_module("transformer_engine.pytorch.quantization")
+    for name in (
+        "autocast",
+        "fp8_autocast",
+        "is_fp8_available",
+        "is_mxfp8_available",
+        "is_fp8_block_scaling_available",
+        "is_nvfp4_available",
+    ):
+        setattr(te, name, getattr(quantization, name))
     sys.modules["transformer_engine"].__version__ = "2.20.2 (Python only, stubbed extension)"
     return te

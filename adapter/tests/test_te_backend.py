@@ -444,3 +444,105 @@ def test_main_grad_and_requires_grad_flags():
     op.weight1.main_grad += 2.0  # what the wgrad GEMM accumulates
     got = params.model_param_grads(op, "GroupedLinear", {})  # autograd returned dummies
     assert torch.equal(got[0][1], torch.full((3, 2), 2.0)) and got[1] is None
+
+
+# ----------------------------------------------------------------------------------------
+# Recipes on TE's Python code
+
+
+def test_recipe_capabilities_come_from_tes_availability_checks(backend):
+    caps = backend.hello()["capabilities"]
+    entries = {r["name"]: r for r in caps["recipes"]}
+    assert list(entries) == [
+        "DelayedScaling",
+        "Float8CurrentScaling",
+        "Float8BlockScaling",
+        "MXFP8BlockScaling",
+        "NVFP4BlockScaling",
+    ]
+    assert entries["Float8BlockScaling"]["options"]["block_scaling_dims"][0] == "1,2,1"
+    assert entries["NVFP4BlockScaling"]["fp8_formats"] == ["E4M3"]
+    assert caps["ops"]["GELU"]["options"]["cache_quantized_input"] == [0, 1]
+    if not torch.cuda.is_available():
+        # TE's checks read the device's compute capability; without a GPU they fail, and
+        # the failure is the reason.
+        for entry in entries.values():
+            assert entry["available"] is False
+        assert entries["DelayedScaling"]["reason"].startswith("is_fp8_available() failed: ")
+        assert entries["MXFP8BlockScaling"]["reason"].startswith("is_mxfp8_available() failed")
+
+
+@pytest.fixture
+def fp8_supported(backend, monkeypatch):
+    """TE's cached answers of its support checks set to "supported", as on an H200 for the
+    per-tensor and block recipes (quantization.py: check_fp8_support and friends)."""
+    from transformer_engine.pytorch import quantization
+
+    monkeypatch.setattr(quantization, "_FP8_SUPPORT", (True, ""))
+    monkeypatch.setattr(quantization, "_FP8_BLOCK_SCALING_SUPPORT", (True, ""))
+    monkeypatch.setattr(quantization, "_MXFP8_SUPPORT", (False, "needs sm100"))
+    monkeypatch.setattr(backend.builder, "recipe_availability", {})
+    return quantization
+
+
+def test_each_call_runs_inside_tes_autocast_with_the_cases_recipe(backend, fp8_supported):
+    from transformer_engine.common.recipe import DelayedScaling, Format
+    from transformer_engine.pytorch.ops.fuser import OperationFuser
+
+    manager = fp8_supported.FP8GlobalStateManager
+    outer_state = manager.quantization_state
+    seen = []
+    original = OperationFuser.maybe_fuse_ops
+
+    def recording(self, is_grad_enabled, recipe, *args, **kwargs):
+        seen.append((recipe, manager.is_fp8_enabled(), manager.quantization_state))
+        return original(self, is_grad_enabled, recipe, *args, **kwargs)
+
+    recipe = {
+        "name": "DelayedScaling",
+        "fp8_format": "E4M3",
+        "options": {"margin": "1", "amax_history_len": "2", "amax_compute_algo": "most_recent"},
+    }
+    OperationFuser.maybe_fuse_ops = recording
+    try:
+        case, results = run(
+            backend, spec(RESIDUAL, dtype="float32", recipe=recipe), paths=ALL_PATHS[:2]
+        )
+    finally:
+        OperationFuser.maybe_fuse_ops = original
+    for result in results:
+        assert judge(case, result, all_channels=False) == [], result["name"]
+    assert len(seen) == 2  # one fuser per path
+    for te_recipe, enabled, state in seen:
+        assert isinstance(te_recipe, DelayedScaling) and enabled
+        assert te_recipe.fp8_format == Format.E4M3 and te_recipe.margin == 1
+        assert te_recipe.amax_history_len == 2 and te_recipe.amax_compute_algo == "most_recent"
+        assert state is not outer_state  # each path has a fresh quantization state
+    assert seen[0][2] is not seen[1][2]
+    assert manager.quantization_state is outer_state and not manager.is_fp8_enabled()
+
+
+def test_a_recipe_te_reports_unavailable_makes_each_path_unsupported(backend, fp8_supported):
+    case_spec = spec(RESIDUAL, dtype="float32", recipe={"name": "MXFP8BlockScaling"})
+    _, results = run(backend, case_spec)
+    assert results[0]["status"] == "unsupported"
+    assert results[0]["reason"] == (
+        "NotImplementedError: MXFP8BlockScaling is not available here: needs sm100 "
+        "[NotImplementedError]"
+    )
+
+
+def test_linear_into_linear_under_current_scaling_raises_in_te(backend, fp8_supported, monkeypatch):
+    """docs/BACKENDS.md "Where te.ops quantizes": BasicLinear hands its GEMM the next
+    linear's input quantizer, which _functional_forward accepts only for delayed scaling.
+    (The recipe state needs a CUDA stream query; on the CPU it is answered "not capturing".)"""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ops = [{"name": "Linear", "attrs": {"out": 16}}, {"name": "Linear", "attrs": {"out": 16}}]
+    recipe = {"name": "Float8CurrentScaling", "fp8_format": "E4M3"}
+    _, results = run(backend, spec(ops, shape=(16, 16), dtype="float32", recipe=recipe))
+    error = results[0]["error"]
+    assert (error["type"], error["phase"]) == ("RuntimeError", "forward")
+    assert (
+        error["message"]
+        == "Attempting to generate quantized output tensor with unsupported quantizer"
+    )

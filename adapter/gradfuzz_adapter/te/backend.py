@@ -13,7 +13,9 @@ import types
 
 import torch
 
+from .. import recipes
 from ..driver import Builder, run_paths
+from . import recipes as te_recipes
 from .classify import classify
 from .fusions import FUSION_PASSES, fusion_name, only_fusions
 from .op_table import DEVICE, DTYPE, OPS, Symbol, op_recipe, te_options
@@ -29,7 +31,15 @@ from .params import (
 
 class TEBuilder(Builder):
     """Driver hooks for te.ops. Each path builds fresh ops and a fresh Sequential (TE ops
-    and fusers keep state); per-path state lives in self.path."""
+    and fusers keep state); per-path state lives in self.path.
+
+    Under a case's recipe (self.recipe, a recipes.Recipe set by TEBackend.run) every call
+    of a Sequential runs inside te.autocast(enabled=True, recipe=TE's recipe object), as a
+    user writes it; the call-then-bind calls run outside it (they leave the delayed-scaling
+    histories alone). TE keeps the histories of every op quantized under one recipe in a
+    process-global state that each update walks: a path starts with a fresh one, and a
+    second Sequential of the path (the driver's fresh-plan runs) runs its forward in one of
+    its own, so it does not roll the path's Sequential's histories."""
 
     name = "te"
 
@@ -39,16 +49,32 @@ class TEBuilder(Builder):
         self.operation_fuser = operation_fuser
         self.fixed_device = device
         self.path = None
+        self.recipe = None
+        self.recipe_availability = {}
 
     def device(self, case):
+        if self.recipe is not None:
+            name = self.recipe.name
+            if name not in self.recipe_availability:
+                self.recipe_availability[name] = te_recipes.availability(self.te, name)
+            available, reason = self.recipe_availability[name]
+            if not available:
+                raise NotImplementedError(f"{name} is not available here: {reason}")
         if self.fixed_device is not None:
             return torch.device(self.fixed_device)
         return torch.device("cuda", torch.cuda.current_device())
 
     @contextlib.contextmanager
     def fusion_scope(self, fusions):
-        self.path = types.SimpleNamespace(names={}, channel_grads=None, dtype=None)
-        with only_fusions(self.operation_fuser, fusions):
+        self.path = types.SimpleNamespace(
+            names={}, channel_grads=None, dtype=None, te_recipe=None, fp8_states={}
+        )
+        with contextlib.ExitStack() as stack:
+            if self.recipe is not None:
+                self.path.te_recipe = te_recipes.make_recipe(self.recipe)
+                self.path.fp8_state = te_recipes.fresh_fp8_state()
+                stack.enter_context(te_recipes.fp8_state(self.path.fp8_state))
+            stack.enter_context(only_fusions(self.operation_fuser, fusions))
             yield
 
     def _resolve(self, callee):
@@ -92,7 +118,20 @@ class TEBuilder(Builder):
         return self.te.ops.Sequential(*modules)
 
     def forward(self, seq, x, extras):
-        out = seq(x, *extras)
+        if self.path is None or self.path.te_recipe is None:
+            out = seq(x, *extras)
+        else:
+            states = self.path.fp8_states
+            if id(seq) not in states:
+                # The path's first Sequential owns the path's state; any later one its own.
+                states[id(seq)] = (
+                    self.path.fp8_state if not states else te_recipes.fresh_fp8_state(),
+                    seq,
+                )
+            state = states[id(seq)][0]
+            with te_recipes.fp8_state(state):
+                with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
+                    out = seq(x, *extras)
         return list(out) if isinstance(out, tuple) else [out]
 
     def _fusers(self, seq):
@@ -305,8 +344,11 @@ class TEBackend:
                 "ops": ops,
                 "fusions": self.fusions(),
                 "deviations": ["surplus_extra_inputs_ignored", "lazy_fuser_construction"],
+                "recipes": te_recipes.capabilities(self.te),
             },
         }
 
     def run(self, case, paths, tensors):
+        # A recipe hello could not have offered is the request's error (ValueError).
+        self.builder.recipe = recipes.parse_recipe(case.spec.get("recipe"))
         return run_paths(self.builder, case, paths, tensors)

@@ -141,12 +141,11 @@ def _dual_extra_output(attrs, features, style):
     return (s0, s1), {"output_style": style}
 
 
-# cache_quantized_input=1 keeps the activation's input for backward as FP8 E4M3
-# (activation.py: _ActivationOperation.op_forward, swiglu.py: SwiGLU.op_forward): the
-# gradients then carry FP8 rounding that no float64 reference means (measured on the H200:
-# GELU's input gradient 0.840 against 0.886). A documented difference (docs/TE.md), not
-# drawn.
-_ACTIVATION_OPTIONS = {"cache_quantized_input": [0]}
+# cache_quantized_input=1 keeps the activation's input for backward as FP8 E4M3 with its
+# own current-scaling quantizer, with or without a recipe (activation.py:
+# _ActivationOperation.op_forward, swiglu.py: SwiGLU.op_forward; docs/BACKENDS.md
+# "Recipes"): the reference quantizes the saved input the same way, so it is drawn again.
+_ACTIVATION_OPTIONS = {"cache_quantized_input": [0, 1]}
 
 OPS = {
     "Linear": TEOp("te.ops.BasicLinear", _linear, {"accumulate_into_main_grad": [0, 1]}),
