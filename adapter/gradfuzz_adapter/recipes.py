@@ -391,23 +391,27 @@ class DelayedQuantizer:
 
 def make_quantizer(recipe, role):
     """The quantizer of one tensor role ("input", "weight", "grad_output") under `recipe`
-    (quantization.py: RecipeState.create and each state's make_quantizers)."""
+    (quantization.py: RecipeState.create and each state's make_quantizers); its `role`
+    attribute says which."""
     fmt = recipe.format_for(role == "grad_output")
     options = recipe.options
     if recipe.name == "DelayedScaling":
-        return DelayedQuantizer(
+        quantizer = DelayedQuantizer(
             fmt,
             history_len=options["amax_history_len"],
             margin=options["margin"],
             algo=options["amax_compute_algo"],
         )
-    if recipe.name == "Float8CurrentScaling":
-        return CurrentQuantizer(fmt, pow2=options["use_power_2_scales"])
-    if recipe.name == "Float8BlockScaling":
+    elif recipe.name == "Float8CurrentScaling":
+        quantizer = CurrentQuantizer(fmt, pow2=options["use_power_2_scales"])
+    elif recipe.name == "Float8BlockScaling":
         x_dim, w_dim, g_dim = options["block_scaling_dims"]
         dim = {"input": x_dim, "weight": w_dim, "grad_output": g_dim}[role]
-        return BlockQuantizer(fmt, dim, pow2=not options["use_f32_scales"])
-    raise NotImplementedError(f"the torch backend does not emulate {recipe.name}")
+        quantizer = BlockQuantizer(fmt, dim, pow2=not options["use_f32_scales"])
+    else:
+        raise NotImplementedError(f"the torch backend does not emulate {recipe.name}")
+    quantizer.role = role
+    return quantizer
 
 
 # ----------------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ import platform
 
 import torch
 
-from . import catalog, recipes
+from . import catalog, faults, recipes
 from .driver import Builder, run_paths
 from .errors import GradfuzzError
+from .torch_faults import FAULTS
 from .torch_runtime import BasicOp, Boundary, Sequential
 
 
@@ -173,10 +174,13 @@ class TorchBackend:
                 "fusions": [],
                 "deviations": [],
                 "recipes": recipe_capabilities(),
+                "faults": faults.capabilities(FAULTS),
             },
         }
 
-    def run(self, case, paths, tensors):
+    def run(self, case, paths, tensors, fault=None):
+        """The paths' results; `fault`: one of capabilities.faults (torch_faults.py),
+        planted for this request only (an unknown name: ValueError, the request's error)."""
         # A recipe the generator could not have drawn from hello is the request's error
         # (ValueError: ok false); one the emulation lacks makes each path unsupported
         # (TorchBuilder.device).
@@ -191,7 +195,8 @@ class TorchBackend:
                 int(os.environ.get("GRADFUZZ_ADAPTER_THREADS_LARGE", "0")) or (os.cpu_count() or 1)
             )
         try:
-            return run_paths(self.builder, case, paths, tensors)
+            with faults.planted(FAULTS, fault):
+                return run_paths(self.builder, case, paths, tensors)
         finally:
             if large:
                 torch.set_num_threads(small)

@@ -13,10 +13,11 @@ import types
 
 import torch
 
-from .. import recipes
+from .. import faults, recipes
 from ..driver import Builder, run_paths
 from . import recipes as te_recipes
 from .classify import classify
+from .faults import FAULTS
 from .fusions import FUSION_PASSES, fusion_name, only_fusions
 from .op_table import DEVICE, DTYPE, OPS, Symbol, op_recipe, te_options
 from .params import (
@@ -345,10 +346,14 @@ class TEBackend:
                 "fusions": self.fusions(),
                 "deviations": ["surplus_extra_inputs_ignored", "lazy_fuser_construction"],
                 "recipes": te_recipes.capabilities(self.te),
+                "faults": faults.capabilities(FAULTS),
             },
         }
 
-    def run(self, case, paths, tensors):
-        # A recipe hello could not have offered is the request's error (ValueError).
+    def run(self, case, paths, tensors, fault=None):
+        """The paths' results; `fault`: one of capabilities.faults (te/faults.py), planted
+        for this request only. A recipe hello could not have offered, or an unknown fault,
+        is the request's error (ValueError)."""
         self.builder.recipe = recipes.parse_recipe(case.spec.get("recipe"))
-        return run_paths(self.builder, case, paths, tensors)
+        with faults.planted(FAULTS, fault):
+            return run_paths(self.builder, case, paths, tensors)

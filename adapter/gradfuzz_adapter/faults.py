@@ -1,0 +1,82 @@
+"""Planted faults: one function or method of the code under test replaced at run time, for
+one request only (docs/BACKENDS.md Protocol 2, `run`'s "fault"; `gradfuzz selftest
+--backend te|torch`).
+
+A Fault names its target by dotted path ("transformer_engine.pytorch.ops.fuser.
+OperationFuser.__init__") and builds the replacement from the original; planted() swaps it
+in for the body of a `with` and puts the original back afterwards, also when the body
+raises. Files are never edited. The faults themselves are te/faults.py's (TE) and
+torch_faults.py's (the torch backend's recipe emulation).
+"""
+
+import contextlib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A planted defect. `replace(original)` returns the replacement for the target's raw
+    class-dict entry (a function, or the staticmethod/classmethod object: see wrap)."""
+
+    name: str
+    description: str
+    target: str
+    replace: Callable
+
+    def capability(self):
+        """The fault's entry in capabilities.faults."""
+        return {"name": self.name, "description": self.description, "target": self.target}
+
+
+def resolve(target):
+    """(owner, attribute) of a dotted target: the longest importable module prefix, then
+    attributes. Raises AttributeError or ImportError naming what is missing."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        if parts[-1] not in vars(owner):
+            raise AttributeError(f"fault target {target}: {owner!r} has no {parts[-1]!r}")
+        return owner, parts[-1]
+    raise ImportError(f"fault target {target}: no importable module prefix")
+
+
+def wrap(original, make):
+    """The replacement for a raw class-dict entry `original` with `make(function)` around
+    its function: a staticmethod or classmethod stays one."""
+    if isinstance(original, staticmethod):
+        return staticmethod(make(original.__func__))
+    if isinstance(original, classmethod):
+        return classmethod(make(original.__func__))
+    return make(original)
+
+
+@contextlib.contextmanager
+def planted(faults, name):
+    """Runs the body with fault `name` of `faults` ({name: Fault}) planted; None plants
+    nothing. An unknown name raises ValueError listing the known ones."""
+    if name is None:
+        yield
+        return
+    fault = faults.get(name)
+    if fault is None:
+        known = ", ".join(sorted(faults)) or "none"
+        raise ValueError(f"unknown fault {name!r}; this backend's faults: {known}")
+    owner, attr = resolve(fault.target)
+    original = vars(owner)[attr]
+    setattr(owner, attr, fault.replace(original))
+    try:
+        yield
+    finally:
+        setattr(owner, attr, original)
+
+
+def capabilities(faults):
+    """capabilities.faults: every fault's name, description and target."""
+    return [fault.capability() for fault in faults.values()]

@@ -1,0 +1,299 @@
+"""Planted faults in TransformerEngine (`gradfuzz selftest --backend te`; issue 13 item 5,
+issue 14 item 5): each replaces one TE function or method at run time (faults.planted),
+for one request, with a wrapper around TE's own code that has one defect of the kind fused
+kernels have: a gradient dropped, summed twice or routed to the wrong slot, a wrong scale,
+a bias missing in one pass, an FP8 format or scale misread. TE's files are never edited.
+
+Each fault must show as a wrong value or a missing gradient on float32/bfloat16 cases, not
+as a crash. Where one fires:
+- te-backward-linear-add-drops-extra-grad, te-forward-linear-scale-add-scale-twice,
+  te-forward-linear-bias-add-drops-bias: the fusions that need in_place=True
+  (MakeExtraOutput/AddExtraInput), whose cases tend to carry a known in-place finding;
+- te-make-extra-output-grad-summed-twice, te-add-extra-input-grad-to-main-input: the
+  channel ops themselves (unfused), te-backward-activation-bias-dbias-doubled: only under
+  a recipe (the fusion needs the linear's grad_output quantizer);
+- te-fuser-drops-consumer-grads, te-fuser-backward-boundary-off-by-one: OperationFuser's
+  routing, in every case with a consumed channel / an input that requires grad;
+- the te-fp8-* faults: Python-level quantization (quantized_tensor.py: Quantizer.quantize,
+  the entry of every quantizer call in basic_linear.py / grouped_linear.py; casts done
+  inside fused kernels bypass it) and DelayedScaling's update (from the second call on).
+
+Targets are resolved when a fault is planted, so importing this module imports no TE.
+"""
+
+import torch
+
+from ..faults import Fault, wrap
+
+_E5M2_OVER_E4M3 = 57344.0 / 448.0
+
+
+# ----------------------------------------------------------------------------------------
+# Fused ops, basic ops and the fuser's routing
+
+
+def _backward_linear_add_drops_extra_grad(original):
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        # MakeExtraOutput is basic op 0 of the fusion: its extra output's gradient, which
+        # the dgrad GEMM should accumulate into, is not handed over.
+        dropped = [list(grads) for grads in basic_op_grad_extra_outputs]
+        dropped[0][0] = None
+        return original(self, basic_op_ctxs, grad_output, basic_op_grad_extra_outputs=dropped)
+
+    return fuser_backward
+
+
+def _forward_linear_scale_add_scale_twice(original):
+    def fuser_forward(self, basic_op_ctxs, input_, **kwargs):
+        scale_op = self.basic_ops[1]  # (linear, ConstantScale, AddExtraInput)
+        scale = scale_op.scale
+        scale_op.scale = scale * scale  # the GEMM's alpha squared; backward keeps `scale`
+        try:
+            return original(self, basic_op_ctxs, input_, **kwargs)
+        finally:
+            scale_op.scale = scale
+
+    return fuser_forward
+
+
+def _forward_linear_bias_add_drops_bias(original):
+    def fuser_forward(self, basic_op_ctxs, input_, **kwargs):
+        from transformer_engine.pytorch.ops.basic.basic_linear import BasicLinear
+
+        gemm = vars(BasicLinear)["_functional_forward"]
+
+        def without_bias(*args, **gemm_kwargs):
+            gemm_kwargs["bias"] = None  # the GEMM epilogue forgets the bias
+            return gemm.__func__(*args, **gemm_kwargs)
+
+        BasicLinear._functional_forward = staticmethod(without_bias)
+        try:
+            return original(self, basic_op_ctxs, input_, **kwargs)
+        finally:
+            BasicLinear._functional_forward = gemm
+
+    return fuser_forward
+
+
+def _backward_activation_bias_dbias_doubled(original):
+    def fuser_backward(self, basic_op_ctxs, grad_output, **kwargs):
+        dx, grad_params, grad_extra_inputs = original(self, basic_op_ctxs, grad_output, **kwargs)
+        (db,), activation_grads = grad_params  # basic ops (Bias, activation)
+        return dx, [(db + db,), activation_grads], grad_extra_inputs
+
+    return fuser_backward
+
+
+def _make_extra_output_grad_summed_twice(original):
+    def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
+        grad_input, grad_params, grad_extra_inputs = original(
+            self,
+            basic_op_ctxs,
+            grad_output,
+            basic_op_grad_extra_outputs=basic_op_grad_extra_outputs,
+        )
+        if basic_op_grad_extra_outputs[0][0] is not None:
+            grad_input = grad_input + grad_output  # the main gradient added a second time
+        return grad_input, grad_params, grad_extra_inputs
+
+    return fuser_backward
+
+
+def _add_extra_input_grad_to_main_input(original):
+    def fuser_backward(self, basic_op_ctxs, grad_output, **kwargs):
+        original(self, basic_op_ctxs, grad_output, **kwargs)
+        # The extra input's gradient lands in the main input's slot.
+        return grad_output + grad_output, [()], [(None,)]
+
+    return fuser_backward
+
+
+def _fuser_drops_consumer_grads(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        # The routing table forgets every channel's consumers: their gradients are never
+        # added to the producer's slot in backward (fuser.py:
+        # _OperationFuserAutogradFunction.backward reads basic_op_extra_output_consumers).
+        self._basic_op_extra_output_consumers = [
+            [[] for _ in slots] for slots in self._basic_op_extra_output_consumers
+        ]
+
+    return __init__
+
+
+def _fuser_backward_boundary_off_by_one(original):
+    def maybe_fuse_ops(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        # The backward boundary one op too late, where op 0 runs as its own group in both
+        # passes (elsewhere the fused op would run on an op that saved nothing): op 0's
+        # backward never runs, so the input and op 0's parameters get no gradient.
+        if (
+            self.first_op_requiring_backward == 0
+            and self._num_basic_ops > 1
+            and self._forward_ops[0][1] == [0]
+            and self._backward_ops[0][1] == [0]
+        ):
+            self.first_op_requiring_backward = 1
+        return result
+
+    return maybe_fuse_ops
+
+
+# ----------------------------------------------------------------------------------------
+# Quantization
+
+
+def _float8_storage():
+    from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import (
+        Float8TensorStorage,
+    )
+
+    return Float8TensorStorage
+
+
+def _after_quantize(transform):
+    """A Quantizer.quantize that applies `transform` to each per-tensor FP8 result."""
+
+    def replace(original):
+        def quantize(self, tensor, **kwargs):
+            result = original(self, tensor, **kwargs)
+            if isinstance(result, _float8_storage()):
+                transform(result)
+            return result
+
+        return quantize
+
+    return replace
+
+
+def _read_e5m2_as_e4m3(result):
+    from transformer_engine.pytorch.constants import DType  # mirrors tex.DType by value
+
+    if int(result._fp8_dtype) == int(DType.kFloat8E5M2):
+        result._fp8_dtype = DType.kFloat8E4M3
+
+
+def _scale_inv_twice(result):
+    if result._scale_inv is not None:
+        result._scale_inv = result._scale_inv * result._scale_inv
+
+
+def _transposed_copy_rowwise(result):
+    data, transpose = result._data, result._transpose
+    if data is not None and transpose is not None and not result._transpose_invalid:
+        result._data = transpose.reshape(data.shape)  # same bytes count, wrong layout
+
+
+def _delayed_forward_scale_e5m2_max(original):
+    def make(update):
+        def reduce_and_update_fp8_tensors(cls, forward=True):
+            state = cls.quantization_state
+            keys = [k for k in state.global_scale_buffer if cls.split_key_in_buffer(k)[0]]
+            before = {k: [s.clone() for s in state.global_scale_buffer[k]] for k in keys}
+            update(cls, forward)
+            if not forward:
+                return
+            # Every forward scale the update changed is computed with E5M2's maximum.
+            for key in keys:
+                for scale, old in zip(state.global_scale_buffer[key], before[key]):
+                    with torch.no_grad():
+                        scale.copy_(torch.where(scale != old, scale * _E5M2_OVER_E4M3, scale))
+
+        return reduce_and_update_fp8_tensors
+
+    return wrap(original, make)
+
+
+_OPS = "transformer_engine.pytorch.ops"
+FAULTS = {
+    f.name: f
+    for f in (
+        Fault(
+            "te-backward-linear-add-drops-extra-grad",
+            "BackwardLinearAdd (MakeExtraOutput(in_place) + BasicLinear backward): the dgrad "
+            "GEMM no longer accumulates into the extra output's gradient, so the gradient "
+            "that reached MakeExtraOutput's extra output is dropped from grad_input",
+            f"{_OPS}.fused.backward_linear_add.BackwardLinearAdd.fuser_backward",
+            _backward_linear_add_drops_extra_grad,
+        ),
+        Fault(
+            "te-forward-linear-scale-add-scale-twice",
+            "ForwardLinearScaleAdd (BasicLinear + ConstantScale + AddExtraInput(in_place)): "
+            "the GEMM's alpha is the scale squared, in forward only",
+            f"{_OPS}.fused.forward_linear_scale_add.ForwardLinearScaleAdd.fuser_forward",
+            _forward_linear_scale_add_scale_twice,
+        ),
+        Fault(
+            "te-forward-linear-bias-add-drops-bias",
+            "ForwardLinearBiasAdd (BasicLinear + Bias + AddExtraInput(in_place)): the GEMM "
+            "epilogue forgets the bias in forward; the bias gradient is still computed",
+            f"{_OPS}.fused.forward_linear_bias_add.ForwardLinearBiasAdd.fuser_forward",
+            _forward_linear_bias_add_drops_bias,
+        ),
+        Fault(
+            "te-backward-activation-bias-dbias-doubled",
+            "BackwardActivationBias (fused dact + dbias + cast, under a recipe): the bias "
+            "gradient is summed twice",
+            f"{_OPS}.fused.backward_activation_bias.BackwardActivationBias.fuser_backward",
+            _backward_activation_bias_dbias_doubled,
+        ),
+        Fault(
+            "te-make-extra-output-grad-summed-twice",
+            "MakeExtraOutput: when its extra output has a gradient, grad_input adds the "
+            "main gradient twice",
+            f"{_OPS}.basic.make_extra_output.MakeExtraOutput.fuser_backward",
+            _make_extra_output_grad_summed_twice,
+        ),
+        Fault(
+            "te-add-extra-input-grad-to-main-input",
+            "AddExtraInput: the extra input's gradient is routed into the main input's slot "
+            "(grad_input twice the gradient, the extra input none)",
+            f"{_OPS}.basic.add_extra_input.AddExtraInput.fuser_backward",
+            _add_extra_input_grad_to_main_input,
+        ),
+        Fault(
+            "te-fuser-drops-consumer-grads",
+            "OperationFuser's routing forgets each channel's consumers, so their gradients "
+            "never reach the producer's slot in backward",
+            f"{_OPS}.fuser.OperationFuser.__init__",
+            _fuser_drops_consumer_grads,
+        ),
+        Fault(
+            "te-fuser-backward-boundary-off-by-one",
+            "OperationFuser puts the first op requiring backward one op too late: op 0's "
+            "backward never runs, so the input and op 0's parameters get no gradient",
+            f"{_OPS}.fuser.OperationFuser.maybe_fuse_ops",
+            _fuser_backward_boundary_off_by_one,
+        ),
+        Fault(
+            "te-fp8-e5m2-grad-read-as-e4m3",
+            "Under HYBRID, a quantized gradient's E5M2 bytes are read as E4M3 "
+            "(NVIDIA/TransformerEngine#3342's kind): the backward GEMMs are garbled, the "
+            "forward stays right",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _after_quantize(_read_e5m2_as_e4m3),
+        ),
+        Fault(
+            "te-fp8-scale-inv-applied-twice",
+            "A per-tensor FP8 tensor carries its scale inverse squared, so every GEMM on it "
+            "is off by a factor 1/scale",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _after_quantize(_scale_inv_twice),
+        ),
+        Fault(
+            "te-fp8-transposed-copy-read-rowwise",
+            "The cast-transpose's transposed copy is used where the row-major data belongs "
+            "(the same bytes with the row-major shape), wherever quantize made both",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _after_quantize(_transposed_copy_rowwise),
+        ),
+        Fault(
+            "te-delayed-forward-scale-e5m2-max",
+            "DelayedScaling's forward scale update uses E5M2's maximum 57344 instead of "
+            "E4M3's 448: from the second call on, inputs and weights saturate",
+            "transformer_engine.pytorch.quantization.FP8GlobalStateManager."
+            "reduce_and_update_fp8_tensors",
+            _delayed_forward_scale_e5m2_max,
+        ),
+    )
+}
