@@ -75,6 +75,23 @@ def test_one_op_table_drives_the_mapping_the_classes_and_the_options():
         op_recipe("Nope", {}, [4, 8])
 
 
+def test_scripts_build_the_recipe_object_as_a_user_writes_it():
+    from gradfuzz_adapter.te import embed
+
+    delayed = {"name": "DelayedScaling", "fp8_format": "E4M3", "options": {"margin": "1"}}
+    assert embed.recipe_call(delayed) == (
+        "te_recipe.DelayedScaling(fp8_format=te_recipe.Format.E4M3, margin=1, "
+        "amax_history_len=1024, amax_compute_algo='max')"
+    )
+    assert embed.recipe_call(None) == "None"
+    block = {"name": "Float8BlockScaling", "options": {"backward_override": "dequantized"}}
+    assert embed.recipe_call(block) == (
+        "te_recipe.Float8BlockScaling(fp8_format=te_recipe.Format.E4M3, use_f32_scales=False, "
+        "backward_override='dequantized', x_block_scaling_dim=1, w_block_scaling_dim=2, "
+        "grad_block_scaling_dim=1)"
+    )
+
+
 def test_scripts_embed_the_te_modules_whole_without_importing_them():
     from gradfuzz_adapter.te import embed
 

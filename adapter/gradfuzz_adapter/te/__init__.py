@@ -10,14 +10,25 @@ it), so the rest is importable without TE and exported te scripts embed parts of
 - extensions: the catalog ops TE lacks, Boundary and the FusedResidual fusion, as TE users
   write them (imports TE; embedded whole);
 - classify: TE's errors -> runtime error kinds or "unsupported"; what TE raises per kind;
-- embed: the source text exported te scripts embed (te.embed.script_sections());
+- embed: the source text exported te scripts embed (script_sections()) and the call that
+  builds a case's TE recipe object (recipe_call());
+- recipes: which recipes TE runs here, TE's recipe object, the per-path FP8 state;
+- faults: the planted faults in TE (selftest --backend te);
 - backend: the driver hooks (TEBuilder) and the hello/run answers (TEBackend).
 
 The names below are the TE-free ones the exporter uses.
 """
 
 from .classify import RAISES, classify
-from .embed import script_sections
+from .embed import RECIPE_IMPORT, recipe_call, script_sections
 from .op_table import op_recipe, render_call
 
-__all__ = ["RAISES", "classify", "op_recipe", "render_call", "script_sections"]
+__all__ = [
+    "RAISES",
+    "RECIPE_IMPORT",
+    "classify",
+    "op_recipe",
+    "recipe_call",
+    "render_call",
+    "script_sections",
+]

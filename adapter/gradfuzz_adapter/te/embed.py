@@ -3,13 +3,17 @@
 script_sections() gives the modules a te script needs after the catalog, the reference and
 the comparison helpers: te/params.py, te/fusions.py and te/extensions.py, each whole
 without its docstring and top-level imports, then the call that registers FusedResidual.
-The text is read from the files, never by importing them (extensions imports TE, and
-writing a script must not). The script must have imported torch, `te`
+recipe_call() gives the constructor call of a case's TE recipe object, for the script's
+`with te.autocast(enabled=True, recipe=...)` around each forward (docs/BACKENDS.md
+"Recipes"). The text is read from the files, never by importing them (extensions imports
+TE, and writing a script must not). The script must have imported torch, `te`
 (transformer_engine.pytorch), OperationFuser, and embedded errors.py and catalog.py before.
 """
 
 import ast
 import importlib.util
+
+from ..recipes import parse_recipe, te_kwargs
 
 # (module, section title), in the order a script needs them.
 EMBEDDED = (
@@ -54,3 +58,17 @@ def script_sections():
     out = [(title, module_body(module_source(name))) for name, title in EMBEDDED]
     out.append((None, REGISTER_FUSIONS))
     return out
+
+
+RECIPE_IMPORT = "from transformer_engine.common import recipe as te_recipe"
+
+
+def recipe_call(spec_recipe):
+    """Python source that builds TE's recipe object for a spec's `recipe` as a user writes
+    it, e.g. "te_recipe.DelayedScaling(fp8_format=te_recipe.Format.E4M3, margin=1, ...)"
+    (needs RECIPE_IMPORT); "None" for no recipe. ValueError as recipes.parse_recipe."""
+    recipe = parse_recipe(spec_recipe)
+    if recipe is None:
+        return "None"
+    kwargs = "".join(f", {k}={v!r}" for k, v in te_kwargs(recipe).items())
+    return f"te_recipe.{recipe.name}(fp8_format=te_recipe.Format.{recipe.fp8_format}{kwargs})"
