@@ -6,8 +6,11 @@ pointed at stderr, so a stray print in Python or C code (TE, CUDA) cannot corrup
 """
 
 import argparse
+import gc
+import json
 import os
 import sys
+import time
 import traceback
 
 # Before anything can create a cuBLAS/cuDNN handle: NVIDIA's libraries then compute fp32
@@ -55,6 +58,10 @@ class Server:
         if self.backend is None:
             configure_torch()
             self.backend = make_backend(self.backend_name)
+            # Everything imported so far (torch, TE: some 300,000 objects) lives as long as
+            # the process: out of the collector's sight, a full collection no longer walks
+            # it (one took 100 ms with torch alone, measured in tests/bench_adapter.py).
+            gc.freeze()
         return self.backend
 
     def handle(self, header, tensors):
@@ -71,7 +78,11 @@ class Server:
 
             case = decode_case(header, tensors)
             out = TensorList()
-            paths = self._backend().run(case, header.get("paths") or [], out)
+            # Protocol 2: a planted fault for this request only (the backend rejects an
+            # unknown name: the request's error). Absent or null: the backend's run as is.
+            fault = header.get("fault")
+            extra = {} if fault is None else {"fault": fault}
+            paths = self._backend().run(case, header.get("paths") or [], out, **extra)
             return {"ok": True, "paths": paths}, out.tensors
         if op == "export":
             from .case import decode_case
@@ -86,22 +97,43 @@ class Server:
 
 
 def serve(backend_name, instream, outstream):
-    """Answers frames until quit or the end of the input; returns the exit status."""
+    """Answers frames until quit or the end of the input; returns the exit status.
+
+    With GRADFUZZ_ADAPTER_TIMING=FILE, appends one JSON line to FILE at exit: seconds spent
+    waiting for requests (the caller's own time, the C++ worker's for a campaign), handling
+    them and writing replies, and the number of requests: where a worker's time goes."""
     server = Server(backend_name)
+    clock = {"requests": 0, "waiting_s": 0.0, "handling_s": 0.0, "writing_s": 0.0}
+    try:
+        return _serve(server, instream, outstream, clock)
+    finally:
+        path = os.environ.get("GRADFUZZ_ADAPTER_TIMING")
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(dict(clock, backend=backend_name, pid=os.getpid())) + "\n")
+
+
+def _serve(server, instream, outstream, clock):
     while True:
+        start = time.perf_counter()
         try:
             frame = read_frame(instream)
         except ProtocolError as e:
             print(f"gradfuzz_adapter: {e}", file=sys.stderr)
             return 2
+        received = time.perf_counter()
+        clock["waiting_s"] += received - start
         if frame is None:
             return 0
         header, tensors = frame
+        clock["requests"] += 1
         try:
             reply = server.handle(header, tensors)
         except Exception as e:  # noqa: BLE001 - a failed request is answered, not fatal
             traceback.print_exc(file=sys.stderr)
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []
+        handled = time.perf_counter()
+        clock["handling_s"] += handled - received
         if reply is None:
             return 0
         try:
@@ -110,6 +142,7 @@ def serve(backend_name, instream, outstream):
             # Nothing was written yet (write_frame encodes everything first): answer instead.
             traceback.print_exc(file=sys.stderr)
             write_frame(outstream, {"ok": False, "error": f"cannot encode the reply: {e}"})
+        clock["writing_s"] += time.perf_counter() - handled
 
 
 def main(argv=None):

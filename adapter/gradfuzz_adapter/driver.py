@@ -12,6 +12,8 @@ function of the code under test that raised (`error.origin`).
 """
 
 import contextlib
+import dataclasses
+import functools
 import os
 import sys
 import sysconfig
@@ -177,6 +179,23 @@ class _DeviceValues:
             self.cache.clear()
         self.device = device
 
+    def op_case(self, op_case):
+        """`op_case` with its parameter values on the device in the case dtype (converted
+        once per case), for the builder to copy into the op it makes: a host-to-device
+        copy per parameter per path was a synchronising transfer each on CUDA. The values
+        are shared by the case's paths and must not be written to."""
+        if not op_case.params:
+            return op_case
+        key = ("op", op_case.index)
+        cached = self.cache.get(key)
+        if cached is None:
+            params = [
+                self._on_device(("param", op_case.index, j), p, self.case.dtype)
+                for j, p in enumerate(op_case.params)
+            ]
+            cached = self.cache[key] = dataclasses.replace(op_case, params=params)
+        return cached
+
 
 class _CallerTensors:
     """Copies of the caller-owned tensors a call receives, to see whether the call changed
@@ -191,7 +210,25 @@ class _CallerTensors:
             self.entries.append((name, t, t.detach().clone()))
 
     def modified(self):
-        return [name for name, given, pristine in self.entries if _differs(given, pristine)]
+        """Names of the tensors whose values changed, compared on their device with one
+        transfer of the verdicts (a torch.equal per tensor synchronised with the GPU
+        once each)."""
+        changed, pending = [], []
+        for name, given, pristine in self.entries:
+            try:
+                if given.shape != pristine.shape:
+                    changed.append(name)
+                    continue
+                pending.append((name, (given.detach() == pristine).all()))
+            except RuntimeError:
+                changed.append(name)  # the tensor's data was replaced or freed
+        if pending:
+            same = torch.stack([verdict.to(pending[0][1].device) for _, verdict in pending])
+            for (name, _), equal in zip(pending, same.tolist()):
+                if not equal:
+                    changed.append(name)
+        order = {name: k for k, (name, _, _) in enumerate(self.entries)}
+        return sorted(changed, key=order.__getitem__)
 
 
 def _differs(given, snapshot):
@@ -350,6 +387,9 @@ def _stdlib_dirs():
 
 
 _STDLIB = _stdlib_dirs()
+# A frame's file resolved once per process: realpath costs a stat per path component, and
+# error paths (a third of te cases) would pay it for every frame.
+_realpath = functools.lru_cache(maxsize=4096)(os.path.realpath)
 _TORCH = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
 # The adapter's own plumbing: never the code under test.
 _PLUMBING = tuple(
@@ -363,7 +403,7 @@ def _relative(path):
     op.py", "gradfuzz_adapter/torch_runtime.py"), else its base name."""
     best = None
     for entry in sys.path:
-        root = os.path.realpath(entry or os.getcwd()) + os.sep
+        root = _realpath(entry or os.getcwd()) + os.sep
         if path.startswith(root) and (best is None or len(root) > len(best)):
             best = root
     return path[len(best) :] if best else os.path.basename(path)
@@ -414,17 +454,18 @@ def error_origin(exc, builder):
     `_check_extra_tensor_channels_unlocked` it calls; `Dispatch.fuser_forward`, not the
     catalog's `check_logits`): errors cluster by the op class that raised. Without one, the
     innermost public function, else the innermost frame."""
-    roots = tuple(os.path.realpath(p) for p in builder.code_under_test())
+    roots = tuple(_realpath(p) for p in builder.code_under_test())
     candidates = []
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame
-        path = os.path.realpath(frame.f_code.co_filename)
+        raw = frame.f_code.co_filename
+        path = _realpath(raw)
         if roots:
             inside = any(path == r or path.startswith(r + os.sep) for r in roots)
         else:
             inside = (
-                os.path.isfile(path)
+                not raw.startswith("<")  # <frozen ...>, <string>: no file
                 and not path.startswith(_TORCH)
                 and not path.startswith(_STDLIB)
                 and path not in _PLUMBING
@@ -470,7 +511,7 @@ def _build(builder, case, device, values, built):
         built.ops[op_case.index] = (
             builder.make_boundary()
             if op_case.boundary
-            else builder.create_op(op_case, case, device)
+            else builder.create_op(values.op_case(op_case), case, device)
         )
     ops = built.ops
 
@@ -631,7 +672,7 @@ def _fail(builder, result, exc, phase):
 def _emit(result, call, tensors, phase):
     """The call's tensors into the reply (indices into `result`); a result that cannot
     travel is the call's error."""
-    mark = len(tensors.tensors)
+    mark = len(tensors)
     try:
         result["outputs"] = [tensors.add(o) for o in call.outputs]
         grads = call.grads
@@ -645,7 +686,7 @@ def _emit(result, call, tensors, phase):
                     for chans in grads["channel"]
                 ]
     except Exception as exc:  # noqa: BLE001 - a result that cannot travel is the path's error
-        del tensors.tensors[mark:]
+        tensors.truncate(mark)
         for key in ("outputs", "grad_input", "grad_params", "grad_extra_inputs", "channel_grads"):
             result.pop(key, None)
         result["status"] = "error"

@@ -172,13 +172,19 @@ def write_frame(stream, header, tensors=()):
 
 
 class TensorList:
-    """Collects reply tensors and hands out their indices (null for None)."""
+    """Collects reply tensors and hands out their indices (null for None).
+
+    Floating tensors travel as float64, integers as int64. A tensor on a GPU is copied (in
+    the wire dtype, on its device, so later writes to it do not show) when added, and all
+    of them reach the host in one transfer when the reply is encoded (`tensors`): one
+    synchronising copy per reply instead of one per tensor."""
 
     def __init__(self):
-        self.tensors = []
+        self._tensors = []
+        self._on_device = False
 
     def add(self, t, *, widen=True):
-        """Index of `t` in the reply; floating tensors travel as float64, integers as int64."""
+        """Index of `t` in the reply."""
         if t is None:
             return None
         if not isinstance(t, torch.Tensor):
@@ -186,10 +192,45 @@ class TensorList:
         t = t.detach()
         if widen:
             if t.is_floating_point():
-                t = t.to(device="cpu", dtype=torch.float64)
+                t = t.to(dtype=torch.float64, copy=t.device.type != "cpu")
             elif t.dtype != torch.bool:
-                t = t.to(device="cpu", dtype=torch.int64)
-            else:
-                t = t.cpu()
-        self.tensors.append(t)
-        return len(self.tensors) - 1
+                t = t.to(dtype=torch.int64, copy=t.device.type != "cpu")
+            elif t.device.type != "cpu":
+                t = t.clone()
+        if t.device.type != "cpu":
+            self._on_device = True
+        self._tensors.append(t)
+        return len(self._tensors) - 1
+
+    @property
+    def tensors(self):
+        """The reply's tensors, all on the host."""
+        if self._on_device:
+            self._tensors = _to_host(self._tensors)
+            self._on_device = False
+        return self._tensors
+
+    def truncate(self, length):
+        """Drops the tensors added after the first `length` (a result that cannot travel)."""
+        del self._tensors[length:]
+
+    def __len__(self):
+        return len(self._tensors)
+
+
+def _to_host(tensors):
+    """`tensors` on the host: those on one device, per dtype, flattened into one buffer and
+    copied in one transfer, then split back."""
+    out = list(tensors)
+    groups = {}
+    for k, t in enumerate(tensors):
+        if t.device.type != "cpu":
+            groups.setdefault((t.device, t.dtype), []).append(k)
+    for (_, _), members in groups.items():
+        flat = torch.cat([tensors[k].reshape(-1) for k in members]).cpu()
+        offset = 0
+        for k in members:
+            n = tensors[k].numel()
+            out[k] = flat[offset : offset + n].reshape(tensors[k].shape)
+            offset += n
+    return out

@@ -139,3 +139,28 @@ def test_a_small_frame_goes_out_in_one_write():
     stream.seek(0)
     header, tensors = read_frame(stream)
     assert torch.equal(tensors[0], torch.ones(3))
+
+
+def test_reply_tensors_are_snapshots_taken_when_added():
+    out = TensorList()
+    t = torch.ones(3, dtype=torch.float32)
+    out.add(t)
+    t += 1  # a later call writes the buffer (a main_grad zeroed before a repeat call)
+    assert torch.equal(out.tensors[0], torch.ones(3, dtype=torch.float64))
+    out.truncate(0)
+    assert len(out) == 0 and out.tensors == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_reply_tensors_reach_the_host_in_one_transfer_each_as_added():
+    out = TensorList()
+    a = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
+    b = torch.tensor([1, 2], dtype=torch.int32, device="cuda")
+    c = torch.ones(2, dtype=torch.bfloat16, device="cuda")
+    assert [out.add(a), out.add(b), out.add(torch.ones(1)), out.add(c)] == [0, 1, 2, 3]
+    a.zero_()
+    host = out.tensors
+    assert all(t.device.type == "cpu" for t in host)
+    assert torch.equal(host[0], torch.arange(6, dtype=torch.float64).reshape(2, 3))
+    assert host[1].dtype == torch.int64 and host[1].tolist() == [1, 2]
+    assert host[3].dtype == torch.float64 and host[3].tolist() == [1.0, 1.0]

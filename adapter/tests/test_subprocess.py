@@ -124,3 +124,26 @@ def test_a_large_case_exports_within_the_frame_limit(adapter, tmp_path):
             assert "draws them from a seed" in reply["notes"][0]
     header, _ = ask(adapter, {"op": "hello"})  # the stream is still in step
     assert header["ok"]
+
+
+def test_the_adapter_reports_where_its_time_went(tmp_path):
+    timing = tmp_path / "timing.jsonl"
+    env = dict(os.environ, PYTHONPATH=ADAPTER_DIR, PYTHONUNBUFFERED="1")
+    env["GRADFUZZ_ADAPTER_TIMING"] = str(timing)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gradfuzz_adapter", "--backend", "torch"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    ask(process, {"op": "hello"})
+    request, tensors = make_request(spec([{"name": "GELU"}]))
+    assert ask(process, request, tensors)[0]["ok"]
+    write_frame(process.stdin, {"op": "quit"})
+    assert process.wait(timeout=30) == 0
+    process.stdin.close()
+    process.stdout.close()
+    (line,) = timing.read_text().splitlines()
+    clock = json.loads(line)
+    assert clock["requests"] == 3 and clock["backend"] == "torch"  # hello, run, quit
+    assert clock["handling_s"] > 0 and clock["waiting_s"] >= 0 and clock["writing_s"] > 0
