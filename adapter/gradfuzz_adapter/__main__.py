@@ -104,13 +104,20 @@ def serve(backend_name, instream, outstream):
     them and writing replies, and the number of requests: where a worker's time goes."""
     server = Server(backend_name)
     clock = {"requests": 0, "waiting_s": 0.0, "handling_s": 0.0, "writing_s": 0.0}
+    clock["log"] = os.environ.get("GRADFUZZ_ADAPTER_TIMING") or None
     try:
         return _serve(server, instream, outstream, clock)
     finally:
-        path = os.environ.get("GRADFUZZ_ADAPTER_TIMING")
-        if path:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(dict(clock, backend=backend_name, pid=os.getpid())) + "\n")
+        _log_clock(clock, backend_name)
+
+
+def _log_clock(clock, backend_name):
+    """One cumulative line (also every 100 requests: a worker may kill its adapter at the
+    end instead of waiting for it to exit; take each pid's last line)."""
+    if clock["log"]:
+        line = {k: v for k, v in clock.items() if k != "log"}
+        with open(clock["log"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(line, backend=backend_name, pid=os.getpid())) + "\n")
 
 
 def _serve(server, instream, outstream, clock):
@@ -143,6 +150,8 @@ def _serve(server, instream, outstream, clock):
             traceback.print_exc(file=sys.stderr)
             write_frame(outstream, {"ok": False, "error": f"cannot encode the reply: {e}"})
         clock["writing_s"] += time.perf_counter() - handled
+        if clock["requests"] % 100 == 0:
+            _log_clock(clock, server.backend_name)
 
 
 def main(argv=None):

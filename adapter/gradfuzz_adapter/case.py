@@ -67,6 +67,9 @@ class Case:
     fusers: list = field(default_factory=list)  # spec op indices per fuser
     public_inputs: list = field(default_factory=list)
     public_outputs: list = field(default_factory=list)
+    # The run request's "modified_by" (default true): whether a changed caller tensor's
+    # writer is looked for (driver.run_paths).
+    writers: bool = True
 
     @property
     def catalog_ops(self):
@@ -200,6 +203,7 @@ def decode_case(request, tensors):
         fusers=fusers,
         public_inputs=[tuple(p) for p in plan.get("public_inputs") or []],
         public_outputs=[tuple(p) for p in plan.get("public_outputs") or []],
+        writers=request.get("modified_by", True) is not False,
     )
 
 

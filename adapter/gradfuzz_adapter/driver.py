@@ -149,24 +149,53 @@ class _DeviceValues:
         self.case = case
         self.device = None
         self.cache = {}
+        self.raw = {}
+
+    def _values(self):
+        """(key, tensor) for every caller value and parameter of the case."""
+        case = self.case
+        out = [("input", case.input)]
+        out += [(("extra", k), e) for k, e in enumerate(case.extra_inputs)]
+        out += [(("cotangent", k), c) for k, c in enumerate(case.cotangents)]
+        for k, (x, extras) in enumerate(case.call_inputs):
+            out.append((("call", k), x))
+            out += [(("call", k, j), e) for j, e in enumerate(extras)]
+        for op in case.ops:
+            out += [(("param", op.index, j), p) for j, p in enumerate(op.params)]
+        return [(key, t) for key, t in out if t is not None]
+
+    def _upload(self):
+        """Every value of the case on the (non-CPU) device in one host-to-device copy per
+        wire dtype (float64, int64): flattened, joined, copied, split back into views."""
+        self.raw = {}
+        groups = {}
+        for key, t in self._values():
+            groups.setdefault(t.dtype, []).append((key, t))
+        for members in groups.values():
+            flat = torch.cat([t.reshape(-1) for _, t in members]).to(self.device)
+            offset = 0
+            for key, t in members:
+                self.raw[key] = flat[offset : offset + t.numel()].view(t.shape)
+                offset += t.numel()
 
     def _on_device(self, key, t, dtype):
         if t is None:
             return None
-        cached = self.cache.get(key)
+        cached = self.cache.get((key, dtype))
         if cached is None:
-            if t.is_floating_point():
-                cached = t.to(device=self.device, dtype=dtype)
+            source = self.raw.get(key, t)
+            if source.is_floating_point():
+                cached = source.to(device=self.device, dtype=dtype)
             else:
-                cached = t.to(device=self.device)
-            self.cache[key] = cached
+                cached = source.to(device=self.device)
+            self.cache[(key, dtype)] = cached
         return cached
 
     def fresh(self, key, t, requires_grad=False, dtype=None):
         """A copy of value `t` (named `key`) on the device: floating tensors in `dtype`
         (the case's by default) with `requires_grad`."""
         dtype = dtype or self.case.dtype
-        base = self._on_device((key, dtype), t, dtype)
+        base = self._on_device(key, t, dtype)
         if base is None:
             return None
         copy = base.clone()
@@ -175,9 +204,13 @@ class _DeviceValues:
         return copy
 
     def use(self, device):
-        if self.device is not None and device != self.device:
-            self.cache.clear()
+        if device == self.device:
+            return
+        self.cache.clear()
+        self.raw = {}
         self.device = device
+        if torch.device(device).type != "cpu":
+            self._upload()
 
     def op_case(self, op_case):
         """`op_case` with its parameter values on the device in the case dtype (converted
@@ -736,9 +769,11 @@ def repeat_calls(case):
     ]
 
 
-def run_path(builder, case, path, tensors, values=None):
+def run_path(builder, case, path, tensors, values=None, writers=True):
     """One path's reply entry (docs/BACKENDS.md "run" reply and Protocol 2); tensors go
-    into `tensors`. `values`: the case's device values (shared by the case's paths)."""
+    into `tensors`. `values`: the case's device values (shared by the case's paths);
+    `writers`: whether a changed caller tensor's writer is looked for (modified_by, a
+    second run of the path)."""
     values = values or _DeviceValues(case)
     result = {"name": path["name"], "status": "ok"}
     fusions = path.get("fusions") or []
@@ -775,7 +810,7 @@ def run_path(builder, case, path, tensors, values=None):
                     break  # the Sequential's state is unknown after a failed call (as the model)
     if repeat_calls(case):
         result["repeats"] = repeats
-    if result["modified"]:
+    if result["modified"] and writers:
         modified_by = _writers(builder, case, path, values)
         if modified_by:
             result["modified_by"] = modified_by
@@ -856,8 +891,12 @@ def _writers(builder, case, path, values):
     return {name: group for name, group in tracker.writers.items() if name in call.modified}
 
 
-def run_paths(builder, case, paths, tensors):
-    """Every requested path in order, honouring skip_if_nothing_fused."""
+def run_paths(builder, case, paths, tensors, writers=None):
+    """Every requested path in order, honouring skip_if_nothing_fused. `writers`: whether
+    modified_by is looked for (default: the request's "modified_by", true unless false; the
+    second run it costs is a path's worth of time per modified path, docs/BENCHMARKS.md)."""
+    if writers is None:
+        writers = case.writers
     results = []
     first_ok_unfused = None
     values = _DeviceValues(case)
@@ -873,7 +912,7 @@ def run_paths(builder, case, paths, tensors):
                 }
             )
             continue
-        result = run_path(builder, case, path, tensors, values)
+        result = run_path(builder, case, path, tensors, values, writers)
         if not results:
             plans = [result["plans"]] + [r["plans"] for r in result.get("repeats", [])]
             first_ok_unfused = result["status"] == "ok" and not any(

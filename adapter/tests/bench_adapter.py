@@ -244,6 +244,7 @@ def in_process(backend, reqs, profile=None):
     for stage in list(timers.seconds):
         timers.seconds[stage] = 0.0
     profiler = cProfile.Profile() if profile else None
+    cpu_start = time.process_time()
     start = time.perf_counter()
     if profiler:
         profiler.enable()
@@ -255,6 +256,7 @@ def in_process(backend, reqs, profile=None):
         profiler.disable()
         profiler.dump_stats(profile)
     total = time.perf_counter() - start
+    in_process.cpu_per_case = (time.process_time() - cpu_start) / len(frames)
     timers.restore()
     per_case = {k: v / len(frames) for k, v in timers.seconds.items()}
     per_case["other (handle, driver glue)"] = total / len(frames) - sum(per_case.values())
@@ -345,7 +347,10 @@ def main():
     per_case, rate = in_process(backend, reqs, args.profile)
     where = "real TE on CUDA" if args.real else "CPU"
     print(f"backend {args.backend} ({where}): {args.cases} tiny float32 cases")
-    print(f"in process: {rate:.0f} cases/s, {1e3 / rate:.2f} ms per case")
+    print(
+        f"in process: {rate:.0f} cases/s, {1e3 / rate:.2f} ms per case "
+        f"({1e3 * in_process.cpu_per_case:.2f} ms of CPU time)"
+    )
     for stage, seconds in sorted(per_case.items(), key=lambda kv: -kv[1]):
         print(f"  {stage:42s} {seconds * 1e3:7.3f} ms  {100 * seconds * rate:5.1f} %")
     if args.syncs and torch.cuda.is_available():

@@ -385,3 +385,47 @@ def test_te_repeat_call_with_a_stale_plan_differs_from_the_fresh_plans(te, monke
         "FusedResidual.joint",
         "Bias",
     ]
+
+
+def test_case_values_go_to_the_device_in_one_copy_per_dtype():
+    from gradfuzz_adapter.case import decode_case
+    from gradfuzz_adapter.client import make_request
+
+    ops = [
+        {"name": "Linear", "attrs": {"out": 6}},
+        {"name": "Dispatch", "attrs": {"groups": 2}},
+        {"name": "Combine"},
+    ]
+    header, tensors = make_request(spec(ops, call_then_bind=[{"op": 0}]))
+    case = decode_case(header, tensors)
+    values = driver._DeviceValues(case)
+    device = torch.device("cuda" if torch.cuda.is_available() else "meta")
+    values.use(device)
+    keys = {"input", ("extra", 0), ("extra", 1), ("call", 0), ("param", 0, 0)}
+    keys |= {("cotangent", k) for k, c in enumerate(case.cotangents) if c is not None}
+    assert set(values.raw) == keys
+    # One buffer per wire dtype: the float64 values are views of one storage.
+    floats = [t for t in values.raw.values() if t.dtype == torch.float64]
+    assert len({t.untyped_storage().data_ptr() for t in floats}) == 1 or device.type == "meta"
+    x = values.fresh("input", case.input, requires_grad=True)
+    assert x.shape == case.input.shape and x.dtype == case.dtype and x.requires_grad
+    routing = values.fresh(("extra", 1), case.extra_inputs[1])
+    assert routing.dtype == torch.int64 and routing.device.type == device.type
+    if device.type == "cuda":
+        assert torch.equal(x.detach().cpu(), case.input.to(case.dtype))
+        assert torch.equal(routing.cpu(), case.extra_inputs[1])
+
+
+def test_a_request_can_turn_the_writer_search_off(torch_backend, monkeypatch):
+    from gradfuzz_adapter.case import decode_case
+    from gradfuzz_adapter.client import make_request
+    from gradfuzz_adapter.protocol import TensorList
+
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]}]
+    for flag, expected in ((None, True), (False, False), (True, True)):
+        extra = {} if flag is None else {"modified_by": flag}
+        header, tensors = make_request(spec(ops), **extra)
+        results = torch_backend.run(decode_case(header, tensors), header["paths"], TensorList())
+        assert results[0]["modified"] == ["extra_input[0]"]
+        assert ("modified_by" in results[0]) is expected, flag
