@@ -45,6 +45,11 @@ at::Tensor wire_value(const at::Tensor& t) {
 
 }  // namespace
 
+void Backend::set_fault(const std::string& name) {
+  if (!name.empty())
+    throw std::invalid_argument("the " + this->name() + " backend has no planted fault '" + name + "'");
+}
+
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
   if (options.name == "model") return std::make_unique<ModelBackend>();
   if (options.name == "te" || options.name == "torch") return std::make_unique<RemoteBackend>(options);

@@ -61,6 +61,11 @@ class Backend {
   /// broken invariants.
   virtual std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                          const std::vector<PathRequest>& paths) = 0;
+  /// Switches on one of the backend's planted faults (capabilities().faults) for the next
+  /// run_paths calls; empty switches it off. The model's faults live in ops/faults.h's
+  /// switchboard (campaign/case_runner.h sets them); a backend without planted faults of
+  /// its own throws std::invalid_argument naming the fault.
+  virtual void set_fault(const std::string& name);
 };
 
 /// How to reach a backend.

@@ -43,6 +43,17 @@ std::vector<PlanGroup> plan_groups(const json& j) {
   return out;
 }
 
+std::vector<FuserPlans> fuser_plans(const json& j) {
+  std::vector<FuserPlans> out;
+  for (const auto& fuser : j) {
+    FuserPlans p;
+    p.forward = plan_groups(fuser.at("forward"));
+    p.backward = plan_groups(fuser.at("backward"));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 PathRun path_from(const json& j, const wire::Frame& frame) {
   PathRun run;
   run.name = j.at("name").get<std::string>();
@@ -53,6 +64,7 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
     run.error_type = e.value("type", "");
     run.error_message = e.value("message", "");
     run.error_stage = e.value("phase", "");
+    run.error_origin = e.value("origin", "");
     if (!run.error_type.empty()) run.error_message = run.error_type + ": " + run.error_message;
   }
   if (run.status == PathStatus::kUnsupported) run.error_message = j.value("reason", "");
@@ -75,15 +87,22 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
       for (const auto& [name, ref] : fuser.items()) run.channel_grads.back()[name] = wire::tensor_at(frame, ref);
     }
   }
-  if (j.contains("plans")) {
-    for (const auto& fuser : j["plans"]) {
-      FuserPlans p;
-      p.forward = plan_groups(fuser.at("forward"));
-      p.backward = plan_groups(fuser.at("backward"));
-      run.plans.push_back(std::move(p));
+  if (j.contains("plans")) run.plans = fuser_plans(j["plans"]);
+  if (j.contains("expected_plans")) run.expected_plans = fuser_plans(j["expected_plans"]);
+  if (j.contains("modified")) run.modified = j["modified"].get<std::vector<std::string>>();
+  if (j.contains("modified_by") && j["modified_by"].is_object()) {
+    for (const auto& [name, w] : j["modified_by"].items()) {
+      harness::Writer writer;
+      writer.group = {w.at("name").get<std::string>(), w.at("begin").get<int64_t>(), w.at("end").get<int64_t>(),
+                      w.value("fused", false)};
+      writer.pass = w.value("pass", "");
+      run.modified_by[name] = std::move(writer);
     }
   }
-  if (j.contains("modified")) run.modified = j["modified"].get<std::vector<std::string>>();
+  // Protocol 2: the case's repeat calls of the same Sequential, each a path of its own.
+  if (j.contains("repeats")) {
+    for (const auto& r : j["repeats"]) run.repeats.push_back(path_from(r, frame));
+  }
   if (j.contains("left_locked")) run.left_locked = j["left_locked"].get<std::vector<int64_t>>();
   return run;
 }
@@ -240,6 +259,7 @@ std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePl
   std::vector<at::Tensor> out_tensors;
   json header = case_request_json(spec, plan, tensors, out_tensors);
   header["op"] = "run";
+  if (!fault_.empty()) header["fault"] = fault_;
   header["paths"] = paths_json(paths);
   Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
   std::vector<PathRun> runs;
@@ -253,6 +273,16 @@ std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePl
                            std::to_string(paths.size()) + " requested");
   }
   return runs;
+}
+
+void RemoteBackend::set_fault(const std::string& name) {
+  if (!name.empty() && !capabilities().fault(name)) {
+    std::string known;
+    for (const auto& f : capabilities().faults) known += (known.empty() ? "" : ", ") + f.name;
+    throw std::invalid_argument("the " + options_.name + " backend has no planted fault '" + name +
+                                "'; its faults: " + (known.empty() ? "none" : known));
+  }
+  fault_ = name;
 }
 
 std::string RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,

@@ -38,6 +38,10 @@ class RemoteBackend final : public Backend {
 
   /// The pytest script for `spec` (its paths and values). Throws BackendUnavailable when the
   /// adapter cannot start and std::runtime_error when it refuses the request.
+  /// The adapter's planted faults (capabilities().faults): sent with every run request.
+  /// Throws std::invalid_argument for a name the adapter does not list.
+  void set_fault(const std::string& name) override;
+
   std::string export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                             const std::vector<PathRequest>& paths, const ExportRequest& request);
 
@@ -56,6 +60,7 @@ class RemoteBackend final : public Backend {
   std::unique_ptr<ChildProcess> child_;
   BackendCapabilities capabilities_;
   bool have_capabilities_ = false;
+  std::string fault_;
 };
 
 /// The argv and environment the adapter is started with for `options` (python, -m

@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "campaign/clusters.h"
 #include "campaign/exit_codes.h"
 #include "campaign/files.h"
 #include "campaign/worker_pool.h"
@@ -34,11 +35,6 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
-}
-
-std::optional<std::string> fault_text(const std::optional<ops::Fault>& fault) {
-  if (!fault) return std::nullopt;
-  return ops::fault_name(*fault);
 }
 
 class ProgressLine {
@@ -112,6 +108,7 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   gen.set_shapes(options.shapes.value_or(options.device == "cuda" ? generators::ShapeRegime::kMix
                                                                   : generators::ShapeRegime::kTiny));
   gen.set_max_tensor_elements(options.max_tensor_elements);
+  gen.set_feature_weights(campaign_feature_weights(options, options.backend));
   return gen;
 }
 
@@ -127,28 +124,42 @@ harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
 
 const CampaignFinding* CampaignOutcome::first_attributable() const {
   for (const auto& f : findings) {
-    if (f.fault_attributable) return &f;
+    if (f.fault_attributable && !f.known()) return &f;
   }
   return nullptr;
 }
 
-bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const runner::RunOptions& run_options) {
-  ops::FaultScope off(fault, /*enabled=*/false);
-  try {
-    return runner::run_case(spec, run_options).passed();
-  } catch (const std::exception&) {
-    return false;
-  }
+int64_t CampaignOutcome::new_findings() const {
+  return std::count_if(findings.begin(), findings.end(), [](const CampaignFinding& f) { return !f.known(); });
 }
 
-harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::string& role, const std::string& fault, bool require_passes_without,
-                                 int64_t max_calls, const std::function<bool()>& keep_going) {
+std::map<std::string, double> campaign_feature_weights(const CampaignOptions& options, const std::string& backend) {
+  std::map<std::string, double> weights = options.feature_weights;
+  if (options.known) {
+    for (const auto& [feature, weight] : options.known->feature_weights(backend)) {
+      auto it = weights.find(feature);
+      weights[feature] = it == weights.end() ? weight : std::min(it->second, weight);
+    }
+  }
+  return weights;
+}
+
+std::string backend_version(const harness::BackendCapabilities& caps) {
+  for (const char* key : {"transformer_engine", "torch"}) {
+    auto it = caps.versions.find(key);
+    if (caps.backend != "model" && it != caps.versions.end()) return it->second;
+  }
+  return reports::build_tool_info().version;
+}
+
+harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, const std::string& signature,
+                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
+                                 const std::function<bool()>& keep_going) {
   auto still_fails = [&](const harness::CaseSpec& candidate) {
     if (keep_going && !keep_going()) return false;
     try {
       const harness::CaseResult result = runner.run_now(candidate, fault);
-      if (result.verdict != kind || result.signature_role() != role) return false;
+      if (!result.finding(signature)) return false;
       return !require_passes_without || runner.run_now(candidate, "").passed();
     } catch (const WorkerInternalError&) {
       return false;  // a different problem than the one being shrunk
@@ -209,8 +220,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 
 CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner, reports::Reporter& reporter,
                              std::ostream* progress, std::vector<LeftoverCase> leftovers) {
-  const std::optional<std::string> fault = fault_text(options.fault);
-  const std::string fault_name = fault.value_or("");
+  const std::string fault_name = options.fault.value_or("");
   const std::string tool_version = reports::build_tool_info().version;
   const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
   const std::filesystem::path crashing_dir = options.corpus_dir / corpus::kCrashingDir;
@@ -225,19 +235,12 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   }
 
   CampaignOutcome outcome;
+  outcome.feature_weights = campaign_feature_weights(options, options.backend);
+  const std::string version = backend_version(runner.capabilities());
+  const std::filesystem::path known_dir = findings_dir / kKnownDir;
   // Fault-attributable findings and failures that persist without the fault are
-  // deduplicated separately, so a real bug cannot hide the fault's finding of the same shape.
-  struct Cluster {
-    std::string key;  // the shrunk case's signature (and whether it persists without the fault)
-    harness::VerdictKind kind;
-    std::string role;
-    std::set<std::string> ops;
-    bool attributable = true;
-    int64_t count = 0;
-    int64_t examples = 0;
-  };
-  // Stable addresses: clusters are only appended.
-  std::deque<Cluster> clusters;
+  // clustered separately, so a real bug cannot hide the fault's finding of the same cause.
+  ClusterTable clusters;
   const bool attribute = options.fault && options.require_fault_attributable;
   InflightFiles inflight(options.corpus_dir / kInflightDir, std::max(1, runner.slots()));
   ProgressLine line(progress);
@@ -297,11 +300,29 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     return true;
   };
 
+  // Saves `spec` (a case showing `kind`) and returns its path.
+  auto save = [&](const harness::CaseSpec& spec, harness::VerdictKind kind, const std::optional<std::string>& fault,
+                  const std::filesystem::path& dir) {
+    corpus::CaseFile file =
+        corpus::make_case_file(spec, corpus::ExpectedVerdict{kind, fault}, options.seed, tool_version, fault);
+    file.backend = options.backend;
+    return corpus::write_case_file(dir, file).string();
+  };
+  auto mark = [&](harness::CaseResult& result) {
+    if (options.known) options.known->mark(result, version);
+  };
+  auto shrink_calls = [&](harness::VerdictKind kind) {
+    return kind == harness::VerdictKind::kCrash     ? options.max_crash_shrink_calls
+           : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
+                                                    : options.max_shrink_calls;
+  };
+
   auto handle = [&](JobResult done) {
     Pending p = std::move(pending.at(done.id));
     pending.erase(done.id);
     reports::CaseRecord record;
     record.result = std::move(done.result);
+    mark(record.result);
     ++outcome.cases_run;
     if (record.result.passed()) {
       ++outcome.passed;
@@ -309,99 +330,94 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       ++outcome.unsupported;
     } else {
       ++outcome.failed;
+      if (!record.result.has_new_findings()) ++outcome.known_failed;
       const double seconds = seconds_since(start);
       const std::string& case_fault = p.fault;
       const std::optional<std::string> fault_opt =
           case_fault.empty() ? std::nullopt : std::optional<std::string>(case_fault);
-      const bool attributable = !attribute || runner.run_now(p.spec, "").passed();
-      const harness::VerdictKind kind = record.result.verdict;
-      const std::string role = record.result.signature_role();
-      const std::set<std::string> ops(record.result.op_types.begin(), record.result.op_types.end());
-      // A failure whose ops include a known cluster's shrunk ops, with the same kind and
-      // tensor role, is that cluster again: counted, not shrunk (one bug would otherwise
-      // give a finding per op set it shows up in).
-      Cluster* cluster = nullptr;
-      for (auto& c : clusters) {
-        if (c.kind == kind && c.role == role && c.attributable == attributable &&
-            std::includes(ops.begin(), ops.end(), c.ops.begin(), c.ops.end())) {
-          cluster = &c;
-          break;
-        }
+      // Which of the case's findings persist with the fault off (selftest): those are not
+      // the fault's, and cluster apart.
+      std::set<std::string> persists;
+      if (attribute) {
+        harness::CaseResult without = runner.run_now(p.spec, "");
+        for (const auto& sig : without.signatures()) persists.insert(sig);
       }
-      harness::CaseSpec minimal = p.spec;
-      harness::CaseResult minimal_result = record.result;
-      if (!cluster) {
-        const int64_t calls = kind == harness::VerdictKind::kCrash     ? options.max_crash_shrink_calls
-                              : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
-                                                                       : options.max_shrink_calls;
-        if (options.shrink) {
-          minimal =
-              shrink_failure(runner, p.spec, kind, role, case_fault, attribute && attributable, calls, keep_going);
-        }
-        if (!(minimal == p.spec)) {
-          minimal_result = runner.run_now(minimal, case_fault);
-          if (minimal_result.verdict != kind || minimal_result.signature_role() != role) {
-            // Shrinking is only trusted when the minimal case reproduces: keep the original.
-            minimal = p.spec;
-            minimal_result = record.result;
-          }
-        }
-        const std::string key = minimal_result.signature() + (attributable ? "" : "|persists-without-fault");
-        for (auto& c : clusters) {
-          if (c.key == key) cluster = &c;
-        }
+      for (const std::string& signature : record.result.signatures()) {
+        const harness::Finding& first = *record.result.finding(signature);
+        const bool attributable = !attribute || !persists.count(signature);
+        const std::string key = ClusterTable::key(signature, attributable);
+        ClusterTable::Cluster* cluster = clusters.find(key);
         if (!cluster) {
-          clusters.push_back(Cluster{
-              key, kind, minimal_result.signature_role(),
-              std::set<std::string>(minimal_result.op_types.begin(), minimal_result.op_types.end()), attributable});
-          cluster = &clusters.back();
+          harness::CaseSpec minimal = p.spec;
+          harness::CaseResult minimal_result = record.result;
+          // A known finding is not shrunk again: its case is kept as generated.
+          if (!first.is_known() && options.shrink) {
+            minimal = shrink_failure(runner, p.spec, signature, case_fault, attribute && attributable,
+                                     shrink_calls(first.kind), keep_going);
+            if (!(minimal == p.spec)) {
+              minimal_result = runner.run_now(minimal, case_fault);
+              mark(minimal_result);
+              // Shrinking is only trusted when the minimal case reproduces: keep the original.
+              if (!minimal_result.finding(signature)) {
+                minimal = p.spec;
+                minimal_result = record.result;
+              }
+            }
+          }
+          cluster = &clusters.add({key, signature, first.kind, attributable, first.known});
+          const bool kills = first.kind == harness::VerdictKind::kCrash || first.kind == harness::VerdictKind::kTimeout;
           CampaignFinding found;
           found.finding.result = minimal_result;
-          corpus::CaseFile file = corpus::make_case_file(minimal, corpus::ExpectedVerdict{kind, fault_opt},
-                                                         options.seed, tool_version, fault_opt);
-          file.backend = options.backend;
-          const bool kills = kind == harness::VerdictKind::kCrash || kind == harness::VerdictKind::kTimeout;
-          const std::filesystem::path saved = corpus::write_case_file(kills ? crashing_dir : findings_dir, file);
-          found.finding.case_file = saved.string();
+          found.finding.signature = signature;
+          found.finding.case_file = save(minimal, first.kind, fault_opt,
+                                         first.is_known() ? known_dir
+                                         : kills          ? crashing_dir
+                                                          : findings_dir);
           found.finding.reproduce = reports::reproduce_line(found.finding.case_file, fault_opt);
           if (options.backend != "model") found.finding.reproduce += " --backend " + options.backend;
+          if (options.known && !options.known->path.empty() && first.is_known()) {
+            found.finding.reproduce += " --known " + options.known->path.string();
+          }
           found.finding.fault = fault_opt;
           found.finding.cluster = key;
           found.finding.dtype = minimal.dtype;
+          if (first.is_known() && options.known) {
+            if (const KnownIssue* e = options.known->entry(first.known)) {
+              found.finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};
+            }
+          }
           found.shrunk_ops = minimal.num_ops();
           found.case_number = p.number;
           found.seconds = seconds;
           found.fault_attributable = attributable;
-          record.finding = found.finding;
+          record.new_findings.push_back(found.finding);
           outcome.findings.push_back(std::move(found));
-          if (options.stop_at_first_finding && attributable) stop_now = true;
+          if (options.stop_at_first_finding && attributable && !first.is_known()) stop_now = true;
+        } else if (cluster->examples < kExamplesPerCluster) {
+          // A few unshrunk members of each cluster, as they were generated.
+          record.example_files.emplace_back(key, save(p.spec, first.kind, fault_opt, findings_dir / kExamplesDir));
+          ++cluster->examples;
         }
-      }
-      record.cluster = cluster->key;
-      ++cluster->count;
-      if (cluster->examples < kExamplesPerCluster && !record.finding) {
-        // A few unshrunk members of each cluster, as they were generated.
-        corpus::CaseFile file = corpus::make_case_file(p.spec, corpus::ExpectedVerdict{kind, fault_opt}, options.seed,
-                                                       tool_version, fault_opt);
-        file.backend = options.backend;
-        record.example_file = corpus::write_case_file(findings_dir / kExamplesDir, file).string();
-        ++cluster->examples;
+        record.clusters.push_back(key);
+        ++cluster->cases;
       }
     }
     reporter.report_case(record);
     if (options.case_log) {
       nlohmann::json entry{{"number", p.number},
                            {"verdict", harness::verdict_name(record.result.verdict)},
-                           {"signature", record.result.passed() ? std::string() : record.result.signature()},
+                           {"signatures", record.result.signatures()},
+                           {"new", record.result.failed() && record.result.has_new_findings()},
                            {"backend", record.result.backend},
                            {"fused_forward", record.result.fused_forward},
                            {"fused_backward", record.result.fused_backward},
+                           {"fused_compared", record.result.fused_compared},
                            {"spec", p.spec}};
       *options.case_log << entry.dump() << '\n';
     }
     inflight.give_back(p.file);
     if (p.leftover) remove_file(*p.leftover);  // its outcome is recorded now
-    line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()));
+    line.update(outcome.cases_run, outcome.new_findings());
     if (options.on_case) options.on_case(seconds_since(start));
   };
 
@@ -441,7 +457,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   }
   inflight.remove_all();
   outcome.wall_s = seconds_since(start);
-  line.update(outcome.cases_run, static_cast<int64_t>(outcome.findings.size()), /*force=*/true);
+  line.update(outcome.cases_run, outcome.new_findings(), /*force=*/true);
   line.finish();
   return outcome;
 }

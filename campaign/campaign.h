@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "campaign/case_runner.h"
+#include "campaign/known_issues.h"
 #include "generators/case_gen.h"
 #include "ops/faults.h"
 #include "reports/reporter.h"
@@ -26,6 +27,8 @@ inline constexpr const char* kInflightDir = "inflight";
 inline constexpr const char* kFindingsDir = "findings";
 /// Under findings/: a few unshrunk members of each cluster.
 inline constexpr const char* kExamplesDir = "examples";
+/// Under findings/: the case that first showed each known cluster, as generated.
+inline constexpr const char* kKnownDir = "known";
 inline constexpr int64_t kExamplesPerCluster = 3;
 
 /// One campaign (`gradfuzz fuzz`, and each fault of `gradfuzz selftest`).
@@ -44,8 +47,15 @@ struct CampaignOptions {
   std::optional<generators::ShapeRegime> shapes;
   /// Element budget of one tensor in edge and large cases.
   int64_t max_tensor_elements = int64_t{1} << 24;
-  /// Fault switched on for every case and for shrinking.
-  std::optional<ops::Fault> fault;
+  /// Fault switched on for every case and for shrinking: a model fault (ops/faults.h) or one
+  /// of the backend's planted faults (capabilities().faults).
+  std::optional<std::string> fault;
+  /// Known issues: findings that match an entry are reported as known, counted, and not
+  /// shrunk; the entries' steering weights go to the generator (feature_weights).
+  std::shared_ptr<const KnownIssues> known;
+  /// Case feature -> share of cases that may draw it (generators/case_gen.h); merged with
+  /// the known issues' weights (the smaller wins).
+  std::map<std::string, double> feature_weights;
   std::filesystem::path corpus_dir = kDefaultCorpusDir;
   /// Stop after the first finding (selftest); with require_fault_attributable, after the
   /// first finding the fault is responsible for.
@@ -96,6 +106,7 @@ struct CampaignFinding {
   /// The case passes with the campaign's fault off (always true without a fault or without
   /// require_fault_attributable).
   bool fault_attributable = true;
+  bool known() const { return finding.known.has_value(); }
 };
 
 /// What a campaign did.
@@ -105,12 +116,18 @@ struct CampaignOutcome {
   int64_t failed = 0;
   /// Valid cases the backend declined (not findings).
   int64_t unsupported = 0;
-  /// New findings, one per cluster (the shrunk case's kind, ops and tensor role; a failure
-  /// whose ops include a cluster's, with its kind and role, joins it), in the order found.
+  /// Failed cases whose every finding matched a known issue.
+  int64_t known_failed = 0;
+  /// One per cluster (a finding signature, oracle/signature.h), in the order found: new
+  /// clusters with their shrunk case, known ones with the case that showed them first.
   std::vector<CampaignFinding> findings;
   double wall_s = 0;
-  /// The first finding with fault_attributable set, if any.
+  /// The feature weights the generator used.
+  std::map<std::string, double> feature_weights;
+  /// The first new (not known) finding with fault_attributable set, if any.
   const CampaignFinding* first_attributable() const;
+  /// Clusters that are not known.
+  int64_t new_findings() const;
 };
 
 /// The case file (verdict pass, provenance of this build) of `spec`, as written to the
@@ -170,19 +187,21 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress);
 
 /// Shrinks a failing `spec` on `runner`, with `fault` on for every candidate, to a locally
-/// minimal case that fails the same way: the same verdict kind and the same tensor role
-/// (CaseResult::signature_role(): "grad_channel", "modified_input", an error's kinds...), so
-/// that a channel-gradient finding does not shrink into some other mismatch its smaller
-/// cases happen to show. With `require_passes_without`, every candidate must also pass with
-/// the fault off. Candidates whose run raises count as "does not fail the same way".
-/// `keep_going` (when set) ends the shrink early when it returns false (the best case so far
-/// is returned).
-harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, harness::VerdictKind kind,
-                                 const std::string& role, const std::string& fault, bool require_passes_without,
-                                 int64_t max_calls, const std::function<bool()>& keep_going = {});
+/// minimal case that still has a finding with `signature` (oracle/signature.h), so that a
+/// channel-gradient finding does not shrink into some other problem its smaller cases happen
+/// to show. With `require_passes_without`, every candidate must also pass with the fault off.
+/// Candidates whose run raises count as "does not fail the same way". `keep_going` (when set)
+/// ends the shrink early when it returns false (the best case so far is returned).
+harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, const std::string& signature,
+                                 const std::string& fault, bool require_passes_without, int64_t max_calls,
+                                 const std::function<bool()>& keep_going = {});
 
-/// Whether `spec` passes with `fault` switched off (other faults as they are). Raising
-/// counts as not passing.
-bool passes_without_fault(const harness::CaseSpec& spec, ops::Fault fault, const runner::RunOptions& run_options);
+/// The feature weights a campaign's generator uses: `options.feature_weights` and the known
+/// issues' steering weights for `backend`, the smaller per feature.
+std::map<std::string, double> campaign_feature_weights(const CampaignOptions& options, const std::string& backend);
+
+/// The version a known-issue entry's range is compared with: the backend's own
+/// (transformer_engine for te, torch for torch), gradfuzz's for the model.
+std::string backend_version(const harness::BackendCapabilities& caps);
 
 }  // namespace gradfuzz::campaign

@@ -9,11 +9,23 @@ namespace gradfuzz::campaign {
 
 harness::CaseResult run_with_fault(const harness::CaseSpec& spec, const std::string& fault, backends::Backend& backend,
                                    const runner::RunOptions& run_options) {
-  // The switchboard is process-wide: every fault off except the one asked for.
+  // The model's switchboard is process-wide: every fault off except the one asked for.
+  bool model_fault = false;
   std::vector<std::unique_ptr<ops::FaultScope>> scopes;
   for (ops::Fault f : ops::all_faults()) {
-    scopes.push_back(std::make_unique<ops::FaultScope>(f, !fault.empty() && ops::fault_name(f) == fault));
+    const bool on = !fault.empty() && ops::fault_name(f) == fault;
+    model_fault = model_fault || on;
+    scopes.push_back(std::make_unique<ops::FaultScope>(f, on));
   }
+  // Any other name is one of the backend's own planted faults, on for this case only.
+  struct BackendFault {
+    backends::Backend& backend;
+    bool on;
+    ~BackendFault() {
+      if (on) backend.set_fault("");
+    }
+  } planted{backend, !fault.empty() && !model_fault};
+  if (planted.on) backend.set_fault(fault);
   return runner::run_case(spec, backend, run_options);
 }
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <ostream>
 
+#include "campaign/campaign.h"
 #include "campaign/environment.h"
 #include "campaign/exit_codes.h"
 
@@ -33,25 +34,27 @@ std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
   return loaded;
 }
 
-ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
-                           const runner::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out) {
+ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<std::string>& fault,
+                           const runner::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out,
+                           const KnownIssues* known) {
   InProcessRunner runner(backends::make_backend({}), run_options);
-  return replay_cases(cases, fault, runner, reporter, out);
+  return replay_cases(cases, fault, runner, reporter, out, known);
 }
 
-ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<ops::Fault>& fault,
-                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out) {
-  const std::optional<std::string> fault_text =
-      fault ? std::optional<std::string>(ops::fault_name(*fault)) : std::nullopt;
+ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<std::string>& fault,
+                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out,
+                           const KnownIssues* known) {
+  const std::optional<std::string>& fault_text = fault;
   const harness::BackendCapabilities& caps = runner.capabilities();
-  const auto known = caps.fusion_names();
+  const std::string version = backend_version(caps);
+  const auto known_fusions = caps.fusion_names();
 
   ReplayOutcome outcome;
   for (const auto& c : cases) {
     harness::CaseSpec spec = c.file.spec;
     std::vector<std::string> kept;
     for (size_t k = 0; k < spec.fusions.size(); ++k) {
-      if (std::find(known.begin(), known.end(), spec.fusions[k]) != known.end()) {
+      if (std::find(known_fusions.begin(), known_fusions.end(), spec.fusions[k]) != known_fusions.end()) {
         kept.push_back(spec.fusions[k]);
       } else if (c.file.backend == caps.backend) {
         throw InputError(c.path.string() + ": /spec/fusions/" + std::to_string(k) + ": the " + caps.backend +
@@ -68,22 +71,35 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
     } catch (const std::exception& e) {
       throw InternalError(c.path.string() + ": running the case raised: " + e.what(), c.path.string());
     }
+    if (known) known->mark(record.result, version);
     ++outcome.cases_run;
     if (record.result.failed()) {
       ++outcome.failed;
-      reports::Finding finding;
-      finding.result = record.result;
-      finding.case_file = c.path.string();
-      finding.reproduce = reports::reproduce_line(finding.case_file, fault_text);
-      if (caps.backend != "model") finding.reproduce += " --backend " + caps.backend;
-      finding.fault = fault_text;
-      finding.dtype = spec.dtype;
-      if (out) {
-        *out << "FAIL " << harness::verdict_name(record.result.verdict) << ' ' << finding.case_file << " ["
-             << record.result.signature() << "]: " << finding.reproduce << '\n';
+      if (!record.result.has_new_findings()) ++outcome.known_failed;
+      for (const auto& signature : record.result.signatures()) {
+        const harness::Finding& first = *record.result.finding(signature);
+        reports::Finding finding;
+        finding.result = record.result;
+        finding.signature = signature;
+        finding.case_file = c.path.string();
+        finding.reproduce = reports::reproduce_line(finding.case_file, fault_text);
+        if (caps.backend != "model") finding.reproduce += " --backend " + caps.backend;
+        finding.fault = fault_text;
+        finding.dtype = spec.dtype;
+        if (first.is_known() && known) {
+          if (const KnownIssue* e = known->entry(first.known)) {
+            finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};
+          }
+        }
+        if (out) {
+          *out << (first.is_known() ? "KNOWN " : "FAIL ") << harness::verdict_name(first.kind) << ' '
+               << finding.case_file << " [" << signature << "]"
+               << (first.is_known() ? " (" + first.known + ")" : std::string()) << ": " << finding.reproduce << '\n';
+        }
+        outcome.failures.push_back(finding);
+        // Each replayed file is its own finding, without a cluster count.
+        record.new_findings.push_back(std::move(finding));
       }
-      outcome.failures.push_back(finding);
-      record.finding = std::move(finding);
     }
     if (reporter) reporter->report_case(record);
   }

@@ -7,7 +7,7 @@
 
 namespace gradfuzz::campaign {
 
-int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
+int replay_exit_status(const std::filesystem::path& case_file, const std::optional<std::string>& fault,
                        CaseRunner& runner) {
   try {
     const auto cases = load_case_paths({case_file.string()});
@@ -20,6 +20,33 @@ int replay_exit_status(const std::filesystem::path& case_file, const std::option
   }
 }
 
+CampaignOptions selftest_campaign(const CampaignOptions& base, const std::string& fault) {
+  CampaignOptions campaign = base;
+  campaign.fault = fault;
+  ops::Fault model_fault{};
+  bool is_model = false;
+  for (ops::Fault f : ops::all_faults()) {
+    if (ops::fault_name(f) == fault) {
+      model_fault = f;
+      is_model = true;
+    }
+  }
+  if (!is_model) return campaign;
+  if (ops::fault_is_half_precision(model_fault)) {
+    std::vector<std::string> half;
+    for (const auto& d : base.dtypes) {
+      if (d == "bfloat16" || d == "float16") half.push_back(d);
+    }
+    campaign.dtypes = half.empty() ? std::vector<std::string>{"bfloat16", "float16"} : half;
+  }
+  if (ops::fault_shapes(model_fault) == "edge") {
+    // Long enough reductions, small enough tensors for a CPU: edge dimensions within 2^14.
+    campaign.shapes = generators::ShapeRegime::kEdge;
+    campaign.max_tensor_elements = std::min<int64_t>(campaign.max_tensor_elements, int64_t{1} << 14);
+  }
+  return campaign;
+}
+
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress) {
   InProcessRunner runner(backends::make_backend({}), options.campaign.run_options);
@@ -29,13 +56,12 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, CaseRunner& runner,
                                                  reports::Reporter& reporter, std::ostream* progress) {
   std::vector<reports::SelftestEntry> entries;
-  for (ops::Fault fault : options.faults) {
+  for (const std::string& fault : options.faults) {
     reports::SelftestEntry entry;
-    entry.name = ops::fault_name(fault);
+    entry.name = fault;
     if (progress) *progress << "[gradfuzz] selftest " << entry.name << '\n';
 
-    CampaignOptions campaign = options.campaign;
-    campaign.fault = fault;
+    CampaignOptions campaign = selftest_campaign(options.campaign, fault);
     campaign.stop_at_first_finding = true;
     campaign.require_fault_attributable = true;
     campaign.corpus_dir = options.corpus_dir / entry.name;
@@ -45,6 +71,8 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
     // findings of the fault itself may arrive after the first: those are attributable).
     entry.unattributed_findings = std::count_if(outcome.findings.begin(), outcome.findings.end(),
                                                 [](const CampaignFinding& f) { return !f.fault_attributable; });
+    entry.known_findings = std::count_if(outcome.findings.begin(), outcome.findings.end(),
+                                         [](const CampaignFinding& f) { return f.known(); });
     if (const CampaignFinding* found = outcome.first_attributable()) {
       const reports::Finding& finding = found->finding;
       entry.detected = true;

@@ -21,14 +21,16 @@ inline constexpr const char* kDefaultSelftestDir = "gradfuzz-out/selftest";
 
 /// `gradfuzz selftest`: the default campaign once per fault.
 struct SelftestOptions {
-  std::vector<ops::Fault> faults;
+  /// Fault names: the model's (ops/faults.h) or the backend's planted ones.
+  std::vector<std::string> faults;
   /// Campaign settings shared by every fault (cases, seed, device, dtypes, max_ops). The
   /// fault, corpus and stop-at-first-finding fields are set per fault.
   CampaignOptions campaign;
   std::filesystem::path corpus_dir = kDefaultSelftestDir;
 };
 
-/// For each fault: runs the default campaign (same generator, no tuning toward the fault)
+/// For each fault: runs the default campaign (same generator, no tuning toward the fault;
+/// a half-precision fault in half dtypes, see selftest_campaign)
 /// with the fault on until the first finding the fault is responsible for (one that passes
 /// with the fault off; see CampaignOptions::require_fault_attributable) or the case budget,
 /// shrinks and saves that finding under <corpus>/<fault-name>/findings, then replays the
@@ -47,7 +49,12 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
 
 /// Exit status replay would give for `case_file` with `fault` on or off, run on `runner`:
 /// 0 pass, 1 failure, 2 unusable file, 3 internal error.
-int replay_exit_status(const std::filesystem::path& case_file, const std::optional<ops::Fault>& fault,
+int replay_exit_status(const std::filesystem::path& case_file, const std::optional<std::string>& fault,
                        CaseRunner& runner);
+
+/// The campaign a fault's selftest runs: `base` with the fault on, and where the fault needs
+/// them (ops::fault_is_half_precision, ops::fault_shapes) the half dtypes of `base` (else
+/// bfloat16 and float16) and the edge shapes within a 2^14-element tensor budget.
+CampaignOptions selftest_campaign(const CampaignOptions& base, const std::string& fault);
 
 }  // namespace gradfuzz::campaign

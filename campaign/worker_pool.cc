@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "backends/wire.h"
+#include "oracle/signature.h"
 #ifdef GRADFUZZ_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -22,6 +24,18 @@
 namespace gradfuzz::campaign {
 
 namespace {
+
+/// A sanitizer error as a finding, naming the first error's kernel.
+harness::Finding sanitizer_finding(const SanitizerReport& report) {
+  harness::Finding f;
+  f.kind = harness::VerdictKind::kSanitizer;
+  f.path_pair = "every path";
+  f.tensor = "sanitizer";
+  f.role = "sanitizer";
+  f.op = report.kernel;
+  f.message = report.first_error;
+  return f;
+}
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -191,9 +205,7 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
   out.id = slot.job ? slot.job->id : 0;
   out.slot = slot.index;
   harness::CaseResult& r = out.result;
-  r.verdict = kind;
   r.backend = options_.backend.name;
-  r.error_kinds = harness::verdict_name(kind);
   if (slot.job) {
     r.seed = slot.job->spec.seed;
     for (const auto& op : slot.job->spec.ops) {
@@ -201,7 +213,13 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
     }
   }
   const std::string tail = slot.child ? slot.child->stderr_tail(3000) : std::string();
-  r.error_detail = why + (tail.empty() ? std::string() : "; the worker's stderr ends with:\n" + tail);
+  harness::Finding f;
+  f.kind = kind;
+  f.path_pair = "every path";
+  f.tensor = harness::verdict_name(kind);
+  f.role = harness::verdict_name(kind);
+  f.message = why;
+  r.notes = why + (tail.empty() ? std::string() : "; the worker's stderr ends with:\n" + tail);
   if (!slot.sanitizer_log.empty()) {
     // The worker died reading the rest of its log; a sanitizer error is why it died.
     std::ifstream in(slot.sanitizer_log, std::ios::binary);
@@ -209,12 +227,15 @@ JobResult WorkerPool::fail(Slot& slot, harness::VerdictKind kind, const std::str
     text << in.rdbuf();
     const SanitizerReport report = parse_sanitizer_log(text.str());
     if (report.errors > 0) {
-      r.verdict = harness::VerdictKind::kSanitizer;
-      r.error_kinds = "sanitizer:" + report.kernel;
-      r.error_detail = std::to_string(report.errors) + " sanitizer error(s) before the worker died (" + why +
-                       "); the first: " + report.first_error;
+      f = sanitizer_finding(report);
+      r.notes = std::to_string(report.errors) + " sanitizer error(s) before the worker died (" + why +
+                "); the first: " + report.first_error;
     }
   }
+  r.findings.push_back(std::move(f));
+  r.summarize();
+  // Worker deaths are signed here: no runner saw the case's paths.
+  for (auto& finding : r.findings) finding.signature = oracle::process_signature(finding, r.op_types);
   restart(slot);
   return out;
 }
@@ -411,15 +432,15 @@ int run_worker(const backends::BackendOptions& backend_options, const runner::Ru
       } else if (op == "run") {
         const harness::CaseSpec spec = request.header.at("spec").get<harness::CaseSpec>();
         const std::string fault = request.header.value("fault", "");
-        if (!fault.empty()) ops::fault_from_name(fault);  // an unknown name is the supervisor's bug
         harness::CaseResult result = run_with_fault(spec, fault, *backend, run_options);
         const SanitizerReport report = parse_sanitizer_log(sanitizer.fresh());
         if (report.errors > 0) {
-          result.verdict = harness::VerdictKind::kSanitizer;
-          result.error_kinds = "sanitizer:" + report.kernel;
-          result.error_detail = std::to_string(report.errors) +
-                                " sanitizer error(s); the first: " + report.first_error +
-                                (result.error_detail.empty() ? "" : "; " + result.error_detail);
+          harness::Finding f = sanitizer_finding(report);
+          f.signature = oracle::process_signature(f, result.op_types);
+          result.findings.push_back(std::move(f));
+          result.notes = std::to_string(report.errors) + " sanitizer error(s); the first: " + report.first_error +
+                         (result.notes.empty() ? "" : "; " + result.notes);
+          result.summarize();
         }
         reply = json{{"ok", true}, {"result", result}};
       } else {

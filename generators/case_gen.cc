@@ -55,6 +55,8 @@
 // - main input requires grad with chance 3/4; fusions: all allowed ones (1/5); each
 //   independently with chance 1/2 (1/5); only the fusions of one pass (joint 1/5, forward
 //   2/5, backward 2/5) (3/5). dtype uniform over options; seed uniform u64.
+// - steering (GenOptions::feature_weights, drawn first when given): a case may draw
+//   generator styles, call-then-bind steps or in_place=1 only with its feature's weight;
 // - with chance 1/4, one or two repeat calls (where the backend runs them): no_grad with
 //   chance 1/3, the input requiring grad with chance 1/2.
 
@@ -103,6 +105,10 @@ struct Draft {
   int64_t max_tensor_elements = int64_t{1} << 24;
   /// The backend under test; null for the model's catalog.
   const harness::BackendCapabilities* caps = nullptr;
+  /// Steering: whether this case may draw each steerable feature (GenOptions::feature_weights).
+  bool allow_generator = true;
+  bool allow_call_then_bind = true;
+  bool allow_in_place = true;
 
   int64_t features() const { return shape[1]; }
   int64_t rows() const { return shape[0]; }
@@ -218,7 +224,10 @@ OpAttrs choose_attrs(const std::string& name, const Draft& d) {
   const int64_t f = d.features();
   if (name == "Linear") return {{"out", static_cast<double>(draw_features(d))}};
   if (name == "ConstantScale") return {{"scale", pick_of(kScales)}};
-  if (name == "MakeExtraOutput" || name == "AddExtraInput") return {{"in_place", chance(1, 2) ? 1.0 : 0.0}};
+  if (name == "MakeExtraOutput" || name == "AddExtraInput") {
+    const bool in_place = chance(1, 2);
+    return {{"in_place", in_place && d.allow_in_place ? 1.0 : 0.0}};
+  }
   if (name == "DualExtraOutput") return {{"s0", pick_of(kScales)}, {"s1", pick_of(kScales)}};
   if (name == "RMSNorm" || name == "LayerNorm") {
     const double eps = pick_of<double>({1e-5, 1e-3});
@@ -520,6 +529,13 @@ CaseSpec draw_case(const GenOptions& options) {
 
   Draft d;
   d.caps = options.capabilities.get();
+  // Steering first, and only when asked for: unsteered campaigns draw exactly as before.
+  for (const auto& [feature, weight] : options.feature_weights) {
+    const bool allowed = pick(0, 999) < static_cast<int64_t>(weight * 1000);
+    if (feature == "generator_outputs") d.allow_generator = allowed;
+    if (feature == "call_then_bind") d.allow_call_then_bind = allowed;
+    if (feature == "in_place") d.allow_in_place = allowed;
+  }
   d.max_tensor_elements = std::max<int64_t>(options.max_tensor_elements, 64);
   d.regime = options.shapes;
   if (d.regime == ShapeRegime::kMix) {
@@ -551,8 +567,13 @@ CaseSpec draw_case(const GenOptions& options) {
   for (int64_t i = 0; i < static_cast<int64_t>(d.ops.size()); ++i) {
     auto& op = d.ops[i];
     if (op.name == harness::kBoundaryOp) continue;
-    if (chance(1, 2) && d.allows_generator(op.name)) op.output_style = ops::OutputStyle::kGenerator;
-    if (chance(1, 6)) spec.call_then_bind.push_back({i, !chance(1, 2)});
+    if (chance(1, 2) && d.allows_generator(op.name) && d.allow_generator) {
+      op.output_style = ops::OutputStyle::kGenerator;
+    }
+    if (chance(1, 6)) {
+      const bool grad_mode = !chance(1, 2);
+      if (d.allow_call_then_bind) spec.call_then_bind.push_back({i, grad_mode});
+    }
     const int64_t n_params = param_count(op);
     if (n_params > 0 && chance(1, 4)) {
       for (int64_t p = 0; p < n_params; ++p) op.param_requires_grad.push_back(!chance(1, 2));

@@ -3,6 +3,7 @@
 #include <rapidcheck.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,10 @@ struct GenOptions {
   /// Largest element count of any one tensor a case of the edge or large regime may have
   /// (activations [rows, features] and weights [out, in]); dimensions are halved to fit.
   int64_t max_tensor_elements = int64_t{1} << 24;
+  /// Steering (campaign/known_issues.h): feature -> the share of cases allowed to draw it
+  /// ("generator_outputs", "call_then_bind", "in_place"); a case not allowed one draws none
+  /// of it. Features not listed, and an empty map, draw as the distribution notes say.
+  std::map<std::string, double> feature_weights;
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -71,6 +76,10 @@ struct GenOptions {
   }
   GenOptions& set_max_tensor_elements(int64_t v) {
     max_tensor_elements = v;
+    return *this;
+  }
+  GenOptions& set_feature_weights(std::map<std::string, double> v) {
+    feature_weights = std::move(v);
     return *this;
   }
 };

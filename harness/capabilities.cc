@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "ops/faults.h"
+
 namespace gradfuzz::harness {
 
 namespace {
@@ -52,6 +54,19 @@ std::vector<std::string> BackendCapabilities::fusion_names() const {
   return out;
 }
 
+const FaultCapability* BackendCapabilities::fault(const std::string& name) const {
+  auto it = std::find_if(faults.begin(), faults.end(), [&](const FaultCapability& f) { return f.name == name; });
+  return it == faults.end() ? nullptr : &*it;
+}
+
+std::vector<const RecipeCapability*> BackendCapabilities::available_recipes() const {
+  std::vector<const RecipeCapability*> out;
+  for (const auto& r : recipes) {
+    if (r.available) out.push_back(&r);
+  }
+  return out;
+}
+
 void to_json(json& j, const BackendCapabilities& caps) {
   json ops_json = json::object();
   for (const auto& o : caps.ops) {
@@ -69,6 +84,20 @@ void to_json(json& j, const BackendCapabilities& caps) {
            {"fusions", fusions},        {"deviations", caps.deviations},
            {"versions", caps.versions}, {"device_name", caps.device_name}};
   if (caps.repeat_calls) j["repeat_calls"] = true;
+  j["exposes_all_channels"] = caps.exposes_all_channels;
+  json faults = json::array();
+  for (const auto& f : caps.faults)
+    faults.push_back({{"name", f.name}, {"description", f.description}, {"target", f.target}});
+  j["faults"] = std::move(faults);
+  json recipes = json::array();
+  for (const auto& r : caps.recipes) {
+    recipes.push_back({{"name", r.name},
+                       {"available", r.available},
+                       {"reason", r.reason},
+                       {"fp8_formats", r.fp8_formats},
+                       {"options", r.options}});
+  }
+  j["recipes"] = std::move(recipes);
 }
 
 void from_json(const json& j, BackendCapabilities& caps) {
@@ -97,6 +126,26 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
   if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
   caps.repeat_calls = j.value("repeat_calls", false);
+  // Protocol 1 adapters did not say: TE's never exposed every channel.
+  caps.exposes_all_channels = j.value("exposes_all_channels", caps.backend != "te");
+  if (j.contains("faults")) {
+    for (const auto& f : j["faults"]) {
+      caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", "")});
+    }
+  }
+  if (j.contains("recipes")) {
+    for (const auto& r : j["recipes"]) {
+      RecipeCapability recipe;
+      recipe.name = r.at("name").get<std::string>();
+      recipe.available = r.value("available", false);
+      recipe.reason = r.value("reason", "");
+      if (r.contains("fp8_formats")) recipe.fp8_formats = r["fp8_formats"].get<std::vector<std::string>>();
+      if (r.contains("options")) {
+        recipe.options = r["options"].get<std::map<std::string, std::vector<std::string>>>();
+      }
+      caps.recipes.push_back(std::move(recipe));
+    }
+  }
 }
 
 BackendCapabilities model_capabilities() {
@@ -106,6 +155,7 @@ BackendCapabilities model_capabilities() {
   if (at::hasCUDA()) caps.devices.push_back("cuda");
   caps.dtypes = {"float64", "float32", "bfloat16", "float16"};
   caps.repeat_calls = true;
+  for (ops::Fault f : ops::all_faults()) caps.faults.push_back({ops::fault_name(f), ops::fault_description(f), "ops/"});
   const auto& registry = ops::OpRegistry::catalog();
   for (const auto& name : registry.names()) {
     OpCapability op;

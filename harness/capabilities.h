@@ -29,6 +29,25 @@ struct FusionCapability {
   std::string implementation;
 };
 
+/// A defect the backend can switch on for one case (docs/BACKENDS.md "Planted faults").
+struct FaultCapability {
+  std::string name;
+  std::string description;
+  /// What it replaces ("transformer_engine.pytorch.ops.fused....fuser_backward").
+  std::string target;
+};
+
+/// A quantization recipe the backend runs (docs/BACKENDS.md "Recipes"): its formats and the
+/// option values the generator draws (strings); `available` false with TE's reason for one
+/// the device cannot run.
+struct RecipeCapability {
+  std::string name;
+  bool available = false;
+  std::string reason;
+  std::vector<std::string> fp8_formats;
+  std::map<std::string, std::vector<std::string>> options;
+};
+
 /// What a backend can run (docs/BACKENDS.md "hello"): the generator draws only from it.
 struct BackendCapabilities {
   std::string backend = "model";
@@ -45,11 +64,22 @@ struct BackendCapabilities {
   /// Whether the backend runs a case's repeat_calls (further calls of the same Sequential
   /// with their plans); the generator draws them only then.
   bool repeat_calls = false;
+  /// Whether the backend reports the gradient of every channel (te: only where the
+  /// producer's backward group holds none of the channel's consumers); the oracle judges
+  /// the channels a backend does not expose only when it says it exposes all.
+  bool exposes_all_channels = true;
+  /// Planted faults (the model's are ops/faults.h's; te and torch list the adapter's).
+  std::vector<FaultCapability> faults;
+  /// Recipes; empty: the backend runs none (the model).
+  std::vector<RecipeCapability> recipes;
 
   const OpCapability* op(const std::string& name) const;
   bool has_deviation(const std::string& name) const;
   std::vector<std::string> op_names() const;
   std::vector<std::string> fusion_names() const;
+  const FaultCapability* fault(const std::string& name) const;
+  /// The recipes with available set.
+  std::vector<const RecipeCapability*> available_recipes() const;
 };
 
 void to_json(nlohmann::json& j, const BackendCapabilities& caps);

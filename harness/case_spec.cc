@@ -22,7 +22,8 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
   return ops == o.ops && fusions == o.fusions && call_then_bind == o.call_then_bind &&
          input_requires_grad == o.input_requires_grad && input_shape == o.input_shape && dtype == o.dtype &&
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
-         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls;
+         corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls &&
+         recipe == o.recipe;
 }
 
 int64_t CaseSpec::num_ops() const {
@@ -94,6 +95,10 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
       calls.push_back({{"no_grad", call.no_grad}, {"input_requires_grad", call.input_requires_grad}});
     }
     j["repeat_calls"] = std::move(calls);
+  }
+  if (spec.recipe) {
+    j["recipe"] = {
+        {"name", spec.recipe->name}, {"fp8_format", spec.recipe->fp8_format}, {"options", spec.recipe->options}};
   }
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
@@ -307,7 +312,7 @@ int64_t op_index(const Reader& r, const CaseSpec& spec) {
 void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
   r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
-                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls"});
+                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -369,6 +374,27 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       if (entry.has("input_requires_grad")) call.input_requires_grad = entry.child("input_requires_grad").boolean();
       out.repeat_calls.push_back(call);
     }
+  }
+  if (r.has("recipe") && !r.child("recipe").json().is_null()) {
+    // The names and values belong to a backend (its capabilities.recipes): only the form is
+    // checked here; the backend refuses what it does not know.
+    const Reader recipe = r.child("recipe");
+    recipe.expect_object({"name", "fp8_format", "options"});
+    RecipeSpec spec_recipe;
+    spec_recipe.name = recipe.required("name").string();
+    if (spec_recipe.name.empty() || spec_recipe.name.size() > 64) recipe.child("name").fail("expected a recipe name");
+    if (recipe.has("fp8_format")) spec_recipe.fp8_format = recipe.child("fp8_format").string();
+    if (spec_recipe.fp8_format != "E4M3" && spec_recipe.fp8_format != "HYBRID") {
+      recipe.child("fp8_format").fail("expected E4M3 or HYBRID, got '" + spec_recipe.fp8_format + "'");
+    }
+    if (recipe.has("options")) {
+      const Reader options = recipe.child("options");
+      if (!options.json().is_object()) options.fail("expected an object of option -> value strings");
+      for (const auto& item : options.json().items()) {
+        spec_recipe.options[item.key()] = options.child(item.key()).string();
+      }
+    }
+    out.recipe = std::move(spec_recipe);
   }
   if (r.has("extra_input_count_delta")) out.extra_input_count_delta = r.child("extra_input_count_delta").integer();
   if (r.has("corrupt_split_sizes")) out.corrupt_split_sizes = r.child("corrupt_split_sizes").boolean();

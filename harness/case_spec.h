@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
@@ -77,6 +78,19 @@ struct RepeatCall {
   }
 };
 
+/// A quantization recipe every path of the case runs under (docs/BACKENDS.md "Recipes"):
+/// TE's recipe class name ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
+/// "MXFP8BlockScaling", "NVFP4BlockScaling"), its fp8_format ("E4M3", "HYBRID") and its
+/// documented options as the backend's capabilities name them, values as strings.
+struct RecipeSpec {
+  std::string name;
+  std::string fp8_format = "E4M3";
+  std::map<std::string, std::string> options;
+  bool operator==(const RecipeSpec& o) const {
+    return name == o.name && fp8_format == o.fp8_format && options == o.options;
+  }
+};
+
 /// Everything that describes one test case, independent of any generator (fuzzer.md "Case").
 struct CaseSpec {
   std::vector<OpSpec> ops;
@@ -92,6 +106,8 @@ struct CaseSpec {
   uint64_t seed = 0;
   /// Calls after the first (empty: one call, as most cases).
   std::vector<RepeatCall> repeat_calls;
+  /// The quantization recipe (nullopt: none, the paths run in `dtype`).
+  std::optional<RecipeSpec> recipe;
 
   // Invalid-configuration knobs (the invalid generator sets them; valid cases leave them).
   /// Added to the number of public extra inputs passed (surplus > 0, shortfall < 0).

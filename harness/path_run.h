@@ -29,6 +29,12 @@ struct FuserPlans {
   std::vector<PlanGroup> backward;
 };
 
+/// The plan group during whose run a caller tensor changed ("forward" or "backward" pass).
+struct Writer {
+  PlanGroup group;
+  std::string pass;
+};
+
 /// How a path ended.
 enum class PathStatus {
   kOk,
@@ -54,6 +60,9 @@ struct PathRun {
   std::string error_stage;
   /// Python exception type (remote backends), empty otherwise.
   std::string error_type;
+  /// The function that raised, as "Class.method" (remote backends: the innermost frame in the
+  /// code under test), empty when unknown.
+  std::string error_origin;
   /// Spec op indices that a failed construction left locked.
   std::vector<int64_t> left_locked;
 
@@ -71,6 +80,8 @@ struct PathRun {
   /// Caller-owned tensors whose values changed while the path ran ("input",
   /// "extra_input[1]", "cotangent[0]").
   std::vector<std::string> modified;
+  /// For some of `modified`: the group that wrote it (where the backend can tell).
+  std::map<std::string, Writer> modified_by;
   /// One per CaseSpec::repeat_calls entry, named "<path>.call[k]" (k from 1: the first call
   /// is this run): what that call of the same Sequential gave (no channel gradients), with
   /// `expected_plans` set to the plans a fresh Sequential builds for the same call.

@@ -24,6 +24,12 @@ enum class Fault {
   kHang,           // forward never returns for a generator-style op with two extra outputs
   // A kernel defect no comparison can see (compute-sanitizer finds it):
   kOobWrite,  // the CUDA bias-activation epilogue touches one element past its output
+  // Defects that exist only in bfloat16/float16 (issue 12: the low-precision oracle must
+  // see them whatever their size; a float32 rerun never does):
+  kHalfOutputScale,      // ForwardLinearBiasActivation's output is 1.0625x too large
+  kHalfDroppedGradTerm,  // BackwardAddRMSNorm drops the extra output's gradient term
+  kHalfAccumulation,     // BackwardActivationBias sums a bias gradient of >= 64 rows in the dtype
+  kHalfSavedDtype,       // ForwardLinearBiasAdd saves Linear's input for backward as float8 e4m3
 };
 
 /// All faults, in the order `gradfuzz list faults` prints them.
@@ -36,6 +42,13 @@ FaultVisibility fault_visibility(Fault fault);
 
 /// Kebab-case name used on the command line and in reports ("slot-order").
 std::string fault_name(Fault fault);
+/// One line on what the fault breaks (`gradfuzz list faults`).
+std::string fault_description(Fault fault);
+/// The shape regime a campaign needs to reach the fault ("edge": reductions of at least 64
+/// elements), empty when any will do.
+std::string fault_shapes(Fault fault);
+/// Whether the fault exists only in bfloat16/float16 cases.
+bool fault_is_half_precision(Fault fault);
 /// Inverse of fault_name; throws UnknownNameError listing the known names.
 Fault fault_from_name(const std::string& name);
 

@@ -20,7 +20,30 @@ at::Tensor reference_leaf(const at::Tensor& t, at::ScalarType dtype, at::Device 
   return copy;
 }
 
+thread_local KinkProbe* current_probe = nullptr;
+
+/// Makes `probe` this thread's kink probe for its lifetime (restoring the previous one).
+class ProbeScope {
+ public:
+  explicit ProbeScope(KinkProbe* probe) : previous_(current_probe) { current_probe = probe; }
+  ~ProbeScope() { current_probe = previous_; }
+  ProbeScope(const ProbeScope&) = delete;
+  ProbeScope& operator=(const ProbeScope&) = delete;
+
+ private:
+  KinkProbe* previous_;
+};
+
 }  // namespace
+
+at::Tensor KinkProbe::record(const at::Tensor& distance) {
+  sites_.push_back({current_op_, distance.detach().clone()});
+  auto it = flips_.find(current_op_);
+  if (it == flips_.end() || it->second.sizes() != distance.sizes()) return at::Tensor();
+  return it->second.to(distance.device());
+}
+
+KinkProbe* kink_probe() { return current_probe; }
 
 ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype, at::Device device)
     : sequential_(sequential), compute_dtype_(compute_dtype), device_(device) {
@@ -43,6 +66,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
                                " public extra inputs, got " + std::to_string(extra_inputs_.size()));
   }
   channel_values_.clear();
+  ProbeScope probe_scope(probe_);
   std::vector<at::Tensor> public_outputs;
   at::Tensor x = input_;
   size_t next_extra = 0;
@@ -50,7 +74,10 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
   // Channels are scoped to one run of consecutive basic ops (one fuser); plain modules end it.
   std::map<std::string, at::Tensor>* channels = nullptr;
   bool in_run = false;
+  int64_t module_index = -1;
   for (const Module& module : sequential_.modules()) {
+    ++module_index;
+    if (probe_) probe_->set_current_op(module_index);
     if (const auto* plain = std::get_if<std::shared_ptr<FunctionModule>>(&module)) {
       x = (**plain)(x);
       in_run = false;

@@ -23,6 +23,38 @@ struct ReferenceGradients {
   std::vector<std::map<std::string, at::Tensor>> channel_grads;
 };
 
+/// The non-differentiable points a reference evaluation passes near, and the branch each op
+/// takes there (the low-precision oracle, oracle/rounding.h: an element whose reference lies
+/// within rounding distance of a kink may be on the other side in a path, legitimately). A
+/// reference op with kinks (ReLU at 0, Dispatch's argmax between the two largest logits)
+/// records a signed distance per element through kink_probe() and takes the other branch
+/// where the probe's flip mask says so.
+class KinkProbe {
+ public:
+  /// One op's kinks: its module index and the distance of each element from its kink
+  /// (ReLU: the pre-activation; Dispatch: top-1 minus top-2 logit per row), detached.
+  struct Site {
+    int64_t op = 0;
+    at::Tensor distance;
+  };
+  /// Called by reference ops: records `distance` for the op being evaluated and returns its
+  /// flip mask (bool, the shape of `distance`), undefined when none is set.
+  at::Tensor record(const at::Tensor& distance);
+  /// Elements of module `op` that must take the other branch in the next evaluation.
+  void set_flip(int64_t op, at::Tensor mask) { flips_[op] = std::move(mask); }
+  const std::vector<Site>& sites() const { return sites_; }
+  /// Set by the evaluator around each op's reference call.
+  void set_current_op(int64_t op) { current_op_ = op; }
+
+ private:
+  int64_t current_op_ = -1;
+  std::vector<Site> sites_;
+  std::map<int64_t, at::Tensor> flips_;
+};
+
+/// The probe of the reference evaluation running on this thread, or nullptr.
+KinkProbe* kink_probe();
+
 /// Plain-autograd evaluator over the same ops and wiring as a Sequential (runtime.md
 /// section 10): each op's reference implementation on float64 copies of its parameters,
 /// channels wired by name, no fuser and no custom autograd function.
@@ -45,6 +77,9 @@ class ReferenceEvaluator {
   /// Gradients of sum_i <outputs_i, cotangents_i>; call once after forward.
   ReferenceGradients backward(const std::vector<at::Tensor>& cotangents);
 
+  /// Records kinks into `probe` (and applies its flips) in the next forward; nullptr: none.
+  void set_kink_probe(KinkProbe* probe) { probe_ = probe; }
+
   /// Per fuser, channel name -> value (after forward).
   const std::vector<std::map<std::string, at::Tensor>>& channel_values() const { return channel_values_; }
 
@@ -57,6 +92,7 @@ class ReferenceEvaluator {
   std::vector<at::Tensor> extra_inputs_;
   std::vector<at::Tensor> outputs_;
   std::vector<std::map<std::string, at::Tensor>> channel_values_;
+  KinkProbe* probe_ = nullptr;
 };
 
 }  // namespace gradfuzz::ops

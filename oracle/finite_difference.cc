@@ -28,7 +28,7 @@ double loss_of(const std::vector<at::Tensor>& outputs, const std::vector<at::Ten
 
 void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, const PathRun& reference,
                               const BuiltCase& built, const FiniteDifferenceOptions& options, at::Generator& generator,
-                              std::vector<TensorMismatch>& details, std::vector<std::string>& notes) {
+                              std::vector<Finding>& details, std::vector<std::string>& notes) {
   // Leaves: (value, gradient, where to write perturbed values).
   struct Leaf {
     at::Tensor base;      // float64 values
@@ -135,7 +135,7 @@ void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, 
                         std::to_string(h / 16) + " agrees with the reference (" + std::to_string(fine) + ")");
         continue;
       }
-      TensorMismatch m;
+      Finding m;
       m.kind = VerdictKind::kMismatch;
       m.path_pair = "reference~finite_difference";
       m.tensor = "directional_derivative[" + std::to_string(d) + "]";

@@ -17,8 +17,8 @@ namespace gradfuzz::oracle {
 using harness::BuiltCase;
 using harness::CaseSpec;
 using harness::CaseTensors;
+using harness::Finding;
 using harness::PathRun;
-using harness::TensorMismatch;
 using harness::VerdictKind;
 
 /// Knobs of the finite-difference check of the reference.
@@ -39,6 +39,6 @@ struct FiniteDifferenceOptions {
 /// Does nothing for cases above options.max_elements. Throws what the reference raises.
 void check_finite_differences(const CaseSpec& spec, const CaseTensors& tensors, const PathRun& reference,
                               const BuiltCase& built, const FiniteDifferenceOptions& options, at::Generator& generator,
-                              std::vector<TensorMismatch>& details, std::vector<std::string>& notes);
+                              std::vector<Finding>& details, std::vector<std::string>& notes);
 
 }  // namespace gradfuzz::oracle

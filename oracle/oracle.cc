@@ -7,19 +7,9 @@
 #include <limits>
 #include <sstream>
 
-// The rounding allowance. A static tolerance cannot know a case's conditioning (LayerNorm
-// over two nearly equal features, a long bf16 reduction), so low-precision cases also get
-// the reference rerun in the case's dtype (the "rounding baseline"); how far it lands from
-// the float64 reference at each element is what the dtype itself costs there. A
-// hand-written backward legitimately rounds differently from autograd's chain (another
-// summation order, fused multiply-adds, a closed form that cancels where the chain does
-// not: seen 19x on a float32 LayerNorm over two nearly equal features), and one baseline
-// run is a single sample of that rounding, so each element may be off by `factor` times
-// the baseline's error there. The allowance is per element and capped at a fraction of the
-// tensor's own magnitude: the defects gradfuzz hunts (a dropped, doubled or misrouted
-// gradient) are errors the size of the tensor, and no rounding may excuse those. (An
-// earlier form added 32x the largest baseline error of the whole tensor to every element,
-// which in bfloat16 exceeded the tensor's magnitude and let a misrouted gradient pass.)
+// Comparisons. What a tensor may be off by is a TensorBound computed elsewhere: the static
+// tolerances (oracle/tolerances.h) for float64 and as the first, cheap check of every dtype,
+// the low-precision rule's bounds (oracle/rounding.h) once a case fails that check.
 
 namespace gradfuzz::oracle {
 
@@ -45,14 +35,14 @@ std::string shape_text(at::IntArrayRef shape) {
   return os.str();
 }
 
-TensorMismatch base(const std::string& path_pair, const std::string& tensor, const std::string& role,
-                    const Tolerance& tolerance) {
-  TensorMismatch d;
+Finding base(const std::string& path_pair, const std::string& tensor, const std::string& role,
+             const TensorBound& bound) {
+  Finding d;
   d.path_pair = path_pair;
   d.tensor = tensor;
   d.role = role;
-  d.atol = tolerance.atol;
-  d.rtol = tolerance.rtol;
+  d.atol = bound.atol;
+  d.rtol = bound.rtol;
   return d;
 }
 
@@ -79,9 +69,18 @@ at::Tensor channel_grad_at(const PathRun* run, size_t f, const std::string& chan
 
 }  // namespace
 
+TensorBound CaseBounds::bound(const std::string& tensor) const {
+  auto it = tensors.find(tensor);
+  if (it != tensors.end()) return it->second;
+  TensorBound b;
+  b.atol = fallback.atol;
+  b.rtol = fallback.rtol;
+  return b;
+}
+
 void Comparer::compare(const std::string& path_pair, const std::string& tensor, const std::string& role,
                        const at::Tensor& expected_in, const at::Tensor& got_in, bool gradient,
-                       const Tolerance& tolerance, const at::Tensor& rounding_in) {
+                       const TensorBound& bound) {
   if (!expected_in.defined() && !got_in.defined()) return;
   if (!got_in.defined()) {
     const at::Tensor expected = as_double_cpu(expected_in);
@@ -97,7 +96,7 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
       }
     }
     if (gradient && worst_abs == 0) return;  // none for an all-zero gradient is right
-    TensorMismatch d = base(path_pair, tensor, role, tolerance);
+    Finding d = base(path_pair, tensor, role, bound);
     d.kind = gradient ? VerdictKind::kMissingGradient : VerdictKind::kMismatch;
     d.index = unravel(worst, expected.sizes());
     d.expected = e[worst];
@@ -105,7 +104,8 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
     d.max_abs_err = worst_abs;
     d.max_rel_err = 1;
     d.scale = worst_abs;
-    details_.push_back(std::move(d));
+    d.note = gradient ? "no gradient returned" : "missing";
+    findings_.push_back(std::move(d));
     if (!gradient) notes_.push_back(path_pair + ": " + tensor + " missing");
     return;
   }
@@ -113,40 +113,43 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
   const at::Tensor expected = expected_in.defined() ? as_double_cpu(expected_in) : at::zeros_like(got);
   if (!expected_in.defined() && !gradient) notes_.push_back(path_pair + ": " + tensor + " returned but not expected");
   if (got.sizes() != expected.sizes()) {
-    TensorMismatch d = base(path_pair, tensor, role, tolerance);
+    Finding d = base(path_pair, tensor, role, bound);
     d.max_abs_err = std::numeric_limits<double>::infinity();
     d.max_rel_err = std::numeric_limits<double>::infinity();
-    details_.push_back(std::move(d));
+    d.note = "shape " + shape_text(got.sizes()) + ", expected " + shape_text(expected.sizes());
+    findings_.push_back(std::move(d));
     notes_.push_back(path_pair + ": " + tensor + " has shape " + shape_text(got.sizes()) + ", expected " +
                      shape_text(expected.sizes()));
     return;
   }
   const int64_t n = got.numel();
   if (n == 0) return;
-  at::Tensor rounding;
-  if (rounding_in.defined() && rounding_in.sizes() == got.sizes()) rounding = as_double_cpu(rounding_in);
+  at::Tensor allowance;
+  if (bound.allowance.defined() && bound.allowance.sizes() == got.sizes()) allowance = as_double_cpu(bound.allowance);
   const double* g = got.const_data_ptr<double>();
   const double* e = expected.const_data_ptr<double>();
-  const double* r = rounding.defined() ? rounding.const_data_ptr<double>() : nullptr;
+  const double* a = allowance.defined() ? allowance.const_data_ptr<double>() : nullptr;
   double sum_squares = 0;
   for (int64_t k = 0; k < n; ++k) sum_squares += std::isfinite(e[k]) ? e[k] * e[k] : 0.0;
   const double rms = std::sqrt(sum_squares / static_cast<double>(n));
-  const double atol = effective_atol(tolerance, rms);
-  // Worst element by excess over its allowance; non-finite values are infinitely bad.
+  const double atol = effective_atol({bound.rtol, bound.atol}, rms);
+  // Worst element by excess over its bound; non-finite values are infinitely bad, except
+  // where the allowance is infinite (the dtype's own reference is not finite there).
   int64_t worst = -1;
   double worst_excess = 0;
   double max_abs = 0;
   double max_rel = 0;
   double scale = 0;
+  double err_squares = 0;
   for (int64_t k = 0; k < n; ++k) {
     if (std::isfinite(e[k])) scale = std::max(scale, std::abs(e[k]));
-    double allowed = atol + tolerance.rtol * std::abs(e[k]);
-    if (r && std::isfinite(r[k])) {
-      allowed += std::min(allowance_.factor * r[k], allowance_.cap * std::max(std::abs(e[k]), rms));
-    }
+    const double extra = a ? a[k] : 0.0;
+    if (std::isinf(extra)) continue;
+    const double allowed = atol + bound.rtol * std::abs(e[k]) + extra;
     const bool finite = std::isfinite(g[k]) && std::isfinite(e[k]);
     const double diff = finite ? std::abs(g[k] - e[k]) : std::numeric_limits<double>::infinity();
     const double excess = finite ? diff - allowed : std::numeric_limits<double>::infinity();
+    if (finite) err_squares += diff * diff;
     max_abs = std::max(max_abs, diff);
     max_rel = std::max(max_rel, diff / std::max(std::abs(e[k]), std::numeric_limits<double>::min()));
     if (excess > 0 && (worst < 0 || excess > worst_excess)) {
@@ -154,8 +157,21 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
       worst_excess = excess;
     }
   }
-  if (worst < 0) return;
-  TensorMismatch d = base(path_pair, tensor, role, tolerance);
+  const double norm_err = std::sqrt(err_squares);
+  const bool norm_fails = std::isfinite(bound.norm_bound) && norm_err > bound.norm_bound;
+  if (worst < 0 && !norm_fails) return;
+  if (worst < 0) {
+    // Within every element's bound, but too far as a whole: report the largest error.
+    double largest = -1;
+    for (int64_t k = 0; k < n; ++k) {
+      const double diff = std::abs(g[k] - e[k]);
+      if (std::isfinite(diff) && diff > largest && !(a && std::isinf(a[k]))) {
+        largest = diff;
+        worst = k;
+      }
+    }
+  }
+  Finding d = base(path_pair, tensor, role, bound);
   d.atol = atol;
   d.index = unravel(worst, got.sizes());
   d.expected = e[worst];
@@ -163,66 +179,46 @@ void Comparer::compare(const std::string& path_pair, const std::string& tensor, 
   d.max_abs_err = max_abs;
   d.max_rel_err = max_rel;
   d.scale = scale;
-  if (r && std::isfinite(r[worst])) d.rounding = r[worst];
-  details_.push_back(std::move(d));
+  if (a) d.rounding = a[worst];
+  if (std::isfinite(bound.norm_bound)) {
+    d.norm_err = norm_err;
+    d.norm_bound = bound.norm_bound;
+  }
+  if (norm_fails && worst_excess <= 0) d.note = "every element within its bound, the tensor as a whole not";
+  findings_.push_back(std::move(d));
 }
 
-PathRun rounding_errors(const PathRun& reference, const PathRun& baseline) {
-  auto error = [](const at::Tensor& ref, const at::Tensor& base_t) {
-    if (!ref.defined() || !base_t.defined() || ref.sizes() != base_t.sizes()) return at::Tensor();
-    at::Tensor err = (as_double_cpu(base_t) - as_double_cpu(ref)).abs_();
-    // Where the baseline is not finite the dtype cannot represent the value: no allowance.
-    return err.nan_to_num_(0, 0, 0);
-  };
-  PathRun out;
-  out.name = "rounding";
-  for (size_t i = 0; i < reference.outputs.size(); ++i) {
-    out.outputs.push_back(error(reference.outputs[i], output_at(&baseline, i)));
-  }
-  out.grad_input = error(reference.grad_input, baseline.grad_input);
-  out.grad_params.resize(reference.grad_params.size());
-  for (size_t i = 0; i < reference.grad_params.size(); ++i) {
-    for (size_t j = 0; j < reference.grad_params[i].size(); ++j) {
-      out.grad_params[i].push_back(error(reference.grad_params[i][j], grad_param_at(&baseline, i, j)));
-    }
-  }
-  for (size_t k = 0; k < reference.grad_extra_inputs.size(); ++k) {
-    out.grad_extra_inputs.push_back(error(reference.grad_extra_inputs[k], grad_extra_at(&baseline, k)));
-  }
-  out.channel_grads.resize(reference.channel_grads.size());
-  for (size_t f = 0; f < reference.channel_grads.size(); ++f) {
-    for (const auto& [channel, grad] : reference.channel_grads[f]) {
-      out.channel_grads[f][channel] = error(grad, channel_grad_at(&baseline, f, channel));
-    }
-  }
-  return out;
+double error_norm(const at::Tensor& expected_in, const at::Tensor& got_in) {
+  if (!expected_in.defined()) return 0;
+  const at::Tensor expected = as_double_cpu(expected_in);
+  const at::Tensor got = got_in.defined() ? as_double_cpu(got_in) : at::zeros_like(expected);
+  if (got.sizes() != expected.sizes()) return std::numeric_limits<double>::infinity();
+  at::Tensor diff = got - expected;
+  diff = at::where(diff.isfinite(), diff, at::zeros_like(diff));
+  return diff.norm().item<double>();
 }
 
-void compare_paths(const std::string& path_pair, const CaseSpec& spec, const PathRun& expected, const PathRun& got,
-                   const Tolerance& tolerance, Comparer& comparer, const PathRun* rounding,
-                   bool got_exposes_all_channels) {
+std::vector<ComparedTensor> compared_tensors(const CaseSpec& spec, const PathRun& expected, const PathRun& got,
+                                             bool got_exposes_all_channels) {
+  std::vector<ComparedTensor> out;
   const size_t n_outputs = std::max(expected.outputs.size(), got.outputs.size());
   for (size_t i = 0; i < n_outputs; ++i) {
-    comparer.compare(path_pair, i == 0 ? "output" : "extra_output[" + std::to_string(i - 1) + "]",
-                     i == 0 ? "output" : "extra_output", output_at(&expected, i), output_at(&got, i),
-                     /*gradient=*/false, tolerance, output_at(rounding, i));
+    out.push_back({i == 0 ? "output" : "extra_output[" + std::to_string(i - 1) + "]",
+                   i == 0 ? "output" : "extra_output", output_at(&expected, i), output_at(&got, i), false});
   }
-  comparer.compare(path_pair, "grad_input", "grad_input", expected.grad_input, got.grad_input, true, tolerance,
-                   rounding ? rounding->grad_input : at::Tensor());
+  out.push_back({"grad_input", "grad_input", expected.grad_input, got.grad_input, true});
   for (size_t i = 0; i < spec.ops.size(); ++i) {
     const size_t n = std::max(i < expected.grad_params.size() ? expected.grad_params[i].size() : 0,
                               i < got.grad_params.size() ? got.grad_params[i].size() : 0);
     for (size_t j = 0; j < n; ++j) {
-      comparer.compare(path_pair,
-                       "grad_param[" + std::to_string(i) + "]." + spec.ops[i].name + "[" + std::to_string(j) + "]",
-                       "grad_param", grad_param_at(&expected, i, j), grad_param_at(&got, i, j), true, tolerance,
-                       grad_param_at(rounding, i, j));
+      out.push_back({"grad_param[" + std::to_string(i) + "]." + spec.ops[i].name + "[" + std::to_string(j) + "]",
+                     "grad_param", grad_param_at(&expected, i, j), grad_param_at(&got, i, j), true});
     }
   }
   const size_t n_extra = std::max(expected.grad_extra_inputs.size(), got.grad_extra_inputs.size());
   for (size_t k = 0; k < n_extra; ++k) {
-    comparer.compare(path_pair, "grad_extra_input[" + std::to_string(k) + "]", "grad_extra_input",
-                     grad_extra_at(&expected, k), grad_extra_at(&got, k), true, tolerance, grad_extra_at(rounding, k));
+    out.push_back({"grad_extra_input[" + std::to_string(k) + "]", "grad_extra_input", grad_extra_at(&expected, k),
+                   grad_extra_at(&got, k), true});
   }
   // Channels: only those the expected side has a gradient for. A channel the expected side
   // leaves out has a value that does not require grad there (a fuser may still trace a
@@ -232,9 +228,22 @@ void compare_paths(const std::string& path_pair, const CaseSpec& spec, const Pat
   for (size_t f = 0; f < expected.channel_grads.size(); ++f) {
     for (const auto& [channel, e] : expected.channel_grads[f]) {
       if (!got_exposes_all_channels && !has_channel(&got, f, channel)) continue;
-      comparer.compare(path_pair, channel_label(f, channel), "grad_channel", e, channel_grad_at(&got, f, channel), true,
-                       tolerance, channel_grad_at(rounding, f, channel));
+      out.push_back({channel_label(f, channel), "grad_channel", e, channel_grad_at(&got, f, channel), true});
     }
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> tensors_by_name(const CaseSpec& spec, const PathRun& run) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& t : compared_tensors(spec, run, run)) out[t.name] = t.expected;
+  return out;
+}
+
+void compare_paths(const std::string& path_pair, const CaseSpec& spec, const PathRun& expected, const PathRun& got,
+                   const CaseBounds& bounds, Comparer& comparer, bool got_exposes_all_channels) {
+  for (const auto& t : compared_tensors(spec, expected, got, got_exposes_all_channels)) {
+    comparer.compare(path_pair, t.name, t.role, t.expected, t.got, t.gradient, bounds.bound(t.name));
   }
 }
 
@@ -261,7 +270,7 @@ std::string plan_text(const std::vector<PlanGroup>& groups) {
 
 }  // namespace
 
-void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, std::vector<std::string>& notes) {
+void compare_plans(const PathRun& repeat, std::vector<Finding>& findings) {
   if (repeat.expected_plans.empty()) return;
   const size_t n = std::max(repeat.plans.size(), repeat.expected_plans.size());
   for (size_t f = 0; f < n; ++f) {
@@ -271,16 +280,16 @@ void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, 
     for (const auto& [pass, g, e] : {std::make_tuple("forward", &got.forward, &want.forward),
                                      std::make_tuple("backward", &got.backward, &want.backward)}) {
       if (*g == *e) continue;
-      TensorMismatch d;
+      Finding d;
       d.kind = VerdictKind::kMismatch;
       d.path_pair = repeat.name + "~fresh_plans";
       d.tensor = "plan[fuser " + std::to_string(f) + "]." + pass;
       d.role = "plan";
       d.max_abs_err = std::numeric_limits<double>::infinity();
       d.max_rel_err = std::numeric_limits<double>::infinity();
-      details.push_back(std::move(d));
-      notes.push_back(repeat.name + ": fuser " + std::to_string(f) + " ran the " + pass + " plan " + plan_text(*g) +
-                      "; planned afresh for this call: " + plan_text(*e));
+      d.note = "fuser " + std::to_string(f) + " ran the " + pass + " plan " + plan_text(*g) +
+               "; planned afresh for this call: " + plan_text(*e);
+      findings.push_back(std::move(d));
     }
   }
 }
@@ -296,15 +305,20 @@ bool all_finite(const PathRun& run) {
   return ok;
 }
 
-void check_caller_tensors(const PathRun& run, std::vector<TensorMismatch>& details) {
+void check_caller_tensors(const PathRun& run, std::vector<Finding>& findings) {
   for (const auto& tensor : run.modified) {
-    TensorMismatch d;
+    Finding d;
     d.kind = VerdictKind::kModifiedInput;
     d.path_pair = run.name + "~caller";
     d.tensor = tensor;
-    d.role = "modified_" + tensor.substr(0, tensor.find('['));
-    d.max_abs_err = std::numeric_limits<double>::infinity();
-    details.push_back(std::move(d));
+    d.role = tensor.substr(0, tensor.find('['));
+    auto writer = run.modified_by.find(tensor);
+    if (writer != run.modified_by.end()) {
+      d.op = writer->second.group.name;
+      d.note = "written during the " + writer->second.pass + " run of " + writer->second.group.name + " [" +
+               std::to_string(writer->second.group.begin) + "," + std::to_string(writer->second.group.end) + ")";
+    }
+    findings.push_back(std::move(d));
   }
 }
 

@@ -2,6 +2,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,59 +17,78 @@ namespace gradfuzz::oracle {
 
 // The case's value types (harness/), used throughout this folder.
 using harness::CaseSpec;
+using harness::Finding;
 using harness::FuserPlans;
 using harness::PathRun;
 using harness::PlanGroup;
 using harness::RepeatCall;
-using harness::TensorMismatch;
 using harness::VerdictKind;
 
-/// How much of a low-precision case's own rounding a path may add, per element
-/// (fuzzer.md "Paths and oracle"; the reasoning is in oracle.cc).
-struct RoundingAllowance {
-  /// Each element may be off by this many times the rounding baseline's error there ...
-  double factor = 16;
-  /// ... but never by more than this fraction of max(|expected_k|, rms(expected)).
-  double cap = 0.25;
+/// What one compared tensor may be off by from the float64 reference. Element k of `got`
+/// passes when both values are finite (or the allowance there is infinite: the case's dtype
+/// itself cannot represent the value) and
+///   |got_k - e_k| <= atol + rtol * (rms(e) + |e_k|) + allowance_k,
+/// and the tensor as a whole when ||got - e||_2 over its finite elements <= norm_bound.
+struct TensorBound {
+  double atol = 0;
+  double rtol = 0;
+  /// Per element, >= 0, float64 CPU of the tensor's shape; undefined: none.
+  at::Tensor allowance;
+  double norm_bound = std::numeric_limits<double>::infinity();
 };
 
-/// Compares the tensors of a case and records every failure with its full detail. Within
-/// tolerance means, for every element k, all finite and
-///   |got_k - expected_k| <= atol + rtol * (rms(expected) + |expected_k|)
-///                           + min(factor * rounding_k, cap * max(|expected_k|, rms(expected)))
-/// where rounding_k = |baseline_k - reference_k| (the case's dtype's own error at k; zero
-/// without a baseline). The common case (within tolerance) is one loop over float64 host
-/// copies; only a failing tensor pays for the detailed examination.
+/// The bounds of every compared tensor of a case, by tensor name ("output",
+/// "grad_param[2].Linear[0]", "grad_channel[c3]"); a tensor without an entry gets `fallback`.
+struct CaseBounds {
+  Tolerance fallback;
+  std::map<std::string, TensorBound> tensors;
+  TensorBound bound(const std::string& tensor) const;
+};
+
+/// Compares tensors and records every failure as a Finding with its worst element. The
+/// common case (within bounds) is one loop over float64 host copies.
 class Comparer {
  public:
-  Comparer(std::vector<TensorMismatch>& details, std::vector<std::string>& notes, RoundingAllowance allowance = {})
-      : details_(details), notes_(notes), allowance_(allowance) {}
+  Comparer(std::vector<Finding>& findings, std::vector<std::string>& notes) : findings_(findings), notes_(notes) {}
 
-  /// Compares `got` against `expected`. For gradients an undefined tensor means "none":
-  /// none where the expected gradient is non-zero is a missing gradient; a gradient where
-  /// none is expected must be zero. `rounding` (optional, same shape) is |baseline - reference|.
+  /// Compares `got` against `expected` under `bound`. For gradients an undefined tensor
+  /// means "none": none where the expected gradient is non-zero is a missing gradient; a
+  /// gradient where none is expected must be zero.
   void compare(const std::string& path_pair, const std::string& tensor, const std::string& role,
-               const at::Tensor& expected, const at::Tensor& got, bool gradient, const Tolerance& tolerance,
-               const at::Tensor& rounding = at::Tensor());
+               const at::Tensor& expected, const at::Tensor& got, bool gradient, const TensorBound& bound);
 
  private:
-  std::vector<TensorMismatch>& details_;
+  std::vector<Finding>& findings_;
   std::vector<std::string>& notes_;
-  RoundingAllowance allowance_;
 };
 
-/// The per-element rounding error of `baseline` against `reference` for every tensor the
-/// oracle compares, laid out like a PathRun (undefined where either side lacks the tensor or
-/// the baseline is not finite there: a non-finite baseline grants nothing).
-PathRun rounding_errors(const PathRun& reference, const PathRun& baseline);
+/// One tensor the oracle compares: its name and role, the expected and the path's value,
+/// whether it is a gradient.
+struct ComparedTensor {
+  std::string name;
+  std::string role;
+  at::Tensor expected;
+  at::Tensor got;
+  bool gradient = false;
+};
 
-/// Compares every tensor of `got` against `expected`: outputs, grad_input, every parameter
+/// Every tensor compare_paths compares, in order: outputs, grad_input, every parameter
 /// gradient, every public extra input gradient, and the channel gradients the expected side
-/// has (and `got` exposes: a backend that does not expose a channel's gradient is not
-/// judged on it). `rounding` (optional) holds per-element rounding errors (rounding_errors()).
+/// has (and `got` exposes, unless got_exposes_all_channels: a backend that does not expose a
+/// channel's gradient is not judged on it).
+std::vector<ComparedTensor> compared_tensors(const CaseSpec& spec, const PathRun& expected, const PathRun& got,
+                                             bool got_exposes_all_channels = true);
+
+/// The expected side's tensors by name (compared_tensors of `run` against itself).
+std::map<std::string, at::Tensor> tensors_by_name(const CaseSpec& spec, const PathRun& run);
+
+/// Compares every tensor of compared_tensors(spec, expected, got) under `bounds`.
 void compare_paths(const std::string& path_pair, const CaseSpec& spec, const PathRun& expected, const PathRun& got,
-                   const Tolerance& tolerance, Comparer& comparer, const PathRun* rounding = nullptr,
-                   bool got_exposes_all_channels = true);
+                   const CaseBounds& bounds, Comparer& comparer, bool got_exposes_all_channels = true);
+
+/// ||got - expected||_2 over the elements finite on both sides (0 for undefined tensors; an
+/// undefined `got` counts as zeros).
+double error_norm(const at::Tensor& expected, const at::Tensor& got);
 
 /// What call `call` of a repeat (CaseSpec::repeat_calls) must give, from the first call's
 /// float64 reference (the values are the same): its outputs; unless the call is no_grad, the
@@ -75,14 +97,14 @@ void compare_paths(const std::string& path_pair, const CaseSpec& spec, const Pat
 /// No channel gradients (those are judged on the first call).
 PathRun expected_for_call(const PathRun& reference, const at::Tensor& grad_input, const RepeatCall& call);
 
-/// Records a detail (role "plan") for each fuser whose plan in a repeat call differs from
-/// the plan a fresh Sequential built for that call, with a note showing both.
-void compare_plans(const PathRun& repeat, std::vector<TensorMismatch>& details, std::vector<std::string>& notes);
+/// Records a finding (role "plan") for each fuser whose plan in a repeat call differs from
+/// the plan a fresh Sequential built for that call, with both plans in its note.
+void compare_plans(const PathRun& repeat, std::vector<Finding>& findings);
 
 /// Whether every output and gradient of a path is finite.
 bool all_finite(const PathRun& run);
 
-/// Records a kModifiedInput detail for each caller-owned tensor `run` changed.
-void check_caller_tensors(const PathRun& run, std::vector<TensorMismatch>& details);
+/// Records a kModifiedInput finding for each caller-owned tensor `run` changed.
+void check_caller_tensors(const PathRun& run, std::vector<Finding>& findings);
 
 }  // namespace gradfuzz::oracle

@@ -7,18 +7,13 @@ void ConsoleReporter::report_context(const ReportContext& context) { command_ = 
 void ConsoleReporter::report_case(const CaseRecord& record) {
   ++cases_run_;
   if (!record.result.passed()) ++failed_;
-  if (!record.finding) return;
-  ++findings_;
-  const harness::CaseResult& r = record.finding->result;
-  out_ << "finding: " << harness::verdict_name(r.verdict) << " [" << r.signature() << "]";
-  if (!r.details.empty()) {
-    const auto& d = r.details.front();
-    out_ << " " << d.path_pair << " " << d.tensor << " max_abs_err " << d.max_abs_err << " (atol " << d.atol
-         << ", rtol " << d.rtol << ")";
-  } else if (!r.error_detail.empty()) {
-    out_ << " " << r.error_detail;
+  for (const auto& finding : record.new_findings) {
+    ++findings_;
+    out_ << (finding.known ? "known finding" : "finding") << ": [" << finding.signature << "]";
+    if (const harness::Finding* d = finding.result.finding(finding.signature)) out_ << "\n  " << *d;
+    if (finding.known) out_ << "\n  known issue " << finding.known->id << " (" << finding.known->status << ")";
+    out_ << "\n  " << finding.reproduce << '\n';
   }
-  out_ << "\n  " << record.finding->reproduce << '\n';
   out_.flush();
 }
 

@@ -31,34 +31,71 @@ void count_all(std::map<std::string, int64_t>& counts, const std::vector<std::st
 
 }  // namespace
 
+Json detail_to_json(const harness::Finding& d) {
+  Json j{{"path_pair", d.path_pair},
+         {"tensor", d.tensor},
+         {"kind", harness::verdict_name(d.kind)},
+         {"role", d.role},
+         {"max_abs_err", d.max_abs_err},
+         {"max_rel_err", d.max_rel_err},
+         {"atol", d.atol},
+         {"rtol", d.rtol},
+         {"index", d.index},
+         {"expected", d.expected},
+         {"got", d.got}};
+  if (d.rounding != 0) j["rounding"] = d.rounding;
+  if (d.norm_bound != 0) {
+    j["norm_err"] = d.norm_err;
+    j["norm_bound"] = d.norm_bound;
+  }
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"error_kind", &d.error_kind},
+                                   {"error_type", &d.error_type},
+                                   {"phase", &d.phase},
+                                   {"message", &d.message},
+                                   {"origin", &d.origin},
+                                   {"op", &d.op},
+                                   {"option", &d.option},
+                                   {"note", &d.note},
+                                   {"known", &d.known}}) {
+    if (!value->empty()) j[key] = *value;
+  }
+  return j;
+}
+
 Json finding_to_json(const Finding& finding, int64_t count, const std::vector<std::string>& examples) {
   const harness::CaseResult& r = finding.result;
   Json details = Json::array();
-  for (const auto& d : r.details) {
-    details.push_back(Json{{"path_pair", d.path_pair},
-                           {"tensor", d.tensor},
-                           {"kind", harness::verdict_name(d.kind)},
-                           {"max_abs_err", d.max_abs_err},
-                           {"max_rel_err", d.max_rel_err},
-                           {"atol", d.atol},
-                           {"rtol", d.rtol},
-                           {"index", d.index},
-                           {"expected", d.expected},
-                           {"got", d.got}});
+  Json others = Json::array();
+  std::string kind = harness::verdict_name(r.verdict);
+  bool first = true;
+  for (const auto& d : r.findings) {
+    if (d.signature == finding.signature) {
+      details.push_back(detail_to_json(d));
+      if (first) kind = harness::verdict_name(d.kind);
+      first = false;
+    }
   }
-  const std::string signature = r.signature();
+  for (const auto& sig : r.signatures()) {
+    if (sig != finding.signature) others.push_back(sig);
+  }
   Json j;
-  j["signature"] = signature;
+  j["signature"] = finding.signature;
   // Only a key the signature does not already say (report merge and diff key clusters by it).
-  if (!finding.cluster.empty() && finding.cluster != signature) j["cluster"] = finding.cluster;
-  j["kind"] = harness::verdict_name(r.verdict);
+  if (!finding.cluster.empty() && finding.cluster != finding.signature) j["cluster"] = finding.cluster;
+  j["kind"] = kind;
+  j["known"] = finding.known ? Json{{"id", finding.known->id},
+                                    {"status", finding.known->status},
+                                    {"link", finding.known->link},
+                                    {"note", finding.known->note}}
+                             : Json(nullptr);
   j["fault"] = optional_json(finding.fault);
   j["backend"] = r.backend;
   if (!finding.dtype.empty()) j["dtype"] = finding.dtype;
   j["case_file"] = finding.case_file;
   j["ops"] = r.op_types;
   j["details"] = std::move(details);
-  if (!r.error_detail.empty()) j["error"] = r.error_detail;
+  if (!others.empty()) j["other_signatures"] = std::move(others);
+  if (!r.notes.empty()) j["error"] = r.notes;
   j["seed"] = r.seed;
   j["reproduce"] = finding.reproduce;
   if (count > 0) {
@@ -78,6 +115,7 @@ Json selftest_entry_to_json(const SelftestEntry& e) {
               {"replay_with_fault_exit", optional_json(e.replay_with_fault_exit)},
               {"replay_without_fault_exit", optional_json(e.replay_without_fault_exit)},
               {"unattributed_findings", e.unattributed_findings},
+              {"known_findings", e.known_findings},
               {"ok", e.ok()}};
 }
 
@@ -101,11 +139,13 @@ void JsonReporter::report_case(const CaseRecord& record) {
   count_all(op_counts_, record.result.op_types);
   count_all(fusion_counts_, record.result.fusions_fired);
   count_all(feature_counts_, record.result.features);
-  if (record.finding) findings_.push_back(*record.finding);
-  if (record.cluster) {
-    ++cluster_counts_[*record.cluster];
-    if (record.example_file) cluster_examples_[*record.cluster].push_back(*record.example_file);
-  }
+  count_all(fused_compared_counts_, record.result.fused_compared);
+  kink_elements_ += record.result.kink_elements;
+  cancellation_tensors_ += record.result.cancellation_tensors;
+  if (record.result.failed() && !record.result.has_new_findings()) ++known_failed_;
+  for (const auto& f : record.new_findings) findings_.push_back(f);
+  for (const auto& key : record.clusters) ++cluster_counts_[key];
+  for (const auto& [key, file] : record.example_files) cluster_examples_[key].push_back(file);
 }
 
 Json JsonReporter::document(const RunSummary& summary) const {
@@ -128,22 +168,32 @@ Json JsonReporter::document(const RunSummary& summary) const {
                          {"fault", optional_json(c.campaign.fault)},
                          {"workers", c.campaign.workers},
                          {"shard", c.campaign.shard.empty() ? Json(nullptr) : Json(c.campaign.shard)},
-                         {"shapes", c.campaign.shapes.empty() ? Json(nullptr) : Json(c.campaign.shapes)}};
+                         {"shapes", c.campaign.shapes.empty() ? Json(nullptr) : Json(c.campaign.shapes)},
+                         {"known_file", c.campaign.known_file.empty() ? Json(nullptr) : Json(c.campaign.known_file)},
+                         {"feature_weights", c.campaign.feature_weights}};
   // A run that finished in no measurable time reports 0 cases/s rather than infinity.
   double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
+  int64_t known_clusters = 0;
+  for (const auto& f : findings_) known_clusters += f.known ? 1 : 0;
   doc["summary"] = Json{{"cases_run", cases_run_},
                         {"passed", passed_},
                         {"failed", failed_},
+                        {"known_failed", known_failed_},
                         {"unsupported", unsupported_},
                         {"findings", findings_.size()},
+                        {"new_findings", static_cast<int64_t>(findings_.size()) - known_clusters},
+                        {"known_findings", known_clusters},
                         {"wall_s", summary.wall_s},
                         {"cases_per_s", cases_per_s},
                         {"complete", summary.complete}};
-  doc["coverage"] = Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
-                         {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
-                         {"features", counts_json(c.coverage_names.features, feature_counts_)},
-                         {"fused_ops", Json{{"forward", counts_json({}, fused_forward_counts_)},
-                                            {"backward", counts_json({}, fused_backward_counts_)}}}};
+  doc["coverage"] =
+      Json{{"ops", counts_json(c.coverage_names.ops, op_counts_)},
+           {"fusions", counts_json(c.coverage_names.fusions, fusion_counts_)},
+           {"features", counts_json(c.coverage_names.features, feature_counts_)},
+           {"fused_ops", Json{{"forward", counts_json({}, fused_forward_counts_)},
+                              {"backward", counts_json({}, fused_backward_counts_)},
+                              {"compared", counts_json({}, fused_compared_counts_)}}},
+           {"low_precision", Json{{"kink_elements", kink_elements_}, {"cancellation_tensors", cancellation_tensors_}}}};
   if (!kernel_counts_.empty()) {
     Json kernels = Json::object();
     for (const auto& [name, counts] : kernel_counts_) {
@@ -153,7 +203,7 @@ Json JsonReporter::document(const RunSummary& summary) const {
   }
   Json findings = Json::array();
   for (const auto& f : findings_) {
-    const std::string key = f.cluster.empty() ? f.result.signature() : f.cluster;
+    const std::string& key = f.key();
     auto count = cluster_counts_.find(key);
     auto examples = cluster_examples_.find(key);
     findings.push_back(

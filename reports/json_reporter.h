@@ -45,18 +45,27 @@ class JsonReporter final : public Reporter {
   std::map<std::string, int64_t> op_counts_;
   std::map<std::string, int64_t> fusion_counts_;
   std::map<std::string, int64_t> feature_counts_;
+  std::map<std::string, int64_t> fused_compared_counts_;
+  int64_t kink_elements_ = 0;
+  int64_t cancellation_tensors_ = 0;
+  /// Failing cases whose every finding matched a known issue.
+  int64_t known_failed_ = 0;
   std::vector<Finding> findings_;
   /// Per cluster key: failing cases counted in it, and example case files.
   std::map<std::string, int64_t> cluster_counts_;
   std::map<std::string, std::vector<std::string>> cluster_examples_;
 };
 
-/// JSON form of one finding: {signature, [cluster], kind, fault, backend, [dtype], case_file,
-/// ops, details[...], seed, reproduce} (cluster when its key is not the signature, dtype when
-/// known; plus error when the result carries an error detail; plus count and examples when
-/// given: the failing cases counted in its cluster).
+/// JSON form of one finding cluster: {signature, [cluster], kind, known, fault, backend,
+/// [dtype], case_file, ops, details[...], [other_signatures], seed, reproduce} (cluster when its
+/// key is not the signature, dtype when known; details: the saved case's findings with the
+/// cluster's signature; other_signatures: its other findings' signatures; plus error when the
+/// result carries notes; plus count and examples when given: the failing cases counted in it).
 nlohmann::ordered_json finding_to_json(const Finding& finding, int64_t count = 0,
                                        const std::vector<std::string>& examples = {});
+
+/// JSON form of one finding of a case (a finding's details entry).
+nlohmann::ordered_json detail_to_json(const harness::Finding& finding);
 
 /// JSON form of one selftest entry (absent values written as null).
 nlohmann::ordered_json selftest_entry_to_json(const SelftestEntry& entry);

@@ -1,5 +1,6 @@
 #include "reports/report_diff.h"
 
+#include <algorithm>
 #include <map>
 
 #include "reports/report_document.h"
@@ -29,6 +30,7 @@ Clusters clusters_of(const Json& report, bool is_new) {
       c.ops = f["ops"].get<std::vector<std::string>>();
       c.case_file = f["case_file"].get<std::string>();
       c.reproduce = f["reproduce"].get<std::string>();
+      if (f.contains("known") && f["known"].is_object()) c.known = f["known"].value("id", "");
     }
     (is_new ? c.new_count : c.last_count) += cluster_count(f);
   }
@@ -45,9 +47,14 @@ void note_difference(const Json& last, const Json& next, const std::string& path
 }
 
 Json change_json(const ClusterChange& c) {
-  return Json{{"cluster", c.key},           {"kind", c.kind},           {"ops", c.ops},
-              {"last_count", c.last_count}, {"new_count", c.new_count}, {"case_file", c.case_file},
-              {"reproduce", c.reproduce}};
+  return Json{{"cluster", c.key},
+              {"kind", c.kind},
+              {"ops", c.ops},
+              {"last_count", c.last_count},
+              {"new_count", c.new_count},
+              {"case_file", c.case_file},
+              {"reproduce", c.reproduce},
+              {"known", c.known.empty() ? Json(nullptr) : Json(c.known)}};
 }
 
 Json changes_json(const std::vector<ClusterChange>& changes) {
@@ -57,6 +64,10 @@ Json changes_json(const std::vector<ClusterChange>& changes) {
 }
 
 }  // namespace
+
+int64_t ReportDiff::added_unknown() const {
+  return std::count_if(added.begin(), added.end(), [](const ClusterChange& c) { return c.known.empty(); });
+}
 
 ReportDiff diff_reports(const Json& last, const Json& next) {
   ReportDiff diff;
@@ -96,7 +107,9 @@ Json diff_to_json(const ReportDiff& diff, const std::string& last_name, const st
 }
 
 void print_diff(const ReportDiff& diff, const std::string& last_name, const std::string& new_name, std::ostream& out) {
-  out << "report diff: " << last_name << " -> " << new_name << ": " << diff.added.size() << " new, "
+  const size_t known = diff.added.size() - static_cast<size_t>(diff.added_unknown());
+  out << "report diff: " << last_name << " -> " << new_name << ": " << diff.added.size() << " new"
+      << (known > 0 ? " (" + std::to_string(known) + " of them known issues)" : std::string()) << ", "
       << diff.fixed.size() << " fixed, " << diff.still_failing.size() << " still failing\n";
   for (const auto& note : diff.notes) out << "note: " << note << '\n';
   if (!diff.new_complete) {
@@ -107,7 +120,8 @@ void print_diff(const ReportDiff& diff, const std::string& last_name, const std:
   if (!diff.added.empty()) {
     out << "new:\n";
     for (const auto& c : diff.added) {
-      out << "  + " << c.key << "  count " << c.new_count << "\n      " << c.reproduce << '\n';
+      out << "  + " << c.key << "  count " << c.new_count << (c.known.empty() ? "" : "  known: " + c.known)
+          << "\n      " << c.reproduce << '\n';
     }
   }
   if (!diff.fixed.empty()) {

@@ -18,12 +18,16 @@ struct ClusterChange {
   int64_t new_count = 0;
   std::string case_file;
   std::string reproduce;
+  /// The known issue the cluster matches (its `known.id` in NEW), empty when new.
+  std::string known;
 };
 
 /// The clusters of two reports, by cluster key (cluster_key()).
 struct ReportDiff {
   /// In NEW and not in LAST, in NEW's order.
   std::vector<ClusterChange> added;
+  /// Added clusters that match no known issue (what makes `report diff` exit 1).
+  int64_t added_unknown() const;
   /// In LAST and not in NEW, in LAST's order.
   std::vector<ClusterChange> fixed;
   /// In both, in NEW's order.

@@ -54,6 +54,10 @@ struct CampaignInfo {
   std::string shard;
   /// Shape regime of generated cases ("tiny", "edge", "large", "mix"), empty for replay.
   std::string shapes;
+  /// The known-issues file the run matched findings against (empty: none), and the case
+  /// features the generator drew at reduced weight because of it (feature -> weight).
+  std::string known_file;
+  std::map<std::string, double> feature_weights;
 };
 
 /// Names listed in `coverage` even when their count is zero.
@@ -74,36 +78,56 @@ struct ReportContext {
   std::string date;
 };
 
-/// A saved, shrunk failing case.
+/// A known issue a finding matched (campaign/known_issues.h), as a report shows it.
+struct KnownRef {
+  std::string id;
+  /// "open-defect" or "documented-behaviour".
+  std::string status;
+  std::string link;
+  std::string note;
+};
+
+/// One finding cluster of a run: the root-cause signature (oracle/signature.h) and the
+/// case saved for it (shrunk for a new cluster, as generated for a known one).
 struct Finding {
-  /// Result of running the shrunk case (its ops, details and signature are reported).
+  /// Result of running the saved case: every finding it has; those with `signature` are the
+  /// cluster's.
   harness::CaseResult result;
+  /// The cluster's root-cause signature.
+  std::string signature;
   /// Path of the saved case file, as the user should type it.
   std::string case_file;
   /// One line that reproduces the finding: `gradfuzz replay <case_file> [--fault NAME]`.
   std::string reproduce;
   /// Fault that was switched on when it was found, if any.
   std::optional<std::string> fault;
-  /// Cluster key (CaseRecord::cluster of the cases counted in it); empty: its signature.
+  /// Cluster key (the signature, plus "|persists-without-fault" for a selftest finding the
+  /// fault is not responsible for); empty: the signature.
   std::string cluster;
   /// dtype of the failing case ("float32"); empty when unknown. The HTML report plots
   /// errors per dtype from it.
   std::string dtype;
+  /// The known issue it matches; nullopt: a new finding.
+  std::optional<KnownRef> known;
+  /// The cluster key (cluster, else signature).
+  const std::string& key() const { return cluster.empty() ? signature : cluster; }
 };
 
 /// Builds the reproduce line of fuzzer.md: `gradfuzz replay <case_file>` plus
 /// ` --fault NAME` when a fault was on.
 std::string reproduce_line(const std::string& case_file, const std::optional<std::string>& fault);
 
-/// One case that ran: its result (counted in summary and coverage) and, when it produced a
-/// new finding, that finding (the campaign deduplicates by signature before reporting).
+/// One case that ran: its result (counted in summary and coverage), the clusters its
+/// findings were counted in, and the clusters it opened (the campaign deduplicates by
+/// signature before reporting).
 struct CaseRecord {
   harness::CaseResult result;
-  std::optional<Finding> finding;
-  /// For a failing case: the signature of the finding (cluster) it was counted in, and the
-  /// case file saved as one of that cluster's examples, if it was.
-  std::optional<std::string> cluster;
-  std::optional<std::string> example_file;
+  /// One per cluster this case opened, with its saved case.
+  std::vector<Finding> new_findings;
+  /// Per distinct signature of the result: the key of the cluster it was counted in.
+  std::vector<std::string> clusters;
+  /// (cluster key, case file) of the examples of clusters saved from this case as generated.
+  std::vector<std::pair<std::string, std::string>> example_files;
 };
 
 /// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").
@@ -122,6 +146,8 @@ struct SelftestEntry {
   /// Findings of the fault's campaign that also fail with the fault off (real runtime bugs,
   /// reported among the findings but not taken as this fault's detection).
   int64_t unattributed_findings = 0;
+  /// Findings of the fault's campaign that matched a known issue (not taken as detection).
+  int64_t known_findings = 0;
   /// Whether this fault passed the selftest (detected and both replays behaved).
   bool ok() const { return detected && replay_with_fault_exit == 1 && replay_without_fault_exit == 0; }
 };

@@ -16,6 +16,8 @@
 #include "ops/cuda/launch_stats.h"
 #include "ops/errors.h"
 #include "ops/reference.h"
+#include "oracle/rounding.h"
+#include "oracle/signature.h"
 #include "oracle/tolerances.h"
 
 namespace gradfuzz::runner {
@@ -23,17 +25,14 @@ namespace gradfuzz::runner {
 using backends::BackendCrash;
 using backends::BackendTimeout;
 using backends::ModelBackend;
-using oracle::all_finite;
 using oracle::case_tolerance;
 using oracle::check_caller_tensors;
 using oracle::check_finite_differences;
 using oracle::compare_paths;
 using oracle::compare_plans;
-using oracle::Comparer;
 using oracle::disable_tf32;
 using oracle::expected_for_call;
 using oracle::path_pair_tolerance;
-using oracle::rounding_errors;
 using oracle::Tolerance;
 using oracle::ToleranceContext;
 
@@ -66,7 +65,8 @@ bool repeat_wants_input_grad(const CaseSpec& spec) {
 /// The float64 reference path (or, with another compute dtype, the rounding baseline): the
 /// catalog's reference math under plain autograd, on the CPU, over the ops in `built`.
 PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors, BuiltCase& built,
-                           at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU) {
+                           at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU,
+                           ops::KinkProbe* probe = nullptr) {
   PathRun run;
   run.name = compute_dtype == at::kDouble ? "reference" : "rounding_baseline";
   BuildOptions build;
@@ -83,6 +83,7 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     at::Tensor input = tensors.input.to(options, false, true).requires_grad_(spec.input_requires_grad);
     std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
     ops::ReferenceEvaluator evaluator(*built.sequential, compute_dtype, device);
+    evaluator.set_kink_probe(probe);
     run.outputs = evaluator.forward(input, extras);
     run.error_stage = "backward";
     ops::ReferenceGradients grads = evaluator.backward(tensors.cotangents);
@@ -235,19 +236,6 @@ int dtype_rank(const std::string& dtype) {
   return 1;
 }
 
-/// A low-precision detail that no rounding explains once every path has passed in the widest
-/// dtype on the same values: a non-finite value where the reference is finite, unless the
-/// dtype itself overflows on this case (the rounding baseline was not finite either).
-/// Finite differences are not judged by size there: the soaks of the repaired runtime showed
-/// them at about one case in 3000 in bfloat16/float16 (a ReLU pre-activation rounding to the
-/// other side of its kink in one path, gradients that cancel to nearly zero after a norm,
-/// with errors well past the tensor's magnitude), and no size rule separated those from a
-/// defect; a defect in the code shows in the widest dtype as well and is confirmed there.
-bool gross(const TensorMismatch& d, bool dtype_overflows) {
-  if (d.kind != VerdictKind::kMismatch) return true;
-  return !std::isfinite(d.max_abs_err) && !dtype_overflows;
-}
-
 }  // namespace
 
 std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& plan) {
@@ -388,275 +376,514 @@ CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& op
 
 namespace {
 
-CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
-  disable_tf32();
-  CaseResult result;
-  result.seed = spec.seed;
-  result.backend = backend.name();
-  for (const auto& op : spec.ops) {
-    if (op.name != kBoundaryOp) result.op_types.push_back(op.name);
-  }
-  const at::ScalarType dtype = scalar_type_from_name(spec.dtype);
-  if (spec.device == "cuda" && backend.name() == "model" && !at::hasCUDA()) {
-    throw std::invalid_argument("case needs device cuda, but this process has no CUDA device");
+/// One case through its stages (run_case's contract). Each stage adds its findings to
+/// result_; the paths, the reference and the bounds it judges by are members so that the
+/// stages read in order.
+class CaseRun {
+ public:
+  CaseRun(const CaseSpec& spec, Backend& backend, const RunOptions& options)
+      : spec_(spec), backend_(backend), options_(options), dtype_(harness::scalar_type_from_name(spec.dtype)) {
+    result_.seed = spec.seed;
+    result_.backend = backend.name();
+    for (const auto& op : spec.ops) {
+      if (op.name != harness::kBoundaryOp) result_.op_types.push_back(op.name);
+    }
   }
 
-  // Shapes and op creation are the same computation in every path (the catalog's signature
-  // and factory), so an error there is every path's error: an invalid case that passes.
-  PreparedCase prepared;
-  {
+  /// The bounds judge_values would hold the paths to once the first check failed.
+  std::optional<oracle::CaseBounds> bounds() {
+    disable_tf32();
+    if (!prepare()) return std::nullopt;
+    run_reference();
+    if (!reference_.ok()) return std::nullopt;
+    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
+    if (dtype_ == at::kDouble || !gather_evidence()) {
+      return oracle::first_bounds(dtype_, context_, expected, options_.rounding);
+    }
+    return oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
+  }
+
+  CaseResult run() {
+    disable_tf32();
+    if (spec_.device == "cuda" && backend_.name() == "model" && !at::hasCUDA()) {
+      throw std::invalid_argument("case needs device cuda, but this process has no CUDA device");
+    }
+    if (!prepare()) return std::move(result_);
+    if (!spec_.repeat_calls.empty() && !backend_.capabilities().repeat_calls) {
+      result_.verdict = VerdictKind::kUnsupported;
+      result_.notes = "the " + backend_.name() + " backend does not run repeat_calls";
+      return std::move(result_);
+    }
+    if (!run_paths()) return finish();
+    for (const PathRun* run : active_) {
+      if (run->status == PathStatus::kUnsupported) {
+        result_.verdict = VerdictKind::kUnsupported;
+        result_.notes = run->name + " declined the case: " + run->error_message;
+        return std::move(result_);
+      }
+    }
+    run_reference();
+    judge_errors();
+    if (reference_.ok()) judge_values();
+    check_finite_differences_stage();
+    confirm_in_wide_dtype();
+    return finish();
+  }
+
+ private:
+  // ---- prepare: shapes, op creation and values are the same computation in every path (the
+  // catalog's signatures and factories), so an error there is every path's error.
+  bool prepare() {
     PathRun probe;
     probe.name = "every path";
     run_guarded(probe, [&] {
       probe.error_stage = "op creation";
-      prepared = prepare_case(spec);
+      prepared_ = prepare_case(spec_);
     });
     if (!probe.ok()) {
-      result.error_detail = "every path raised " + probe.error_kind + " during op creation: " + probe.error_message;
-      return result;
+      result_.notes = "every path raised " + probe.error_kind + " during op creation: " + probe.error_message;
+      return false;
     }
+    result_.features = static_features(spec_, prepared_.plan);
+    context_ = {spec_.num_ops(), prepared_.plan.max_reduction_length};
+    return true;
   }
-  const CasePlan& plan = prepared.plan;
-  const CaseTensors& tensors = prepared.tensors;
-  BuiltCase& reference_ops = prepared.reference_ops;
-  at::Generator& generator = prepared.generator;
-  result.features = static_features(spec, plan);
 
-  // The backend's paths. A crash or time-out is the whole case's verdict.
-  std::vector<PathRequest> requests{{"fused", spec.fusions, false}};
-  if (options.run_unfused) requests.push_back({"unfused", {}, true});
-  std::vector<PathRun> runs;
-  auto run_backend = [&](const CaseSpec& s, const std::vector<PathRequest>& r) -> bool {
+  // ---- run the paths: fused, unfused (skipped when nothing fused), and each pass's fusions
+  // alone when the fused path ran forward-only and backward-only fused ops together.
+  bool run_backend(const CaseSpec& s, const std::vector<PathRequest>& requests, std::vector<PathRun>& into) {
     try {
-      runs = backend.run_paths(s, plan, tensors, r);
+      std::vector<PathRun> runs = backend_.run_paths(s, prepared_.plan, prepared_.tensors, requests);
+      for (auto& r : runs) into.push_back(std::move(r));
       return true;
     } catch (const BackendCrash& e) {
-      result.verdict = VerdictKind::kCrash;
-      result.error_detail = e.what();
+      add_process_finding(VerdictKind::kCrash, e.what());
     } catch (const BackendTimeout& e) {
-      result.verdict = VerdictKind::kTimeout;
-      result.error_detail = e.what();
+      add_process_finding(VerdictKind::kTimeout, e.what());
     }
-    result.error_kinds = verdict_name(result.verdict);
     return false;
-  };
-  if (!spec.repeat_calls.empty() && !backend.capabilities().repeat_calls) {
-    result.verdict = VerdictKind::kUnsupported;
-    result.error_detail = "the " + backend.name() + " backend does not run repeat_calls";
-    return result;
   }
-  if (!run_backend(spec, requests)) return result;
-  const BackendCapabilities& caps = backend.capabilities();
-  std::vector<PathRequest> single_pass;  // the single-pass paths, when they ran
-  if (options.single_pass_paths && !runs.empty() && runs.front().ok()) {
-    // A fused path that ran forward-only and backward-only fused ops together: each pass's
-    // fusions alone form two more configurations, neither the fused nor the unfused one.
-    const auto forward_only = fusions_of_pass(caps, ops::FusionPass::kForward);
-    const auto backward_only = fusions_of_pass(caps, ops::FusionPass::kBackward);
-    if (fired_any_of(runs.front(), forward_only) && fired_any_of(runs.front(), backward_only)) {
-      single_pass = {{"forward_fused", without(spec.fusions, backward_only), false},
-                     {"backward_fused", without(spec.fusions, forward_only), false}};
-      std::vector<PathRun> first = std::move(runs);
-      if (!run_backend(spec, single_pass)) return result;
-      for (auto& r : runs) first.push_back(std::move(r));
-      runs = std::move(first);
+
+  void add_process_finding(VerdictKind kind, const std::string& what) {
+    Finding f;
+    f.kind = kind;
+    f.path_pair = "every path";
+    f.tensor = harness::verdict_name(kind);
+    f.role = harness::verdict_name(kind);
+    f.message = what;
+    result_.findings.push_back(std::move(f));
+    result_.notes = what;
+  }
+
+  std::vector<PathRequest> path_requests() const {
+    std::vector<PathRequest> requests{{"fused", spec_.fusions, false}};
+    if (options_.run_unfused) requests.push_back({"unfused", {}, true});
+    return requests;
+  }
+
+  bool run_paths() {
+    requests_ = path_requests();
+    if (!run_backend(spec_, requests_, runs_)) return false;
+    if (options_.single_pass_paths && !runs_.empty() && runs_.front().ok()) {
+      const BackendCapabilities& caps = backend_.capabilities();
+      const auto forward_only = fusions_of_pass(caps, ops::FusionPass::kForward);
+      const auto backward_only = fusions_of_pass(caps, ops::FusionPass::kBackward);
+      if (fired_any_of(runs_.front(), forward_only) && fired_any_of(runs_.front(), backward_only)) {
+        single_pass_ = {{"forward_fused", without(spec_.fusions, backward_only), false},
+                        {"backward_fused", without(spec_.fusions, forward_only), false}};
+        if (!run_backend(spec_, single_pass_, runs_)) return false;
+      }
     }
+    for (const auto& r : runs_) {
+      if (r.status != PathStatus::kSkipped) active_.push_back(&r);
+    }
+    add_plan_coverage(spec_, runs_.front(), result_);
+    return true;
   }
-  std::vector<const PathRun*> active;
-  for (const auto& r : runs) {
-    if (r.status != PathStatus::kSkipped) active.push_back(&r);
+
+  const PathRun* run_named(const std::string& name) const {
+    for (const PathRun* r : active_) {
+      if (r->name == name) return r;
+    }
+    return nullptr;
   }
-  add_plan_coverage(spec, runs.front(), result);
-  for (const PathRun* run : active) {
-    if (run->status == PathStatus::kUnsupported) {
-      result.verdict = VerdictKind::kUnsupported;
-      result.error_detail = run->name + " declined the case: " + run->error_message;
-      return result;
+
+  // ---- the float64 reference (recording its kinks for the low-precision rule).
+  void run_reference() {
+    ref_device_ = reference_device(spec_, prepared_.plan, prepared_.tensors);
+    reference_ = run_reference_path(spec_, prepared_.plan, prepared_.tensors, prepared_.reference_ops, at::kDouble,
+                                    ref_device_, &reference_kinks_);
+    // A repeat call whose input requires grad when the first call's does not: the input's
+    // gradient from a second reference run with it (a channel whose value then requires grad
+    // has a gradient in that run that the first call must not be judged on).
+    repeat_grad_input_ = reference_.grad_input;
+    evidence_spec_ = spec_;
+    if (reference_.ok() && !spec_.input_requires_grad && repeat_wants_input_grad(spec_)) {
+      CaseSpec with_input_grad = spec_;
+      with_input_grad.input_requires_grad = true;
+      BuiltCase ops;
+      PathRun creation;
+      run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
+      if (creation.ok()) {
+        PathRun run =
+            run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble, ref_device_);
+        if (run.ok()) {
+          repeat_grad_input_ = run.grad_input;
+          // The low-precision evidence then covers the input's gradient the repeat calls take.
+          evidence_spec_ = std::move(with_input_grad);
+          evidence_reference_ = std::move(run);
+        }
+      }
     }
   }
 
-  const at::Device ref_device = reference_device(spec, plan, tensors);
-  PathRun reference = run_reference_path(spec, plan, tensors, reference_ops, at::kDouble, ref_device);
-  // A repeat call whose input requires grad when the first call's does not: the input's
-  // gradient from a second reference run with it (a channel whose value then requires grad
-  // has a gradient in that run that the first call must not be judged on, so the first
-  // reference stays as it is).
-  at::Tensor repeat_grad_input = reference.grad_input;
-  if (reference.ok() && !spec.input_requires_grad && repeat_wants_input_grad(spec)) {
-    CaseSpec with_input_grad = spec;
-    with_input_grad.input_requires_grad = true;
-    BuiltCase input_grad_ops;
-    PathRun creation;
-    run_guarded(creation, [&] { input_grad_ops = reference_ops_with_values(spec, plan, tensors); });
-    if (creation.ok()) {
-      const PathRun run = run_reference_path(with_input_grad, plan, tensors, input_grad_ops, at::kDouble, ref_device);
-      if (run.ok()) repeat_grad_input = run.grad_input;
-    }
+  // ---- judge errors: every path (repeat calls included) must agree with the reference on
+  // whether and what it raised, and a failed construction must leave no op locked.
+  static Finding error_finding(const PathRun& run, const std::string& path_pair) {
+    Finding f;
+    f.kind = VerdictKind::kUnexpectedError;
+    f.path_pair = path_pair;
+    f.tensor = "error";
+    f.role = "error";
+    f.error_kind = run.error_kind;
+    f.error_type = run.error_type;
+    f.phase = run.error_stage;
+    f.message = run.error_message;
+    f.origin = run.error_origin;
+    return f;
   }
 
-  // Errors: every path must agree with the reference on whether and what it raised, and a
-  // failed construction must leave no op locked.
-  bool any_error = !reference.ok();
-  bool agree = true;
-  std::vector<std::string> lock_problems;
-  std::vector<const PathRun*> all = active;
-  all.push_back(&reference);
-  for (const PathRun* run : all) {
-    if (!run->ok()) any_error = true;
-    if (!errors_agree(*run, reference)) agree = false;
-    for (int64_t op : run->left_locked) {
-      lock_problems.push_back(run->name + ": failed " + run->error_stage + " left op " + std::to_string(op) + " (" +
-                              spec.ops[static_cast<size_t>(op)].name + ") locked");
+  void judge_errors() {
+    std::vector<const PathRun*> all = active_;
+    for (const PathRun* run : active_) {
+      for (const auto& repeat : run->repeats) all.push_back(&repeat);
     }
-  }
-  if (any_error || !lock_problems.empty()) {
+    const bool invalid = intends_error(spec_);
     std::string kinds;
-    std::string detail;
     for (const PathRun* run : all) {
-      kinds += (kinds.empty() ? "" : " ") + run->name + "=" + (run->ok() ? "none" : run->error_kind);
-      detail += (detail.empty() ? "" : "; ") + (run->ok() ? run->name + " passed" : describe_error(*run));
+      kinds += (kinds.empty() ? "" : "; ") + (run->ok() ? run->name + " ran" : describe_error(*run));
     }
-    for (const auto& problem : lock_problems) detail += "; " + problem;
-    result.error_detail = detail;
-    // Agreeing errors are the expected outcome only for a case that asks for one; a case
-    // that is valid by construction and raises everywhere is a runtime bug that would
-    // otherwise hide as a pass.
-    if (!agree || !lock_problems.empty() || !intends_error(spec)) {
-      result.verdict = VerdictKind::kUnexpectedError;
-      result.error_kinds = kinds;
-      if (agree && lock_problems.empty()) result.error_detail = "a valid case raised in every path: " + detail;
+    kinds += "; " + (reference_.ok() ? std::string("reference ran") : describe_error(reference_));
+    if (!reference_.ok() && !invalid) {
+      // A case valid by construction that raises in the reference is a bug there or in the
+      // shared building code, and would otherwise hide as an agreeing error.
+      Finding f = error_finding(reference_, "reference");
+      f.note = "a valid case raised in the reference";
+      result_.findings.push_back(std::move(f));
     }
-    return result;
-  }
-  if (intends_error(spec)) {
-    // Validation is shared code: a regression there lets an invalid configuration through
-    // every path alike, which no comparison between them can see.
-    result.verdict = VerdictKind::kUnexpectedError;
-    result.error_kinds = "no path raised";
-    result.error_detail = "an invalid configuration raised in no path (reference included)";
-    return result;
+    bool any_error = !reference_.ok();
+    for (const PathRun* run : all) {
+      any_error = any_error || !run->ok();
+      if (errors_agree(*run, reference_)) continue;
+      if (run->ok()) {
+        Finding f;
+        f.kind = VerdictKind::kUnexpectedError;
+        f.path_pair = run->name + "~reference";
+        f.tensor = "error";
+        f.role = "no_error";
+        f.error_kind = reference_.error_kind;
+        f.phase = reference_.error_stage;
+        f.message = reference_.error_message;
+        f.note = "the reference raised " + reference_.error_kind + " during " + reference_.error_stage + "; " +
+                 run->name + " ran";
+        result_.findings.push_back(std::move(f));
+      } else {
+        Finding f = error_finding(*run, run->name + "~reference");
+        f.note = reference_.ok()
+                     ? "the reference ran"
+                     : "the reference raised " + reference_.error_kind + " during " + reference_.error_stage;
+        result_.findings.push_back(std::move(f));
+      }
+    }
+    for (const PathRun* run : all) add_lock_findings(*run);
+    add_lock_findings(reference_);
+    if (invalid && !any_error) {
+      // Validation is shared code: a regression there lets an invalid configuration through
+      // every path alike, which no comparison between them can see.
+      Finding f;
+      f.kind = VerdictKind::kUnexpectedError;
+      f.path_pair = "every path";
+      f.tensor = "error";
+      f.role = "no_error";
+      f.note = "an invalid configuration raised in no path (reference included)";
+      result_.findings.push_back(std::move(f));
+    }
+    if (any_error) result_.notes = kinds;
   }
 
-  // Every path ran: compare.
-  std::vector<std::string> notes;
-  const ToleranceContext context{spec.num_ops(), plan.max_reduction_length};
-  const bool all_channels = backend.name() != "te";
-  auto compare_runs = [&](const std::vector<const PathRun*>& paths, const Tolerance& tolerance,
-                          const Tolerance& pair_tolerance, const PathRun* rounding) {
-    std::vector<TensorMismatch> details;
-    Comparer comparer(details, notes, options.allowance);
-    const PathRun* unfused = nullptr;
-    for (const PathRun* run : paths) {
-      compare_paths(run->name + "~reference", spec, reference, *run, tolerance, comparer, rounding, all_channels);
-      check_caller_tensors(*run, details);
-      if (run->name == "unfused") unfused = run;
-      for (size_t k = 0; k < run->repeats.size() && k < spec.repeat_calls.size(); ++k) {
+  void add_lock_findings(const PathRun& run) {
+    for (int64_t op : run.left_locked) {
+      Finding f;
+      f.kind = VerdictKind::kUnexpectedError;
+      f.path_pair = run.name;
+      f.tensor = "op[" + std::to_string(op) + "]";
+      f.role = "left_locked";
+      f.phase = run.error_stage;
+      f.op = spec_.ops.at(static_cast<size_t>(op)).name;
+      f.note = "failed " + run.error_stage + " left op " + std::to_string(op) + " (" + f.op + ") locked";
+      result_.findings.push_back(std::move(f));
+    }
+  }
+
+  // ---- judge values: every path that ran against the reference, its repeat calls and their
+  // plans, the caller's tensors, and the fused path against the unfused one. A non-float64
+  // case that fails the first check is judged again with the low-precision rule's evidence.
+  bool all_channels() const { return backend_.capabilities().exposes_all_channels; }
+
+  std::vector<Finding> compare_all(const oracle::CaseBounds& bounds, const oracle::RoundingEvidence* evidence) {
+    std::vector<Finding> findings;
+    std::vector<std::string> notes;
+    oracle::Comparer comparer(findings, notes);
+    for (const PathRun* run : active_) {
+      if (run->ok()) {
+        compare_paths(run->name + "~reference", spec_, reference_, *run, bounds, comparer, all_channels());
+      }
+      for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];
-        compare_paths(repeat.name + "~reference", spec,
-                      expected_for_call(reference, repeat_grad_input, spec.repeat_calls[k]), repeat, tolerance,
-                      comparer, rounding, all_channels);
-        check_caller_tensors(repeat, details);
-        compare_plans(repeat, details, notes);
+        if (!repeat.ok()) continue;
+        compare_paths(repeat.name + "~reference", spec_,
+                      expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]), repeat, bounds,
+                      comparer, all_channels());
+        compare_plans(repeat, findings);
       }
     }
-    if (unfused && options.compare_fused_unfused && paths.front() != unfused) {
-      compare_paths(paths.front()->name + "~unfused", spec, *unfused, *paths.front(), pair_tolerance, comparer,
-                    rounding, all_channels);
-    }
-    return details;
-  };
-  result.details = compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context), nullptr);
-  bool dtype_overflows = false;
-  if (!result.details.empty() && dtype != at::kDouble) {
-    // What the dtype itself costs this case, per element: the plain-autograd reference run
-    // in the case's dtype. Only failing cases pay for this second reference run.
-    BuiltCase baseline_ops;
-    PathRun creation;
-    run_guarded(creation, [&] { baseline_ops = reference_ops_with_values(spec, plan, tensors); });
-    if (creation.ok()) {
-      PathRun baseline = run_reference_path(spec, plan, tensors, baseline_ops, dtype, ref_device);
-      dtype_overflows = baseline.ok() && !all_finite(baseline);
-      if (baseline.ok()) {
-        const PathRun rounding = rounding_errors(reference, baseline);
-        notes.clear();
-        result.details =
-            compare_runs(active, case_tolerance(dtype, context), path_pair_tolerance(dtype, context), &rounding);
-      }
-    }
-  }
-  const auto wide = widest_dtype(caps);
-  const bool structural = std::any_of(result.details.begin(), result.details.end(),
-                                      [](const TensorMismatch& d) { return d.kind != VerdictKind::kMismatch; });
-  if (!result.details.empty() && !structural && options.confirm_in_wide_dtype && wide &&
-      dtype_rank(*wide) > dtype_rank(spec.dtype)) {
-    // Confirm in the widest dtype with the very same values (exact in the wider type).
-    CaseSpec wide_spec = spec;
-    wide_spec.dtype = *wide;
-    std::vector<PathRun> narrow_runs = std::move(runs);
-    // The same paths as the case ran, single-pass ones included.
-    if (!run_backend(wide_spec, requests)) return result;
-    if (!single_pass.empty()) {
-      std::vector<PathRun> first = std::move(runs);
-      if (!run_backend(wide_spec, single_pass)) return result;
-      for (auto& r : runs) first.push_back(std::move(r));
-      runs = std::move(first);
-    }
-    std::vector<const PathRun*> wide_active;
-    for (const auto& r : runs) {
-      if (r.status == PathStatus::kOk) wide_active.push_back(&r);
-    }
-    const at::ScalarType wide_type = scalar_type_from_name(*wide);
-    std::vector<std::string> narrow_notes = notes;
-    notes.clear();
-    const auto wide_details = wide_active.size() == active.size()
-                                  ? compare_runs(wide_active, case_tolerance(wide_type, context),
-                                                 path_pair_tolerance(wide_type, context), nullptr)
-                                  : std::vector<TensorMismatch>{};
-    notes = std::move(narrow_notes);
-    if (wide_active.size() != active.size()) {
-      notes.push_back("the " + *wide + " confirmation run raised; " + spec.dtype + " details kept");
-    } else if (!wide_details.empty()) {
-      notes.push_back("confirmed in " + *wide + " on the same values");
-    } else {
-      std::vector<TensorMismatch> kept;
-      for (const auto& d : result.details) {
-        if (gross(d, dtype_overflows)) kept.push_back(d);
-      }
-      if (kept.empty()) {
-        notes.push_back(spec.dtype + " differences only (rounding): every path passes in " + *wide +
-                        " on the same values");
-        result.features.emplace_back("precision_only_difference");
+    const PathRun* fused = run_named("fused");
+    const PathRun* unfused = run_named("unfused");
+    if (options_.compare_fused_unfused && fused && unfused && fused->ok() && unfused->ok()) {
+      if (dtype_ == at::kDouble) {
+        compare_paths("fused~unfused", spec_, *unfused, *fused, {path_pair_tolerance(dtype_, context_), {}}, comparer,
+                      all_channels());
       } else {
-        notes.push_back("passes in " + *wide + ", but some " + spec.dtype +
-                        " values are not finite where the reference's are");
+        oracle::compare_fused_unfused(spec_, reference_, *fused, *unfused, dtype_, context_, evidence, findings,
+                                      options_.rounding, all_channels());
       }
-      result.details = std::move(kept);
     }
-    runs = std::move(narrow_runs);
+    for (auto& note : notes) notes_.push_back(std::move(note));
+    return findings;
   }
-  if (options.finite_differences && dtype == at::kDouble) {
-    try {
-      check_finite_differences(spec, tensors, reference, reference_ops, options.finite_difference, generator,
-                               result.details, notes);
-    } catch (const Error& e) {
-      notes.push_back(std::string("finite differences: reference forward raised ") + e.what());
-    } catch (const c10::Error& e) {
-      notes.push_back(std::string("finite differences: reference forward raised ") + e.what_without_backtrace());
+
+  const PathRun& evidence_reference() const { return evidence_reference_ ? *evidence_reference_ : reference_; }
+
+  static bool has_value_findings(const std::vector<Finding>& findings) {
+    return std::any_of(findings.begin(), findings.end(), [](const Finding& f) {
+      return (f.kind == VerdictKind::kMismatch || f.kind == VerdictKind::kMissingGradient) && f.role != "plan";
+    });
+  }
+
+  void judge_values() {
+    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
+    std::vector<Finding> values =
+        compare_all(oracle::first_bounds(dtype_, context_, expected, options_.rounding), nullptr);
+    if (has_value_findings(values) && dtype_ != at::kDouble) {
+      // What the dtype itself costs this case: only cases that fail the first check pay for
+      // the evidence's extra reference runs, and only those that still fail pay for more
+      // rounding samples (one sample per element is a weak estimate of its rounding noise:
+      // a value that fails 8x the largest of 16 samples is not noise).
+      if (gather_evidence()) {
+        for (int64_t more : {int64_t{0}, int64_t{6}, int64_t{8}}) {
+          if (more > 0) {
+            if (!has_value_findings(values)) break;
+            add_rounding_samples(more);
+          }
+          notes_.clear();
+          int64_t cancellation = 0;
+          values = compare_all(
+              oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding, &cancellation),
+              &evidence_);
+          result_.cancellation_tensors = cancellation;
+        }
+        result_.kink_elements = evidence_.kink_elements;
+      }
+    }
+    for (const PathRun* run : active_) {
+      check_caller_tensors(*run, values);
+      for (const auto& repeat : run->repeats) check_caller_tensors(repeat, values);
+    }
+    for (auto& f : values) result_.findings.push_back(std::move(f));
+    // Which fused ops were judged on values: those of a fused path that ran.
+    const PathRun* fused = run_named("fused");
+    if (fused && fused->ok()) {
+      std::set<std::string> seen;
+      for (const auto* list : {&result_.fused_forward, &result_.fused_backward}) {
+        for (const auto& name : *list) {
+          if (seen.insert(name).second) result_.fused_compared.push_back(name);
+        }
+      }
     }
   }
-  for (const auto& note : notes) result.error_detail += (result.error_detail.empty() ? "" : "; ") + note;
-  if (!result.details.empty()) {
-    auto has = [&](VerdictKind kind) {
-      return std::any_of(result.details.begin(), result.details.end(),
-                         [&](const TensorMismatch& d) { return d.kind == kind; });
+
+  /// Tensors of the case with every floating value perturbed by a relative u * xi,
+  /// xi uniform in [-1, 1] (the case seed's own generator, after its draws).
+  harness::CaseTensors perturbed(double u, at::Generator& gen) const {
+    harness::CaseTensors t = prepared_.tensors;
+    auto jitter = [&](at::Tensor& x) {
+      if (!x.defined() || !x.is_floating_point()) return;
+      const at::Tensor xi = at::rand(x.sizes(), gen, at::TensorOptions().dtype(at::kDouble)) * 2 - 1;
+      x = x.to(at::kDouble) * (1 + u * xi.to(x.device()));
     };
-    result.verdict = has(VerdictKind::kMissingGradient) ? VerdictKind::kMissingGradient
-                     : has(VerdictKind::kModifiedInput) ? VerdictKind::kModifiedInput
-                                                        : VerdictKind::kMismatch;
+    jitter(t.input);
+    for (auto& op : t.params) {
+      for (auto& p : op) jitter(p);
+    }
+    for (auto& e : t.extra_inputs) jitter(e);
+    for (auto& c : t.cotangents) jitter(c);
+    return t;
   }
-  return result;
+
+  /// A run of the reference ops on `values` in `dtype` (kinks into `probe`, when given).
+  PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr) {
+    BuiltCase ops;
+    PathRun creation;
+    run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, values); });
+    if (!creation.ok()) return creation;
+    return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe);
+  }
+
+  /// `n` more rounding samples: the rounding baseline on values perturbed by a relative u
+  /// (each value moved to a neighbour in the dtype or not), its distance to the float64
+  /// reference kept element by element at its largest.
+  void add_rounding_samples(int64_t n) {
+    const double u = harness::unit_roundoff(dtype_);
+    for (int64_t k = 0; k < n; ++k) {
+      const PathRun run = reference_run(perturbed(u, sample_generator_), dtype_);
+      if (run.ok()) {
+        oracle::accumulate_max(evidence_.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
+      }
+    }
+  }
+
+  bool gather_evidence() {
+    const double u = harness::unit_roundoff(dtype_);
+    // The rounding baseline: the plain reference in the case's dtype, kinks recorded.
+    ops::KinkProbe probe;
+    const PathRun baseline = reference_run(prepared_.tensors, dtype_, &probe);
+    if (!baseline.ok()) return false;
+    evidence_.baseline_error = oracle::abs_differences(spec_, evidence_reference(), baseline);
+    baseline_kinks_ = probe.sites();
+    // The input sensitivity, two samples to start with (add_rounding_samples adds more).
+    sample_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x5e9517u);
+    add_rounding_samples(2);
+    // Kinks: the reference again with the elements near one taken the other way.
+    const oracle::KinkGroups kinks =
+        oracle::near_kinks(reference_kinks_.sites(), baseline_kinks_, u, options_.rounding);
+    evidence_.kink_elements = kinks.elements;
+    for (const auto& group : kinks.groups) {
+      ops::KinkProbe flips;
+      for (const auto& [op, mask] : group) flips.set_flip(op, mask);
+      const PathRun run = reference_run(prepared_.tensors, at::kDouble, &flips);
+      if (run.ok()) {
+        oracle::accumulate_sum(evidence_.kink_effect, oracle::abs_differences(spec_, evidence_reference(), run));
+      }
+    }
+    return true;
+  }
+
+  // ---- finite differences: the reference itself against central differences (float64).
+  void check_finite_differences_stage() {
+    if (!options_.finite_differences || dtype_ != at::kDouble || !reference_.ok()) return;
+    try {
+      check_finite_differences(spec_, prepared_.tensors, reference_, prepared_.reference_ops,
+                               options_.finite_difference, prepared_.generator, result_.findings, notes_);
+    } catch (const gradfuzz::Error& e) {
+      notes_.push_back(std::string("finite differences: reference forward raised ") + e.what());
+    } catch (const c10::Error& e) {
+      notes_.push_back(std::string("finite differences: reference forward raised ") + e.what_without_backtrace());
+    }
+  }
+
+  // ---- confirm: evidence, never an excuse. A low-precision value finding is rerun in the
+  // widest dtype on the same values, and each finding says whether it persists there.
+  void confirm_in_wide_dtype() {
+    if (!options_.confirm_in_wide_dtype || dtype_ == at::kDouble) return;
+    const bool has_values = std::any_of(result_.findings.begin(), result_.findings.end(), [](const Finding& f) {
+      return (f.kind == VerdictKind::kMismatch || f.kind == VerdictKind::kMissingGradient) && f.role != "plan";
+    });
+    if (!has_values) return;
+    const auto wide = widest_dtype(backend_.capabilities());
+    if (!wide || dtype_rank(*wide) <= dtype_rank(spec_.dtype)) return;
+    CaseSpec wide_spec = spec_;
+    wide_spec.dtype = *wide;
+    std::vector<PathRun> wide_runs;
+    try {
+      wide_runs = backend_.run_paths(wide_spec, prepared_.plan, prepared_.tensors, requests_);
+      if (!single_pass_.empty()) {
+        for (auto& r : backend_.run_paths(wide_spec, prepared_.plan, prepared_.tensors, single_pass_)) {
+          wide_runs.push_back(std::move(r));
+        }
+      }
+    } catch (const std::runtime_error& e) {
+      notes_.push_back("the " + *wide + " confirmation did not run: " + e.what());
+      return;
+    }
+    const at::ScalarType wide_type = harness::scalar_type_from_name(*wide);
+    std::vector<Finding> wide_findings;
+    std::vector<std::string> ignored;
+    oracle::Comparer comparer(wide_findings, ignored);
+    std::set<std::string> ran;
+    for (const auto& r : wide_runs) {
+      if (!r.ok()) continue;
+      ran.insert(r.name);
+      compare_paths(r.name + "~reference", spec_, reference_, r, {case_tolerance(wide_type, context_), {}}, comparer,
+                    all_channels());
+    }
+    std::set<std::pair<std::string, std::string>> wrong;
+    for (const auto& f : wide_findings) wrong.insert({f.path_pair, f.tensor});
+    bool precision_only = true;
+    for (auto& f : result_.findings) {
+      if (f.kind != VerdictKind::kMismatch && f.kind != VerdictKind::kMissingGradient) continue;
+      const std::string path = f.path_pair.substr(0, f.path_pair.find('~'));
+      if (!ran.count(path)) continue;
+      const bool persists = wrong.count({path + "~reference", f.tensor}) > 0;
+      precision_only = precision_only && !persists;
+      const std::string evidence =
+          persists ? "also wrong in " + *wide + " on the same values" : "passes in " + *wide + " on the same values";
+      f.note = f.note.empty() ? evidence : f.note + "; " + evidence;
+    }
+    if (precision_only) result_.features.emplace_back("precision_only_finding");
+  }
+
+  CaseResult finish() {
+    std::vector<const PathRun*> runs = active_;
+    oracle::assign_signatures(spec_, prepared_.plan, runs, result_);
+    for (const auto& note : notes_) result_.notes += (result_.notes.empty() ? "" : "; ") + note;
+    result_.summarize();
+    return std::move(result_);
+  }
+
+  const CaseSpec& spec_;
+  Backend& backend_;
+  const RunOptions& options_;
+  const at::ScalarType dtype_;
+  CaseResult result_;
+  PreparedCase prepared_;
+  ToleranceContext context_;
+  std::vector<PathRequest> requests_;
+  std::vector<PathRequest> single_pass_;
+  std::vector<PathRun> runs_;
+  std::vector<const PathRun*> active_;
+  at::Device ref_device_ = at::kCPU;
+  PathRun reference_;
+  ops::KinkProbe reference_kinks_;
+  std::vector<ops::KinkProbe::Site> baseline_kinks_;
+  at::Tensor repeat_grad_input_;
+  /// The spec and float64 reference the low-precision evidence is measured against: the
+  /// case's, or with the input requiring grad when a repeat call takes its gradient.
+  CaseSpec evidence_spec_;
+  std::optional<PathRun> evidence_reference_;
+  at::Generator sample_generator_;
+  oracle::RoundingEvidence evidence_;
+  std::vector<std::string> notes_;
+};
+
+CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
+  return CaseRun(spec, backend, options).run();
 }
 
 }  // namespace
+
+std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options) {
+  thread_local ModelBackend model;  // not run: the bounds need only the reference
+  return CaseRun(spec, model, options).bounds();
+}
 
 }  // namespace gradfuzz::runner

@@ -11,6 +11,7 @@
 #include "harness/case_spec.h"
 #include "oracle/finite_difference.h"
 #include "oracle/oracle.h"
+#include "oracle/rounding.h"
 
 namespace gradfuzz::runner {
 
@@ -22,11 +23,11 @@ using harness::CasePlan;
 using harness::CaseResult;
 using harness::CaseSpec;
 using harness::CaseTensors;
+using harness::Finding;
 using harness::PathRequest;
 using harness::PathRun;
 using harness::PathStatus;
 using harness::RepeatCall;
-using harness::TensorMismatch;
 using harness::VerdictKind;
 
 /// Knobs of run_case; the defaults are what the fuzzer uses.
@@ -34,7 +35,8 @@ struct RunOptions {
   /// Run the unfused path (runtime without fusions) and compare it too. Skipped, as a repeat,
   /// for a case whose fused path ran without error and without any fused group.
   bool run_unfused = true;
-  /// Compare fused against unfused directly when both ran without error.
+  /// Compare the fused path with the unfused one when both ran without error: directly
+  /// for float64, by error norms in the same dtype otherwise (oracle/rounding.h).
   bool compare_fused_unfused = true;
   /// When the fused path ran forward-only and backward-only fused ops together, also run
   /// each pass's fusions alone ("forward_fused", "backward_fused").
@@ -43,10 +45,11 @@ struct RunOptions {
   /// cases ("reference~finite_difference").
   bool finite_differences = true;
   oracle::FiniteDifferenceOptions finite_difference;
-  /// Per-element rounding allowance of low-precision cases (oracle.h).
-  oracle::RoundingAllowance allowance;
-  /// Confirm a low-precision mismatch by running the same values in the backend's widest
-  /// dtype before reporting it (see run_case).
+  /// The low-precision rule (oracle/rounding.h).
+  oracle::RoundingRule rounding;
+  /// Rerun a case whose non-float64 values fail in the backend's widest dtype on the same
+  /// values, and note on each finding whether it persists there: evidence for the reader,
+  /// never an excuse (a kernel or a fusion chosen by dtype runs other code there).
   bool confirm_in_wide_dtype = true;
 };
 
@@ -54,23 +57,28 @@ struct RunOptions {
 /// problem): only then is "every path raised the same error" a pass.
 bool intends_error(const CaseSpec& spec);
 
-/// Runs `spec` through `backend`'s paths (fused, unfused, and the single-pass ones when
-/// they differ) and the float64 reference, and compares outputs, public extra outputs and
-/// every gradient (fuzzer.md "Paths and oracle"). Runtime errors become verdicts; a backend
-/// crash or time-out becomes a `crash` / `timeout` verdict; a valid case the backend
-/// declines is `unsupported`. Only internal assertion failures (std::logic_error,
-/// std::invalid_argument for a CUDA case without CUDA) and BackendUnavailable propagate.
-/// Invalid configurations that raise the same error kind in every path pass; one that
-/// raises nowhere is an unexpected_error.
-///
-/// A low-precision case that fails the per-element oracle is run again with the same
-/// values in the backend's widest dtype: a failure that persists there is reported (with
-/// the low-precision details); one that does not is a rounding effect (a ReLU kink crossed
-/// in one path only, a zero-by-symmetry gradient) and passes, unless an element is off by
-/// more than the tensor's largest magnitude or is not finite where the reference is.
+/// Runs `spec` through `backend`'s paths (fused, unfused, and the single-pass ones when they
+/// differ) and the float64 reference, and yields every finding (fuzzer.md "Paths and
+/// oracle"), in named stages: prepare (plan, values, reference ops), run the paths, the
+/// reference, judge (errors and locks, every path that ran against the reference, caller
+/// tensors, repeat calls and their plans, the fused path against the unfused one; for a
+/// non-float64 case that fails the first check, the low-precision rule's evidence: rounding
+/// baseline, input sensitivity, kinks), finite differences (small float64 cases), confirm (a
+/// note per low-precision finding on whether it persists in the widest dtype), signatures.
+/// Value comparisons go on after another path raised or wrote a caller tensor. A backend
+/// crash or time-out is a `crash` / `timeout` finding; a valid case the backend declines is
+/// `unsupported`. Only internal assertion failures (std::logic_error, std::invalid_argument
+/// for a CUDA case without CUDA) and BackendUnavailable propagate. Invalid configurations
+/// that raise the same error kind in every path pass; one that raises nowhere is a finding.
 CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& options = {});
 /// run_case on the model backend (one per thread).
 CaseResult run_case(const CaseSpec& spec, const RunOptions& options = {});
+
+/// The bounds the oracle holds every path of `spec` to (exported scripts carry them): the
+/// static tolerances for float64, the low-precision rule with its evidence (rounding
+/// baseline, input sensitivity, kinks) otherwise, for every tensor the reference computes.
+/// nullopt when the case cannot be built or its reference raises.
+std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options = {});
 
 /// A case's plan, drawn values and float64 reference ops (holding those values), exactly as
 /// run_case makes them.

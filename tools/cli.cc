@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -38,6 +39,7 @@
 #include "reports/console_reporter.h"
 #include "reports/json_reporter.h"
 #include "tools/bench.h"
+#include "tools/known_tool.h"
 #include "tools/report_tool.h"
 
 namespace gradfuzz::tools {
@@ -114,6 +116,8 @@ struct Flags {
   std::string case_log;
   std::string generate_as;
   std::string max_shrink_calls_text;
+  std::string known;
+  bool fail_on_known = false;
 };
 
 /// A whole number in [min, max] typed as plain decimal digits; InputError naming the option
@@ -270,42 +274,59 @@ void fit_to_backend(CampaignOptions& o, const harness::BackendCapabilities& caps
   }
 }
 
-std::optional<ops::Fault> parse_fault(const std::string& name) {
-  if (name.empty()) return std::nullopt;
-  try {
-    return ops::fault_from_name(name);
-  } catch (const Error& e) {
-    throw InputError(std::string("--fault: ") + e.what());
-  }
+/// Whether `name` is one of the model's faults (ops/faults.h).
+bool is_model_fault(const std::string& name) {
+  const auto& all = ops::all_faults();
+  return std::any_of(all.begin(), all.end(), [&](ops::Fault f) { return ops::fault_name(f) == name; });
 }
 
-/// `all` means every fault this run can see: the oob-write fault only under
-/// `--sanitize memcheck` on CUDA, the process-killing faults only with worker processes.
-std::vector<ops::Fault> parse_fault_list(const std::string& list, bool sanitized, bool workers) {
+/// Checks a --fault name against the model's faults and the backend's planted ones.
+std::optional<std::string> check_fault(const std::string& name, const harness::BackendCapabilities& caps,
+                                       const char* flag = "--fault") {
+  if (name.empty()) return std::nullopt;
+  if (is_model_fault(name) && caps.backend == "model") return name;
+  if (caps.fault(name)) return name;
+  std::string known;
+  for (const auto& f : caps.faults) known += (known.empty() ? "" : ", ") + f.name;
+  throw InputError(std::string(flag) + ": the " + caps.backend + " backend has no fault '" + name + "'; its faults: " +
+                   (known.empty() ? "none" : known) + " (gradfuzz list faults --backend " + caps.backend + ")");
+}
+
+/// `all` means every fault this run can see: for the model, the oob-write fault only under
+/// `--sanitize memcheck` on CUDA, the process-killing faults only with worker processes; for
+/// te and torch, the adapter's planted faults.
+std::vector<std::string> parse_fault_list(const std::string& list, const harness::BackendCapabilities& caps,
+                                          bool sanitized, bool workers) {
+  std::vector<std::string> faults;
   if (list == "all") {
-    std::vector<ops::Fault> faults;
+    if (caps.backend != "model") {
+      for (const auto& f : caps.faults) faults.push_back(f.name);
+      if (faults.empty()) throw InputError("--faults all: the " + caps.backend + " backend has no planted faults");
+      return faults;
+    }
     for (ops::Fault f : ops::all_faults()) {
       const auto v = ops::fault_visibility(f);
       if (v == ops::FaultVisibility::kSanitizer && !sanitized) continue;
       if (v == ops::FaultVisibility::kProcess && !workers) continue;
-      faults.push_back(f);
+      faults.push_back(ops::fault_name(f));
     }
     return faults;
   }
-  std::vector<ops::Fault> faults;
   std::stringstream in(list);
   std::string name;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    try {
-      faults.push_back(ops::fault_from_name(name));
-    } catch (const Error& e) {
-      throw InputError(std::string("--faults: ") + e.what());
-    }
+    faults.push_back(*check_fault(name, caps, "--faults"));
   }
   if (faults.empty())
     throw InputError("--faults: expected a comma-separated list of fault names or 'all', got '" + list + "'");
   return faults;
+}
+
+/// The known-issues file of --known (null without one).
+std::shared_ptr<const campaign::KnownIssues> load_known(const Flags& f) {
+  if (f.known.empty()) return nullptr;
+  return std::make_shared<const campaign::KnownIssues>(campaign::load_known_issues(f.known));
 }
 
 void check_dtypes(const std::vector<std::string>& dtypes) {
@@ -409,7 +430,9 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   o.dtypes = f.dtypes;
   if (f.max_ops < 1) throw InputError("--max-ops: expected at least 1, got " + std::to_string(f.max_ops));
   o.max_ops = f.max_ops;
-  o.fault = parse_fault(f.fault);
+  // Checked against the backend's faults once it runs (check_fault).
+  if (!f.fault.empty()) o.fault = f.fault;
+  o.known = load_known(f);
   if (sub.get_option_no_throw("--corpus") && sub.count("--corpus")) {
     if (f.corpus.empty()) throw InputError("--corpus: expected a directory, got an empty name");
     o.corpus_dir = f.corpus;
@@ -458,8 +481,10 @@ reports::CampaignInfo campaign_info(const std::string& command, const CampaignOp
   info.time_budget_s = o.time_s;
   info.dtypes = o.dtypes;
   info.devices = {o.device};
-  if (o.fault) info.fault = ops::fault_name(*o.fault);
+  info.fault = o.fault;
   info.shapes = generators::shape_regime_name(campaign_gen_options(o).shapes);
+  if (o.known) info.known_file = o.known->path.string();
+  info.feature_weights = campaign::campaign_feature_weights(o, o.backend);
   return info;
 }
 
@@ -481,13 +506,19 @@ std::ostream* progress_stream(std::ostream& err, bool terminal, bool quiet) {
   return terminal && !quiet ? &err : nullptr;
 }
 
-int exit_for(int64_t failed) { return static_cast<int>(failed > 0 ? ExitCode::kFindings : ExitCode::kOk); }
+/// Exit 1 when a case failed with a finding no known issue covers (with --fail-on-known,
+/// when any case failed), else 0.
+int exit_for(const Flags& f, int64_t failed, int64_t known_failed) {
+  const int64_t counted = f.fail_on_known ? failed : failed - known_failed;
+  return static_cast<int>(counted > 0 ? ExitCode::kFindings : ExitCode::kOk);
+}
 
 int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
   CampaignOptions options = campaign_options(f, sub);
   Reporters reporters(f.report, out, f.quiet, f.ci);
   std::unique_ptr<CaseRunner> runner = make_runner(f, options.run_options);
   fit_to_backend(options, runner->capabilities(), sub.count("--dtypes") > 0);
+  options.fault = check_fault(f.fault, runner->capabilities());
   // Cases in flight when an earlier run on this corpus ended abruptly run first.
   std::vector<std::string> problems;
   std::vector<LeftoverCase> leftovers = find_leftover_cases(options.corpus_dir, problems);
@@ -548,12 +579,16 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
   summary.complete = !g_stop.load();
   reporters.finalize(summary);
   if (g_stop.load()) err << "gradfuzz: stopped by a signal after " << outcome.cases_run << " cases\n";
-  return exit_for(outcome.failed);
+  if (options.known && !f.quiet) {
+    err << "gradfuzz: " << outcome.known_failed << " of " << outcome.failed << " failing cases only known issues ("
+        << options.known->path.string() << "), " << outcome.new_findings() << " new finding clusters\n";
+  }
+  return exit_for(f, outcome.failed, outcome.known_failed);
 }
 
 int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
-  const std::optional<ops::Fault> fault = parse_fault(f.fault);
   const std::vector<LoadedCase> cases = load_case_paths(f.paths);
+  const auto known = load_known(f);
   Flags flags = f;
   if (!sub.count("--backend")) {
     // The backend the cases were recorded on, when they agree.
@@ -569,6 +604,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
+  const std::optional<std::string> fault = check_fault(f.fault, runner->capabilities());
   reports::CampaignInfo info;
   info.command = "replay";
   info.cases_requested = static_cast<int64_t>(cases.size());
@@ -581,20 +617,22 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   }
   info.dtypes.assign(dtypes.begin(), dtypes.end());
   info.devices.assign(devices.begin(), devices.end());
-  if (fault) info.fault = ops::fault_name(*fault);
+  info.fault = fault;
+  if (known) info.known_file = known->path.string();
   reporters.context(backend_context(info, devices.count("cuda") ? "cuda" : "cpu", runner->capabilities()));
   const auto start = std::chrono::steady_clock::now();
-  const ReplayOutcome outcome = replay_cases(cases, fault, *runner, &reporters.reporter(), &out);
+  const ReplayOutcome outcome = replay_cases(cases, fault, *runner, &reporters.reporter(), &out, known.get());
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   reporters.finalize(reports::RunSummary{wall_s, std::nullopt});
-  out << "replay: " << outcome.cases_run << " cases, " << outcome.failed << " failed\n";
+  out << "replay: " << outcome.cases_run << " cases, " << outcome.failed << " failed";
+  if (known) out << " (" << outcome.known_failed << " with known findings only)";
+  out << "\n";
   (void)err;
-  return exit_for(outcome.failed);
+  return exit_for(f, outcome.failed, outcome.known_failed);
 }
 
 int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err, bool terminal) {
   SelftestOptions options;
-  options.faults = parse_fault_list(f.faults, !f.sanitize.empty(), f.workers > 0);
   options.campaign = campaign_options(f, sub);
   if (!options.campaign.cases) options.campaign.cases = kDefaultSelftestCases;
   if (!f.corpus.empty()) options.corpus_dir = f.corpus;
@@ -607,6 +645,7 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   if (!sub.count("--case-timeout")) flags.case_timeout_s = kSelftestCaseTimeoutS;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, options.campaign.run_options);
   fit_to_backend(options.campaign, runner->capabilities(), sub.count("--dtypes") > 0);
+  options.faults = parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0);
   info.dtypes = options.campaign.dtypes;
   info.workers = f.workers;
   reporters.context(backend_context(info, options.campaign.device, runner->capabilities()));
@@ -626,7 +665,7 @@ int cmd_list(const Flags& f, std::ostream& out) {
     out << nlohmann::json(harness::model_capabilities()).dump(2) << '\n';
     return static_cast<int>(ExitCode::kOk);
   }
-  if (f.backend != "model" && f.what != "faults") {
+  if (f.backend != "model") {
     std::unique_ptr<backends::Backend> backend;
     const harness::BackendCapabilities* caps = nullptr;
     try {
@@ -639,7 +678,12 @@ int cmd_list(const Flags& f, std::ostream& out) {
       out << nlohmann::json(*caps).dump(2) << '\n';
       return static_cast<int>(ExitCode::kOk);
     }
-    if (f.what == "ops") {
+    if (f.what == "faults") {
+      for (const auto& fault : caps->faults) {
+        j.push_back({{"name", fault.name}, {"description", fault.description}, {"target", fault.target}});
+        if (!f.json) out << fault.name << '\t' << fault.description << '\n';
+      }
+    } else if (f.what == "ops") {
       for (const auto& op : caps->ops) {
         nlohmann::ordered_json options = nlohmann::ordered_json::object();
         for (const auto& [attr, values] : op.options) options[attr] = values;
@@ -687,8 +731,8 @@ int cmd_list(const Flags& f, std::ostream& out) {
     }
   } else {
     for (ops::Fault fault : ops::all_faults()) {
-      j.push_back({{"name", ops::fault_name(fault)}});
-      if (!f.json) out << ops::fault_name(fault) << '\n';
+      j.push_back({{"name", ops::fault_name(fault)}, {"description", ops::fault_description(fault)}});
+      if (!f.json) out << ops::fault_name(fault) << '\t' << ops::fault_description(fault) << '\n';
     }
   }
   if (f.json) out << j.dump(2) << '\n';
@@ -745,6 +789,12 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
       ->default_str("16777216");
 }
 
+void add_known_flags(CLI::App& sub, Flags& f) {
+  sub.add_option("--known", f.known,
+                 "known-issues file: matching findings are reported as known, not shrunk, and do not fail the run");
+  sub.add_flag("--fail-on-known", f.fail_on_known, "with --known: known findings make exit status 1 too");
+}
+
 void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   sub.add_option("--backend", f.backend, "model, te or torch (docs/BACKENDS.md)")->default_str("model");
   sub.add_option("--python-exe", f.python_exe, "Python of the te/torch adapter (default $GRADFUZZ_PYTHON)");
@@ -797,13 +847,27 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
   const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
   const oracle::Tolerance tolerance =
       oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
-  nlohmann::json tol{{"atol", tolerance.atol}, {"rtol", tolerance.rtol}};
-  if (dtype != at::kDouble) {
-    const oracle::RoundingAllowance allowance;
-    tol["baseline_factor"] = allowance.factor;
-    tol["baseline_cap"] = allowance.cap;
+  request.expect["tolerance"] = {{"atol", tolerance.atol}, {"rtol", tolerance.rtol}};
+  // The oracle's own bound of every tensor, computed here from the reference and its evidence,
+  // so the script judges exactly as replay does (docs/BACKENDS.md "export").
+  if (request.expect.at("kind") == "pass") {
+    if (const auto bounds = runner::judging_bounds(spec)) {
+      nlohmann::json tensors = nlohmann::json::object();
+      for (const auto& [name, b] : bounds->tensors) {
+        nlohmann::json t{{"atol", b.atol}, {"rtol", b.rtol}};
+        t["norm_bound"] = std::isfinite(b.norm_bound) ? nlohmann::json(b.norm_bound) : nlohmann::json(nullptr);
+        if (b.allowance.defined()) {
+          // Infinite where the dtype cannot hold the reference's value: a large finite stand-in.
+          request.expect_tensors.push_back(b.allowance.nan_to_num(0, 1e300, 0));
+          t["allowance"] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
+        } else {
+          t["allowance"] = nullptr;
+        }
+        tensors[name] = std::move(t);
+      }
+      request.expect["tensors"] = std::move(tensors);
+    }
   }
-  request.expect["tolerance"] = std::move(tol);
   // Generating a script is plain code generation: the torch adapter does it for both
   // targets, so a te script can be written where TE does not import.
   Flags adapter = f;
@@ -850,11 +914,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_option("--generate-as", f.generate_as,
                    "generate the cases a campaign on this backend would run (te: compare the model on TE's cases)");
   fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
+  add_known_flags(*fuzz, f);
   add_ci_output_flags(*fuzz, f.ci);
 
   CLI::App* replay = app.add_subcommand("replay", "run case files or directories of case files");
   replay->add_option("paths", f.paths, "case files or directories")->required();
   replay->add_option("--fault", f.fault, "switch one known defect on");
+  add_known_flags(*replay, f);
   replay->add_option("--report", f.report, "write the JSON report here");
   add_ci_output_flags(*replay, f.ci);
   add_backend_flags(*replay, f);
@@ -866,6 +932,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_ci_output_flags(*selftest, f.ci);
   add_campaign_flags(*selftest, f);
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");
+  add_known_flags(*selftest, f);
   add_backend_flags(*selftest, f);
 
   CLI::App* list = app.add_subcommand("list", "list catalog ops, fusions, faults or a backend's capabilities");
@@ -890,6 +957,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_campaign_flags(*bench, f);
 
   ReportCommand report(app);  // `report merge` and `report diff` (tools/report_tool.h)
+  KnownCommand known(app);    // `known accept` (tools/known_tool.h)
 
   std::vector<const char*> argv{"gradfuzz"};
   for (const auto& a : args) argv.push_back(a.c_str());
@@ -913,6 +981,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (worker->parsed()) return cmd_worker(f);
     if (bench->parsed()) return cmd_bench(f, *bench, out);
     if (report.parsed()) return report.run(out);
+    if (known.parsed()) return known.run(out);
     err << "gradfuzz: error: no command given\n";
     return static_cast<int>(ExitCode::kUsage);
   } catch (const InputError& e) {

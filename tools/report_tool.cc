@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "campaign/exit_codes.h"
+#include "campaign/known_issues.h"
 #include "reports/html_report.h"
 #include "reports/junit_report.h"
 #include "reports/report_diff.h"
@@ -121,6 +122,42 @@ void CiOutputs::write(const Json& report) const {
   }
 }
 
+void apply_known(Json& report, const campaign::KnownIssues& known) {
+  const std::string backend = report["environment"]["backend"].get<std::string>();
+  const Json& versions = report["environment"]["backend_versions"];
+  std::string version = report["tool"]["version"].get<std::string>();
+  for (const char* key : {"transformer_engine", "torch"}) {
+    if (backend != "model" && versions.contains(key) && versions[key].is_string()) {
+      version = versions[key].get<std::string>();
+      break;
+    }
+  }
+  int64_t known_count = 0;
+  for (auto& finding : report["findings"]) {
+    // A cluster is matched on its first detail: the finding that gave it its signature.
+    harness::Finding f;
+    f.signature = finding["signature"].get<std::string>();
+    f.kind = harness::verdict_from_name(finding["kind"].get<std::string>());
+    if (!finding["details"].empty()) {
+      const Json& d = finding["details"][0];
+      f.role = d.value("role", "");
+      f.op = d.value("op", "");
+      f.option = d.value("option", "");
+      f.error_kind = d.value("error_kind", "");
+      f.message = d.value("message", "");
+      f.phase = d.value("phase", "");
+    }
+    const campaign::KnownIssue* e = known.match(f, backend, version);
+    finding["known"] =
+        e ? Json{{"id", e->id}, {"status", e->status}, {"link", e->link}, {"note", e->note}} : Json(nullptr);
+    known_count += e ? 1 : 0;
+  }
+  Json& summary = report["summary"];
+  summary["known_findings"] = known_count;
+  summary["new_findings"] = static_cast<int64_t>(report["findings"].size()) - known_count;
+  report["campaign"]["known_file"] = known.path.string();
+}
+
 void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs) {
   sub.add_option("--junit", outputs.junit, "also write a JUnit XML document of the findings here (for CI dashboards)")
       ->check(empty_name_error, "FILE");
@@ -137,11 +174,15 @@ ReportCommand::ReportCommand(CLI::App& app) {
   merge_->add_option("output", merge_output_, "the merged report to write (OUT.json)")->required();
   merge_->add_option("inputs", merge_inputs_, "the shards' reports (IN.json...)")->required();
   add_ci_output_flags(*merge_, merge_ci_);
+  merge_->add_option("--known", known_, "known-issues file: mark the merged clusters it matches as known");
+  merge_->add_flag("--fail-on-known", fail_on_known_, "with --known: known clusters make exit status 1 too");
   diff_ = report_->add_subcommand(
       "diff", "list clusters new in NEW, fixed since LAST and still failing; exit 1 when one is new");
   diff_->add_option("last", diff_last_, "the earlier report (LAST.json)")->required();
   diff_->add_option("new", diff_new_, "the later report (NEW.json)")->required();
   diff_->add_option("--json", diff_json_, "also write the diff as JSON here")->check(empty_name_error, "FILE");
+  diff_->add_option("--known", known_, "known-issues file: new clusters it matches do not make exit status 1");
+  diff_->add_flag("--fail-on-known", fail_on_known_, "with --known: known new clusters make exit status 1 too");
 }
 
 bool ReportCommand::parsed() const { return report_->parsed(); }
@@ -185,6 +226,7 @@ int ReportCommand::merge(std::ostream& out) const {
   } catch (const reports::ReportError& e) {
     throw InputError(e.what());
   }
+  if (!known_.empty()) apply_known(merged, campaign::load_known_issues(known_));
   write_file_atomically(merge_output_, merged.dump(2) + "\n", "report merge");
   merge_ci_.write(merged);
   const Json& summary = merged["summary"];
@@ -196,18 +238,29 @@ int ReportCommand::merge(std::ostream& out) const {
     for (const auto& m : merged["merge"]["missing_shards"]) out << ' ' << m.get<std::string>();
   }
   out << (summary["complete"].get<bool>() ? "" : ", incomplete") << '\n';
-  return static_cast<int>(merged["findings"].empty() ? ExitCode::kOk : ExitCode::kFindings);
+  int64_t counted = 0;
+  for (const auto& finding : merged["findings"]) {
+    const bool known = finding.contains("known") && finding["known"].is_object();
+    counted += fail_on_known_ || !known ? 1 : 0;
+  }
+  return static_cast<int>(counted == 0 ? ExitCode::kOk : ExitCode::kFindings);
 }
 
 int ReportCommand::diff(std::ostream& out) const {
-  const Json last = load(diff_last_);
-  const Json next = load(diff_new_);
+  Json last = load(diff_last_);
+  Json next = load(diff_new_);
+  if (!known_.empty()) {
+    const campaign::KnownIssues known = campaign::load_known_issues(known_);
+    apply_known(last, known);
+    apply_known(next, known);
+  }
   const reports::ReportDiff result = reports::diff_reports(last, next);
   if (!diff_json_.empty()) {
     write_file_atomically(diff_json_, reports::diff_to_json(result, diff_last_, diff_new_).dump(2) + "\n", "--json");
   }
   reports::print_diff(result, diff_last_, diff_new_, out);
-  return static_cast<int>(result.added.empty() ? ExitCode::kOk : ExitCode::kFindings);
+  const int64_t counted = fail_on_known_ ? static_cast<int64_t>(result.added.size()) : result.added_unknown();
+  return static_cast<int>(counted == 0 ? ExitCode::kOk : ExitCode::kFindings);
 }
 
 }  // namespace gradfuzz::tools

@@ -9,6 +9,10 @@ namespace CLI {
 class App;
 }  // namespace CLI
 
+namespace gradfuzz::campaign {
+struct KnownIssues;
+}  // namespace gradfuzz::campaign
+
 namespace gradfuzz::tools {
 
 /// Writes `text` to `path` so that a reader never sees half a file: a temporary file beside
@@ -39,8 +43,9 @@ void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs);
 /// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]` and
 /// `gradfuzz report diff LAST.json NEW.json [--json FILE]`, registered on the app by the
 /// constructor; the object must outlive parsing (CLI11 writes into its members).
-/// Exit statuses: merge 0 when the merged report has no finding, 1 when it has; diff 1 when
-/// NEW has a cluster LAST has not, else 0; 2 for an unreadable or invalid report (the
+/// Exit statuses: merge 0 when the merged report has no finding (with --known: no new one),
+/// 1 when it has; diff 1 when NEW has a cluster LAST has not (with --known: one no entry
+/// matches), else 0; 2 for an unreadable or invalid report (the
 /// message names the file and the JSON path), reports of different campaigns, or an output
 /// that cannot be written.
 class ReportCommand {
@@ -68,6 +73,13 @@ class ReportCommand {
   std::string diff_last_;
   std::string diff_new_;
   std::string diff_json_;
+  std::string known_;
+  bool fail_on_known_ = false;
 };
+
+/// Marks each finding cluster of a report document as known (its `known` set to the matching
+/// entry, matched on the cluster's signature and first detail) or new (null), and updates
+/// summary.known_findings / new_findings and campaign.known_file.
+void apply_known(nlohmann::ordered_json& report, const campaign::KnownIssues& known);
 
 }  // namespace gradfuzz::tools

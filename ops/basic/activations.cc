@@ -7,6 +7,7 @@
 
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
+#include "ops/reference.h"
 
 namespace gradfuzz::ops {
 
@@ -205,8 +206,14 @@ BackwardResult Activation::backward_impl(OpContext& ctx, const at::Tensor& grad_
 ReferenceResult Activation::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                            const std::vector<at::Tensor>& /*params*/) const {
   switch (kind_) {
-    case ActivationKind::kReLU:
-      return {at::relu(input), {}};
+    case ActivationKind::kReLU: {
+      // The kink at 0: where the probe flips an element, the other branch (the identity for
+      // x <= 0, zero for x > 0), whose value differs from relu(x) by |x| and slope by 1.
+      const at::Tensor flip = kink_probe() ? kink_probe()->record(input) : at::Tensor();
+      if (!flip.defined()) return {at::relu(input), {}};
+      const at::Tensor take = at::logical_xor(input > 0, flip);
+      return {at::where(take, input, at::zeros_like(input)), {}};
+    }
     case ActivationKind::kGELU:
       return {at::gelu(input, "tanh"), {}};
     case ActivationKind::kSReLU:

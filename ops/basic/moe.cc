@@ -7,6 +7,7 @@
 
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
+#include "ops/reference.h"
 
 namespace gradfuzz::ops {
 
@@ -116,7 +117,13 @@ ReferenceResult Dispatch::reference_impl(const at::Tensor& input, const std::vec
   const int64_t rows = input.size(0);
   const at::Tensor& logits = extra_inputs.at(0);
   check_logits(type(), logits, rows, groups_);
-  const at::Tensor group = at::argmax(logits.detach(), 1);
+  at::Tensor group = at::argmax(logits.detach(), 1);
+  if (KinkProbe* probe = kink_probe(); probe && groups_ > 1) {
+    // The kink of argmax: a row whose two largest logits are close may pick the other one.
+    const auto top = at::topk(logits.detach(), 2, 1);
+    const at::Tensor flip = probe->record(std::get<0>(top).select(1, 0) - std::get<0>(top).select(1, 1));
+    if (flip.defined()) group = at::where(flip, std::get<1>(top).select(1, 1), group);
+  }
   const at::Tensor row_ids = at::arange(rows, group.options());
   // Unique keys (group, original row) make any sort stable.
   const at::Tensor map = at::argsort(group * rows + row_ids);

@@ -9,6 +9,7 @@
 #include "ops/basic/linear.h"
 #include "ops/basic/norms.h"
 #include "ops/errors.h"
+#include "ops/faults.h"
 #include "ops/fused/fused_ops.h"
 
 #ifdef GRADFUZZ_WITH_CUDA
@@ -113,7 +114,7 @@ GroupBackwardResult BackwardActivationBias::backward(
   // g [rows, n] ⊙ act'(x + b) -> grad_input [rows, n]; Σ_rows -> grad_bias [n]
 #ifdef GRADFUZZ_WITH_CUDA
   if (grad_output.is_cuda() && detail::same_kind(grad_output, pre_activation) &&
-      grad_output.sizes() == pre_activation.sizes()) {
+      grad_output.sizes() == pre_activation.sizes() && !fault_enabled(Fault::kHalfAccumulation)) {
     cuda::BiasActivationBackward fused = cuda::bias_activation_backward_cuda(
         grad_output, pre_activation,
         act.kind() == ActivationKind::kReLU ? cuda::EpilogueActivation::kReLU : cuda::EpilogueActivation::kGELU);
@@ -124,6 +125,12 @@ GroupBackwardResult BackwardActivationBias::backward(
   // Summed in the op-math dtype (float for float16/bfloat16) and rounded once.
   const at::Tensor g2d = detail::flatten_rows(grad_pre);
   at::Tensor grad_bias = g2d.sum(0, /*keepdim=*/false, detail::opmath_type(g2d)).to(g2d.scalar_type());
+  const bool half = g2d.scalar_type() == at::kBFloat16 || g2d.scalar_type() == at::kHalf;
+  if (fault_enabled(Fault::kHalfAccumulation) && half && g2d.size(0) >= 64) {
+    // planted: the reduction over rows accumulated in the dtype, one rounding per row
+    grad_bias = at::zeros_like(g2d[0]);
+    for (int64_t r = 0; r < g2d.size(0); ++r) grad_bias = grad_bias + g2d[r];
+  }
   return make_result(basic_ops(), std::move(grad_pre), {{std::move(grad_bias)}, {}});
 }
 
@@ -143,8 +150,11 @@ GroupBackwardResult BackwardAddRMSNorm::backward(std::vector<OpContext*>& ctxs, 
   // g, x [rows, n], rstd [rows] -> dx = rstd·g·γ - x·rstd³·mean(g·γ·x) + grad_extra [rows, n]; dγ = Σ_rows g·x·rstd [n]
 #ifdef GRADFUZZ_WITH_CUDA
   if (input.is_cuda() && grad_output.is_cuda() && gamma.is_cuda()) {
-    cuda::AddRmsNormBackward fused = cuda::add_rmsnorm_backward_cuda(
-        grad_output, input, gamma, rstd, norm.eps(), grad_extra, norm.zero_centered_gamma() ? 1.0 : 0.0);
+    const bool drop = fault_enabled(Fault::kHalfDroppedGradTerm) &&
+                      (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf);
+    cuda::AddRmsNormBackward fused =
+        cuda::add_rmsnorm_backward_cuda(grad_output, input, gamma, rstd, norm.eps(), drop ? at::Tensor() : grad_extra,
+                                        norm.zero_centered_gamma() ? 1.0 : 0.0);
     return make_result(basic_ops(), fused.grad_input.to(grad_output.scalar_type()), {{}, {fused.grad_gamma}});
   }
 #endif
@@ -156,8 +166,9 @@ GroupBackwardResult BackwardAddRMSNorm::backward(std::vector<OpContext*>& ctxs, 
   const at::Tensor g_gamma = g * norm.effective_gamma(math);
   const at::Tensor mean_dot = (g_gamma * x).sum(-1, /*keepdim=*/true) / static_cast<double>(n);
   at::Tensor grad_input = r * g_gamma - x * (r * r * r) * mean_dot;
-  if (grad_extra.defined()) {
-    grad_input = grad_input + detail::flatten_rows(grad_extra).to(math);
+  const bool half = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
+  if (grad_extra.defined() && !(fault_enabled(Fault::kHalfDroppedGradTerm) && half)) {
+    grad_input = grad_input + detail::flatten_rows(grad_extra).to(math);  // (planted fault: dropped in half)
   }
   at::Tensor grad_gamma = (g * x * r).sum(0).to(gamma.scalar_type());
   grad_input = detail::unflatten_rows(grad_input.to(grad_output.scalar_type()), input);

@@ -11,6 +11,7 @@
 #include "ops/basic/channel_ops.h"
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
+#include "ops/faults.h"
 #include "ops/fused/fused_ops.h"
 
 #ifdef GRADFUZZ_WITH_CUDA
@@ -41,6 +42,9 @@ void check_residual_shape(const BasicOp& add, at::IntArrayRef y_sizes, const at:
 }
 
 /// Clears a context the way the parameter-free ops (Bias, ConstantScale, AddExtraInput) do.
+/// The planted half-precision faults (ops/faults.h) act only on bfloat16/float16 tensors.
+bool is_half(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
 void save_nothing(OpContext& ctx) {
   ctx.saved.clear();
   ctx.saved_sizes.clear();
@@ -119,6 +123,9 @@ GroupForwardResult ForwardLinearBiasActivation::forward(
   if (act != nullptr) {
     Activation::save_context(*ctxs[2], pre_activation);
   }
+  if (fault_enabled(Fault::kHalfOutputScale) && is_half(output)) {
+    output = output * 1.0625;  // planted: a constant factor in half precision only
+  }
   return {output, detail::empty_extras(basic_ops())};
 }
 
@@ -139,7 +146,12 @@ GroupForwardResult ForwardLinearBiasAdd::forward(std::vector<OpContext*>& ctxs, 
   y_sizes.back() = linear.out_features();
   check_residual_shape(add, y_sizes, residual);
 
-  Linear::save_context(*ctxs[0], input);
+  if (fault_enabled(Fault::kHalfSavedDtype) && is_half(input)) {
+    // planted: the tensor saved for backward kept as float8 e4m3 (the wrong dtype)
+    Linear::save_context(*ctxs[0], input.to(at::kFloat8_e4m3fn).to(input.scalar_type()));
+  } else {
+    Linear::save_context(*ctxs[0], input);
+  }
   for (size_t i = 1; i < ctxs.size(); ++i) {
     save_nothing(*ctxs[i]);
   }

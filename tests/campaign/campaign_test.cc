@@ -104,10 +104,11 @@ class RoleBySizeRunner final : public CaseRunner {
   std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point>) override { return std::nullopt; }
   harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string&) override {
     harness::CaseResult r;
-    r.verdict = harness::VerdictKind::kMismatch;
-    harness::TensorMismatch d;
+    harness::Finding d;
     d.role = spec.ops.size() >= min_ops_ ? "grad_channel" : "output";
-    r.details.push_back(d);
+    d.signature = "mismatch|Op|" + d.role;
+    r.findings.push_back(d);
+    r.summarize();
     return r;
   }
   void cancel_in_flight() override {}
@@ -117,17 +118,16 @@ class RoleBySizeRunner final : public CaseRunner {
   harness::BackendCapabilities caps_;
 };
 
-TEST(Campaign, ShrinkingKeepsTheFindingsTensorRoleNotOnlyItsKind) {
+TEST(Campaign, ShrinkingKeepsTheFindingsSignatureNotOnlyItsKind) {
   CampaignOptions options;
   options.seed = 3;
   harness::CaseSpec big;
   for (int64_t i = 50; big.ops.size() < 6; ++i) big = campaign_case(options, i);
   RoleBySizeRunner runner(3);
-  const harness::CaseSpec minimal =
-      shrink_failure(runner, big, harness::VerdictKind::kMismatch, "grad_channel", "", false, 2000);
+  const harness::CaseSpec minimal = shrink_failure(runner, big, "mismatch|Op|grad_channel", "", false, 2000);
   // A shrink that only kept the kind would go on to one op (an output mismatch there).
   EXPECT_EQ(minimal.ops.size(), 3u);
-  EXPECT_EQ(runner.run_now(minimal, "").signature_role(), "grad_channel");
+  EXPECT_EQ(runner.run_now(minimal, "").findings.front().role, "grad_channel");
 }
 
 TEST(Campaign, RunsTheRequestedCasesAndLeavesNoInflightFiles) {
@@ -191,7 +191,7 @@ TEST(Campaign, FaultFindingIsShrunkSavedWithItsFaultAndDeduplicated) {
   CampaignOptions options;
   options.cases = 300;
   options.seed = 1;
-  options.fault = ops::Fault::kScaleBiasGrad;
+  options.fault = "scale-bias-grad";
   options.stop_at_first_finding = true;
   options.require_fault_attributable = true;
   options.corpus_dir = dir.path();
@@ -216,7 +216,8 @@ TEST(Campaign, FaultFindingIsShrunkSavedWithItsFaultAndDeduplicated) {
   EXPECT_THAT(finding.reproduce, ::testing::EndsWith(" --fault scale-bias-grad"));
   EXPECT_LE(found->shrunk_ops, campaign_case(options, outcome.cases_run - 1).num_ops());
   // The saved case fails with the fault and passes without it.
-  EXPECT_TRUE(passes_without_fault(file.spec, ops::Fault::kScaleBiasGrad, options.run_options));
+  ops::FaultScope off(ops::Fault::kScaleBiasGrad, false);
+  EXPECT_TRUE(runner::run_case(file.spec, options.run_options).passed());
 }
 
 }  // namespace

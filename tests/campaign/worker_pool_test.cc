@@ -57,7 +57,7 @@ TEST(WorkerPool, AWorkerThatSegfaultsGivesACrashVerdictAndIsReplaced) {
   const auto started = pool.workers_started();
   const harness::CaseResult crashed = pool.run_now(three_op_fusion(), "crash-segfault");
   EXPECT_EQ(crashed.verdict, VerdictKind::kCrash);
-  EXPECT_THAT(crashed.error_detail, HasSubstr("signal 11"));
+  EXPECT_THAT(crashed.notes, HasSubstr("signal 11"));
   EXPECT_EQ(crashed.op_types, (std::vector<std::string>{"Linear", "Bias", "ReLU"}));
   EXPECT_EQ(pool.workers_started(), started + 1);
   // The replacement runs the same case without the fault.
@@ -70,7 +70,7 @@ TEST(WorkerPool, ACaseThatHangsIsKilledAtItsTimeLimit) {
   const harness::CaseResult hung = pool.run_now(dual_generator(), "hang");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(hung.verdict, VerdictKind::kTimeout);
-  EXPECT_THAT(hung.error_detail, HasSubstr("limit of 1 s"));
+  EXPECT_THAT(hung.notes, HasSubstr("limit of 1 s"));
   EXPECT_LT(seconds, 10.0);
   EXPECT_EQ(pool.run_now(dual_generator(), "").verdict, VerdictKind::kPass);
 }
@@ -84,7 +84,7 @@ TEST(WorkerPool, AWorkerKilledFromOutsideMidCaseGivesACrashVerdict) {
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->id, 7u);
   EXPECT_EQ(result->result.verdict, VerdictKind::kCrash);
-  EXPECT_THAT(result->result.error_detail, HasSubstr("signal 9"));
+  EXPECT_THAT(result->result.notes, HasSubstr("signal 9"));
 }
 
 TEST(WorkerPool, AWorkerKilledWhileItStartsIsStartedAgain) {
@@ -108,7 +108,7 @@ TEST(WorkerPool, ACampaignOnWorkersSurvivesAbortingCasesAndSavesThemUnderCrashin
   CampaignOptions options;
   options.cases = 150;
   options.seed = 3;
-  options.fault = ops::Fault::kCrashAbort;
+  options.fault = "crash-abort";
   options.corpus_dir = dir;
   reports::MultiReporter none({});
   const CampaignOutcome outcome = run_campaign(options, pool, none, nullptr);

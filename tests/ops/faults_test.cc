@@ -24,8 +24,15 @@ TEST(Faults, NamesAreUniqueKebabCaseAndRoundTrip) {
     EXPECT_EQ(name.find_first_not_of("abcdefghijklmnopqrstuvwxyz-"), std::string::npos) << name;
     EXPECT_EQ(fault_from_name(name), fault);
   }
-  EXPECT_EQ(names.size(),
-            13u);  // six review defects, two section 11 hazards, a stale plan, three process kills, one OOB
+  // six review defects, two section 11 hazards, a stale plan, three process kills, one OOB,
+  // four that exist only in half precision
+  EXPECT_EQ(names.size(), 17u);
+  for (Fault fault : all_faults()) {
+    EXPECT_FALSE(fault_description(fault).empty()) << fault_name(fault);
+    EXPECT_EQ(fault_is_half_precision(fault), fault_name(fault).rfind("half-", 0) == 0) << fault_name(fault);
+  }
+  EXPECT_EQ(fault_shapes(Fault::kHalfAccumulation), "edge");
+  EXPECT_EQ(fault_shapes(Fault::kHalfOutputScale), "");
   EXPECT_EQ(fault_name(Fault::kCrashSegfault), "crash-segfault");
   EXPECT_EQ(fault_name(Fault::kSlotOrder), "slot-order");
   EXPECT_EQ(fault_name(Fault::kInternalRequiresGrad), "internal-requires-grad");

@@ -13,8 +13,8 @@ namespace gradfuzz::oracle {
 using harness::build_case;
 using harness::BuildOptions;
 using harness::CaseSpec;
+using harness::Finding;
 using harness::PathRun;
-using harness::TensorMismatch;
 using harness::to_path;
 using runner::prepare_case;
 using runner::PreparedCase;
@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 /// The float64 reference of `spec` (as the runner computes it) and what the finite-difference
 /// check says of it, with the reference's input gradient scaled by `scale` first.
 struct Checked {
-  std::vector<TensorMismatch> details;
+  std::vector<Finding> findings;
   std::vector<std::string> notes;
 };
 
@@ -52,7 +52,7 @@ Checked check(const CaseSpec& spec, double scale = 1.0) {
   }
   Checked out;
   check_finite_differences(spec, prepared.tensors, reference, prepared.reference_ops, FiniteDifferenceOptions{},
-                           prepared.generator, out.details, out.notes);
+                           prepared.generator, out.findings, out.notes);
   return out;
 }
 
@@ -73,7 +73,7 @@ CaseSpec relu_near_its_kink() {
 
 TEST(FiniteDifferences, AKinkWithinTheStepIsNotAFindingWhenASmallerStepAgrees) {
   const Checked c = check(relu_near_its_kink());
-  EXPECT_TRUE(c.details.empty());
+  EXPECT_TRUE(c.findings.empty());
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_THAT(c.notes[0], HasSubstr("not smooth within a step"));
 }
@@ -81,14 +81,14 @@ TEST(FiniteDifferences, AKinkWithinTheStepIsNotAFindingWhenASmallerStepAgrees) {
 TEST(FiniteDifferences, AWrongGradientDisagreesAtEveryStep) {
   // The same case with the input's gradient 2% too large, and a smooth one 0.1% too large.
   const Checked kink = check(relu_near_its_kink(), 1.02);
-  ASSERT_EQ(kink.details.size(), 1u);
-  EXPECT_EQ(kink.details[0].path_pair, "reference~finite_difference");
+  ASSERT_EQ(kink.findings.size(), 1u);
+  EXPECT_EQ(kink.findings[0].path_pair, "reference~finite_difference");
   CaseSpec smooth;
   smooth.ops = {op("Linear", {{"out", 3}}), op("GELU")};
   smooth.input_shape = {2, 4};
   smooth.seed = 7;
-  EXPECT_TRUE(check(smooth).details.empty());
-  EXPECT_EQ(check(smooth, 1.001).details.size(), 1u);
+  EXPECT_TRUE(check(smooth).findings.empty());
+  EXPECT_EQ(check(smooth, 1.001).findings.size(), 1u);
 }
 
 }  // namespace

@@ -10,24 +10,29 @@
 #include "oracle/tolerances.h"
 
 namespace gradfuzz::oracle {
-
-using harness::PathRun;
-using harness::TensorMismatch;
-using harness::VerdictKind;
 namespace {
 
 at::Tensor doubles(std::vector<double> values, std::vector<int64_t> shape) {
   return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).reshape(shape);
 }
 
-/// One comparison of `got` against `expected`, its details.
-std::vector<TensorMismatch> compare(const at::Tensor& expected, const at::Tensor& got, bool gradient, Tolerance tol,
-                                    const at::Tensor& rounding = at::Tensor()) {
-  std::vector<TensorMismatch> details;
+TensorBound bound(Tolerance t, const at::Tensor& allowance = at::Tensor(),
+                  double norm = std::numeric_limits<double>::infinity()) {
+  TensorBound b;
+  b.rtol = t.rtol;
+  b.atol = t.atol;
+  b.allowance = allowance;
+  b.norm_bound = norm;
+  return b;
+}
+
+/// One comparison of `got` against `expected`, its findings.
+std::vector<Finding> compare(const at::Tensor& expected, const at::Tensor& got, bool gradient, const TensorBound& b) {
+  std::vector<Finding> findings;
   std::vector<std::string> notes;
-  Comparer comparer(details, notes);
-  comparer.compare("fused~reference", "grad_channel[c]", "grad_channel", expected, got, gradient, tol, rounding);
-  return details;
+  Comparer comparer(findings, notes);
+  comparer.compare("fused~reference", "grad_channel[c]", "grad_channel", expected, got, gradient, b);
+  return findings;
 }
 
 constexpr Tolerance kFloat64{1e-7, 1e-7};
@@ -35,7 +40,7 @@ constexpr Tolerance kBFloat16{1.6e-2, 1e-5};
 
 TEST(Comparer, ValuesWithinToleranceRecordNothing) {
   const at::Tensor e = doubles({1, -2, 3, 0.5}, {2, 2});
-  EXPECT_TRUE(compare(e, e + 1e-9, true, kFloat64).empty());
+  EXPECT_TRUE(compare(e, e + 1e-9, true, bound(kFloat64)).empty());
 }
 
 TEST(Comparer, TheWorstElementIsRecordedWithItsIndexAndValues) {
@@ -43,9 +48,9 @@ TEST(Comparer, TheWorstElementIsRecordedWithItsIndexAndValues) {
   at::Tensor g = e.clone();
   g[1][0] = 3.5;    // off by 0.5
   g[0][1] = -2.01;  // off by 0.01, a smaller excess
-  const auto details = compare(e, g, true, kFloat64);
-  ASSERT_EQ(details.size(), 1u);
-  const TensorMismatch& d = details[0];
+  const auto findings = compare(e, g, true, bound(kFloat64));
+  ASSERT_EQ(findings.size(), 1u);
+  const Finding& d = findings[0];
   EXPECT_EQ(d.kind, VerdictKind::kMismatch);
   EXPECT_EQ(d.index, (std::vector<int64_t>{1, 0}));
   EXPECT_DOUBLE_EQ(d.expected, 3);
@@ -56,72 +61,93 @@ TEST(Comparer, TheWorstElementIsRecordedWithItsIndexAndValues) {
 }
 
 TEST(Comparer, AnUndefinedGradientIsMissingOnlyWhereTheExpectedOneIsNonZero) {
-  const auto missing = compare(doubles({0, 0, 0.25}, {3}), at::Tensor(), true, kFloat64);
+  const auto missing = compare(doubles({0, 0, 0.25}, {3}), at::Tensor(), true, bound(kFloat64));
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_EQ(missing[0].kind, VerdictKind::kMissingGradient);
   EXPECT_EQ(missing[0].index, (std::vector<int64_t>{2}));
-  EXPECT_TRUE(compare(doubles({0, 0, 0}, {3}), at::Tensor(), true, kFloat64).empty());
+  EXPECT_TRUE(compare(doubles({0, 0, 0}, {3}), at::Tensor(), true, bound(kFloat64)).empty());
   // A gradient where none is expected must be zero.
-  EXPECT_TRUE(compare(at::Tensor(), doubles({0, 0}, {2}), true, kFloat64).empty());
-  EXPECT_EQ(compare(at::Tensor(), doubles({0, 1}, {2}), true, kFloat64).size(), 1u);
+  EXPECT_TRUE(compare(at::Tensor(), doubles({0, 0}, {2}), true, bound(kFloat64)).empty());
+  EXPECT_EQ(compare(at::Tensor(), doubles({0, 1}, {2}), true, bound(kFloat64)).size(), 1u);
 }
 
-TEST(Comparer, NonFiniteValuesFailWhateverTheAllowance) {
+TEST(Comparer, NonFiniteValuesFailWhateverTheFiniteAllowance) {
   const at::Tensor e = doubles({1, 2}, {2});
-  const at::Tensor rounding = doubles({1e30, 1e30}, {2});
-  EXPECT_EQ(compare(e, doubles({1, std::nan("")}, {2}), true, kBFloat16, rounding).size(), 1u);
-  EXPECT_EQ(compare(e, doubles({std::numeric_limits<double>::infinity(), 2}, {2}), true, kBFloat16, rounding).size(),
-            1u);
+  const at::Tensor allowance = doubles({1e30, 1e30}, {2});
+  EXPECT_EQ(compare(e, doubles({1, std::nan("")}, {2}), true, bound(kBFloat16, allowance)).size(), 1u);
+  EXPECT_EQ(
+      compare(e, doubles({std::numeric_limits<double>::infinity(), 2}, {2}), true, bound(kBFloat16, allowance)).size(),
+      1u);
+}
+
+TEST(Comparer, AnInfiniteAllowanceIsWhereTheDtypeCannotHoldTheValue) {
+  // The dtype's own reference overflows at element 1: nothing can be judged there.
+  const at::Tensor e = doubles({1, 7e4}, {2});
+  const at::Tensor allowance = doubles({0, std::numeric_limits<double>::infinity()}, {2});
+  constexpr Tolerance kTight{0, 1e-5};  // no rtol: element 0's bound is not widened by the huge element 1
+  EXPECT_TRUE(
+      compare(e, doubles({1, std::numeric_limits<double>::infinity()}, {2}), true, bound(kTight, allowance)).empty());
+  EXPECT_EQ(
+      compare(e, doubles({3, std::numeric_limits<double>::infinity()}, {2}), true, bound(kTight, allowance)).size(),
+      1u);
 }
 
 TEST(Comparer, ADifferentShapeIsAMismatch) {
-  EXPECT_EQ(compare(doubles({1, 2}, {2}), doubles({1, 2}, {1, 2}), true, kFloat64).size(), 1u);
+  EXPECT_EQ(compare(doubles({1, 2}, {2}), doubles({1, 2}, {1, 2}), true, bound(kFloat64)).size(), 1u);
 }
 
-TEST(Comparer, RoundingAllowsSixteenTimesTheBaselinesErrorPerElement) {
-  // bfloat16 case; the baseline's error at element 0 is 0.01: 16 * 0.01 = 0.16 allowed there
-  // on top of the static tolerance (about 0.016 * (1 + rms) here).
+TEST(Comparer, TheAllowanceIsPerElement) {
   const at::Tensor e = doubles({1.0, 1.0, 1.0, 1.0}, {4});
-  const at::Tensor rounding = doubles({0.01, 0, 0, 0}, {4});
+  const at::Tensor allowance = doubles({0.16, 0, 0, 0}, {4});
   at::Tensor g = e.clone();
   g[0] = 1.15;
-  EXPECT_TRUE(compare(e, g, true, kBFloat16, rounding).empty());
+  EXPECT_TRUE(compare(e, g, true, bound(kBFloat16, allowance)).empty());
   g[0] = 1.25;
-  EXPECT_EQ(compare(e, g, true, kBFloat16, rounding).size(), 1u);
-  // Without a baseline the same 0.15 is far outside bfloat16's static tolerance.
-  g[0] = 1.15;
-  EXPECT_EQ(compare(e, g, true, kBFloat16).size(), 1u);
-  // The allowance is the element's own: element 1 (no baseline error) gets none of it.
+  EXPECT_EQ(compare(e, g, true, bound(kBFloat16, allowance)).size(), 1u);
+  // Element 1 gets none of element 0's allowance.
   g = e.clone();
   g[1] = 1.15;
-  EXPECT_EQ(compare(e, g, true, kBFloat16, rounding).size(), 1u);
+  EXPECT_EQ(compare(e, g, true, bound(kBFloat16, allowance)).size(), 1u);
 }
 
-TEST(Comparer, NoBaselineErrorExcusesAnErrorTheSizeOfTheTensor) {
-  // The review's case: a channel gradient off by 1.26 where max|expected| is 0.96 passed
-  // under the old whole-tensor floor. Even a wildly wrong baseline (error 10 everywhere)
-  // grants at most a quarter of max(|e_k|, rms).
-  const at::Tensor e = doubles({0.96, -0.5, 0.25, 0.1}, {4});
-  const at::Tensor rounding = doubles({10, 10, 10, 10}, {4});
-  at::Tensor g = e.clone();
-  g[0] = 0.96 - 1.26;
-  const auto details = compare(e, g, true, kBFloat16, rounding);
-  ASSERT_EQ(details.size(), 1u);
-  EXPECT_EQ(details[0].index, (std::vector<int64_t>{0}));
-  // A dropped contribution of a third of an element's value is caught too.
-  g = e.clone();
-  g[1] = -0.5 * 2.0 / 3.0;
-  EXPECT_EQ(compare(e, g, true, kBFloat16, rounding).size(), 1u);
+TEST(Comparer, ATensorWithinEveryElementsBoundCanFailAsAWhole) {
+  // Every element 4% off: inside a loose per-element bound, outside a norm bound of 1%.
+  const at::Tensor e = doubles({1, -1, 1, -1}, {4});
+  const double norm = 0.01 * e.norm().item<double>();
+  const auto findings = compare(e, e * 1.04, true, bound({0.1, 0}, at::Tensor(), norm));
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_NEAR(findings[0].norm_err, 0.08, 1e-12);
+  EXPECT_DOUBLE_EQ(findings[0].norm_bound, norm);
+  EXPECT_NE(findings[0].note.find("as a whole"), std::string::npos);
 }
 
-TEST(RoundingErrors, ANonFiniteBaselineGrantsNoAllowance) {
-  PathRun reference;
-  reference.outputs = {doubles({1, 2, 3}, {3})};
-  PathRun baseline;
-  baseline.outputs = {doubles({1.5, std::numeric_limits<double>::infinity(), std::nan("")}, {3})};
-  const PathRun r = rounding_errors(reference, baseline);
-  ASSERT_EQ(r.outputs.size(), 1u);
-  EXPECT_TRUE(at::equal(r.outputs[0], doubles({0.5, 0, 0}, {3})));
+TEST(CaseBounds, ATensorWithoutItsOwnBoundGetsTheFallback) {
+  CaseBounds bounds;
+  bounds.fallback = kBFloat16;
+  bounds.tensors["output"] = bound({0.5, 0.5});
+  EXPECT_DOUBLE_EQ(bounds.bound("output").rtol, 0.5);
+  EXPECT_DOUBLE_EQ(bounds.bound("grad_input").rtol, kBFloat16.rtol);
+}
+
+TEST(ComparedTensors, NamesEveryTensorTheOracleJudges) {
+  CaseSpec spec;
+  spec.ops.resize(2);
+  spec.ops[0].name = "Linear";
+  spec.ops[1].name = "RowStat";
+  PathRun run;
+  run.outputs = {doubles({1}, {1}), doubles({2}, {1})};
+  run.grad_input = doubles({3}, {1});
+  run.grad_params = {{doubles({4}, {1})}, {}};
+  run.grad_extra_inputs = {doubles({5}, {1})};
+  run.channel_grads = {{{"c0", doubles({6}, {1})}}};
+  std::vector<std::string> names;
+  for (const auto& t : compared_tensors(spec, run, run)) names.push_back(t.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"output", "extra_output[0]", "grad_input", "grad_param[0].Linear[0]",
+                                             "grad_extra_input[0]", "grad_channel[c0]"}));
+  // A backend that exposes only some channels is judged on those.
+  PathRun partial = run;
+  partial.channel_grads = {{}};
+  EXPECT_EQ(compared_tensors(spec, run, partial, /*got_exposes_all_channels=*/false).size(), 5u);
 }
 
 }  // namespace

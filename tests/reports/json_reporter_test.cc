@@ -74,8 +74,10 @@ harness::CaseResult mismatch_result() {
   r.seed = 12;
   r.op_types = {"Dispatch", "Linear"};
   r.features = {"bound_input", "fresh_producer"};
-  harness::TensorMismatch d;
+  harness::Finding d;
   d.kind = harness::VerdictKind::kMismatch;
+  d.signature = "mismatch|ForwardLinearBiasAdd|grad_channel";
+  d.op = "ForwardLinearBiasAdd";
   d.path_pair = "fused~reference";
   d.tensor = "grad_channel[probs]";
   d.role = "grad_channel";
@@ -86,7 +88,7 @@ harness::CaseResult mismatch_result() {
   d.max_rel_err = 0.5;
   d.atol = 1e-7;
   d.rtol = 1e-7;
-  r.details = {d};
+  r.findings = {d};
   return r;
 }
 
@@ -105,9 +107,10 @@ CaseRecord finding_record(const std::optional<std::string>& fault) {
   f.case_file = "gradfuzz-out/corpus/findings/0123456789abcdef.json";
   f.reproduce = reproduce_line(f.case_file, fault);
   f.fault = fault;
-  record.finding = f;
+  f.signature = f.result.findings.front().signature;
+  record.new_findings = {f};
   // The failing case is the first of its cluster, which one more member joins below.
-  record.cluster = f.result.signature();
+  record.clusters = {f.signature};
   return record;
 }
 
@@ -115,8 +118,9 @@ CaseRecord finding_record(const std::optional<std::string>& fault) {
 CaseRecord cluster_member() {
   CaseRecord record;
   record.result = mismatch_result();
-  record.cluster = record.result.signature();
-  record.example_file = "gradfuzz-out/corpus/findings/examples/fedcba9876543210.json";
+  const std::string key = record.result.findings.front().signature;
+  record.clusters = {key};
+  record.example_files = {{key, "gradfuzz-out/corpus/findings/examples/fedcba9876543210.json"}};
   return record;
 }
 
@@ -189,16 +193,52 @@ TEST(JsonReporter, FindingCarriesItsDtypeAndAClusterKeyOtherThanItsSignature) {
   f.result = mismatch_result();
   f.case_file = "x.json";
   f.dtype = "float32";
-  f.cluster = f.result.signature() + "|persists-without-fault";
+  f.signature = f.result.findings.front().signature;
+  f.cluster = f.signature + "|persists-without-fault";
   auto j = finding_to_json(f);
   EXPECT_EQ(j["dtype"], "float32");
-  EXPECT_EQ(j["cluster"], "mismatch|Dispatch,Linear|grad_channel|persists-without-fault");
+  EXPECT_EQ(j["cluster"], "mismatch|ForwardLinearBiasAdd|grad_channel|persists-without-fault");
   // Neither is written when it says nothing: no dtype known, a cluster that is the signature.
   f.dtype.clear();
-  f.cluster = f.result.signature();
+  f.cluster = f.signature;
   j = finding_to_json(f);
   EXPECT_FALSE(j.contains("dtype"));
   EXPECT_FALSE(j.contains("cluster"));
+}
+
+TEST(JsonReporter, AKnownClusterCarriesItsEntryAndCountsAsKnown) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(fixed_context("fuzz", std::nullopt));
+  CaseRecord record = finding_record(std::nullopt);
+  record.result.findings.front().known = "te-review-3";
+  record.new_findings.front().result = record.result;
+  record.new_findings.front().known = KnownRef{"te-review-3", "open-defect", "https://example/3", "call then bind"};
+  reporter.report_case(record);
+  reporter.report_case(finding_record(std::nullopt));  // a second, new, finding of the same cluster key
+  const auto doc = reporter.document(RunSummary{1.0, std::nullopt});
+  EXPECT_EQ(doc["summary"]["failed"], 2);
+  EXPECT_EQ(doc["summary"]["known_failed"], 1);  // the first case's only finding is known
+  EXPECT_EQ(doc["findings"][0]["known"]["id"], "te-review-3");
+  EXPECT_EQ(doc["findings"][0]["known"]["status"], "open-defect");
+  EXPECT_EQ(doc["findings"][0]["details"][0]["known"], "te-review-3");
+  EXPECT_EQ(doc["summary"]["known_findings"], 1);
+}
+
+TEST(JsonReporter, AClusterListsOnlyItsOwnFindingsAndNamesTheOthers) {
+  Finding f;
+  f.result = mismatch_result();
+  harness::Finding other;
+  other.kind = harness::VerdictKind::kModifiedInput;
+  other.tensor = "cotangent[0]";
+  other.signature = "modified_input|MakeExtraOutput|in_place=1|cotangent";
+  f.result.findings.push_back(other);
+  f.signature = f.result.findings.front().signature;
+  const auto j = finding_to_json(f);
+  ASSERT_EQ(j["details"].size(), 1u);
+  EXPECT_EQ(j["details"][0]["tensor"], "grad_channel[probs]");
+  EXPECT_EQ(j["other_signatures"][0], other.signature);
+  EXPECT_EQ(j["kind"], "mismatch");
 }
 
 TEST(ReproduceLine, NamesTheFaultOnlyWhenOneWasOn) {

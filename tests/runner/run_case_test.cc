@@ -19,13 +19,13 @@ using harness::CasePlan;
 using harness::CaseResult;
 using harness::CaseSpec;
 using harness::CaseTensors;
+using harness::Finding;
 using harness::kBoundaryOp;
 using harness::model_capabilities;
 using harness::OpSpec;
 using harness::OutputBindingSpec;
 using harness::PathRequest;
 using harness::PathRun;
-using harness::TensorMismatch;
 using harness::VerdictKind;
 namespace {
 
@@ -101,8 +101,8 @@ TEST(RunCase, SameFusionGradDropFaultIsAMismatch) {
   ops::FaultScope fault(ops::Fault::kSameFusionGradDrop);
   const CaseResult r = run_case(residual("FusedResidual.joint"));
   EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
-  ASSERT_FALSE(r.details.empty());
-  const TensorMismatch& d = r.details.front();
+  ASSERT_FALSE(r.findings.empty());
+  const Finding& d = r.findings.front();
   EXPECT_EQ(d.path_pair, "fused~reference");
   EXPECT_FALSE(d.index.empty());
   EXPECT_GT(d.max_abs_err, d.atol);
@@ -130,9 +130,12 @@ TEST(RunCase, TransientLockFaultBreaksCallThenBind) {
   ops::FaultScope fault(ops::Fault::kTransientLock);
   const CaseResult r = run_case(spec);
   EXPECT_EQ(r.verdict, VerdictKind::kUnexpectedError) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("fused raised locked"));
-  EXPECT_THAT(r.error_detail, HasSubstr("reference passed"));
-  EXPECT_THAT(r.signature(), HasSubstr("fused=locked"));
+  EXPECT_THAT(r.notes, HasSubstr("fused raised locked"));
+  EXPECT_THAT(r.notes, HasSubstr("reference ran"));
+  // One cause: the fused and unfused paths' locked errors share one root-cause signature.
+  ASSERT_EQ(r.signatures().size(), 1u) << describe(r);
+  EXPECT_THAT(r.signatures().front(), HasSubstr("unexpected_error|"));
+  EXPECT_THAT(r.signatures().front(), HasSubstr("|binding|locked|"));
 }
 
 TEST(RunCase, GeneratorOutputsFaultIsCaught) {
@@ -145,7 +148,7 @@ TEST(RunCase, GeneratorOutputsFaultIsCaught) {
   const CaseResult broken = run_case(spec);
   // The fused path misuses the generator container: an error the reference does not raise.
   EXPECT_EQ(broken.verdict, VerdictKind::kUnexpectedError) << describe(broken);
-  EXPECT_THAT(broken.error_kinds, HasSubstr("generator-misuse")) << describe(broken);
+  EXPECT_EQ(broken.findings.front().error_kind, "generator-misuse") << describe(broken);
 }
 
 TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
@@ -179,7 +182,7 @@ TEST(RunCase, TheLowPrecisionOracleCatchesMisroutedAndDroppedGradients) {
         const CaseResult broken = run_case(spec);
         EXPECT_EQ(broken.verdict, verdict) << describe(broken);
         // Every low-precision case fails a value comparison too, not only a structural check.
-        EXPECT_TRUE(std::any_of(broken.details.begin(), broken.details.end(), [](const TensorMismatch& d) {
+        EXPECT_TRUE(std::any_of(broken.findings.begin(), broken.findings.end(), [](const Finding& d) {
           return d.kind == VerdictKind::kMismatch;
         })) << describe(broken);
       }
@@ -213,12 +216,12 @@ TEST(RunCase, StalePlanFaultIsAPlanMismatchOnTheRepeatCall) {
   ops::FaultScope fault(ops::Fault::kStalePlan);
   const CaseResult r = run_case(spec);
   EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
-  ASSERT_FALSE(r.details.empty()) << describe(r);
-  EXPECT_EQ(r.details.front().role, "plan");
-  EXPECT_EQ(r.details.front().path_pair, "fused.call[1]~fresh_plans");
-  EXPECT_EQ(r.details.front().tensor, "plan[fuser 0].forward");
+  ASSERT_FALSE(r.findings.empty()) << describe(r);
+  EXPECT_EQ(r.findings.front().role, "plan");
+  EXPECT_EQ(r.findings.front().path_pair, "fused.call[1]~fresh_plans");
+  EXPECT_EQ(r.findings.front().tensor, "plan[fuser 0].forward");
   // Only the plan differs: the values of every call are still right.
-  for (const auto& d : r.details) EXPECT_EQ(d.role, "plan") << d.tensor;
+  for (const auto& d : r.findings) EXPECT_EQ(d.role, "plan") << d.tensor;
   // One call only: nothing to go stale.
   spec.repeat_calls.clear();
   EXPECT_EQ(run_case(spec).verdict, VerdictKind::kPass);
@@ -247,7 +250,7 @@ TEST(RunCase, RepeatCallsOnABackendWithoutThemAreUnsupported) {
   NoRepeats backend;
   const CaseResult r = run_case(spec, backend, RunOptions{});
   EXPECT_EQ(r.verdict, VerdictKind::kUnsupported) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("does not run repeat_calls"));
+  EXPECT_THAT(r.notes, HasSubstr("does not run repeat_calls"));
 }
 
 TEST(RunCase, SlotOrderAndScaleBiasFaultsAreCaught) {
@@ -267,7 +270,8 @@ TEST(RunCase, SlotOrderAndScaleBiasFaultsAreCaught) {
     const CaseResult broken = run_case(spec);
     // The public split sizes land in the scales' slot: the fused path raises, the reference not.
     EXPECT_EQ(broken.verdict, VerdictKind::kUnexpectedError) << describe(broken);
-    EXPECT_THAT(broken.error_kinds, HasSubstr("fused=invalid-argument")) << describe(broken);
+    EXPECT_EQ(broken.findings.front().error_kind, "invalid-argument") << describe(broken);
+    EXPECT_EQ(broken.findings.front().path_pair, "fused~reference") << describe(broken);
   }
   {
     ops::FaultScope fault(ops::Fault::kScaleBiasGrad);
@@ -282,8 +286,8 @@ TEST(RunCase, ConsumerBeforeProducerRaisesTheSameErrorEverywhereAndPasses) {
   spec.ops = {op("ScaledSReLU", {}, {std::string("s")}), op("RowStat", {}, {}, {hidden("s")})};
   const CaseResult r = run_case(spec);
   EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("fused raised producer-not-earlier during Sequential construction"));
-  EXPECT_THAT(r.error_detail, HasSubstr("reference raised producer-not-earlier"));
+  EXPECT_THAT(r.notes, HasSubstr("fused raised producer-not-earlier during Sequential construction"));
+  EXPECT_THAT(r.notes, HasSubstr("reference raised producer-not-earlier"));
 }
 
 TEST(RunCase, OtherInvalidConfigurationsPassWhenEveryPathAgrees) {
@@ -291,13 +295,13 @@ TEST(RunCase, OtherInvalidConfigurationsPassWhenEveryPathAgrees) {
   surplus.extra_input_count_delta = 1;
   CaseResult r = run_case(surplus);
   EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("extra-input-count"));
+  EXPECT_THAT(r.notes, HasSubstr("extra-input-count"));
 
   CaseSpec late = dispatch_probs();
   late.late_binds = {{1, 0, "other"}};
   r = run_case(late);
   EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("locked"));
+  EXPECT_THAT(r.notes, HasSubstr("locked"));
 
   CaseSpec splits;
   splits.input_shape = {6, 4};
@@ -305,13 +309,13 @@ TEST(RunCase, OtherInvalidConfigurationsPassWhenEveryPathAgrees) {
   splits.corrupt_split_sizes = true;
   r = run_case(splits);
   EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("invalid-argument"));
+  EXPECT_THAT(r.notes, HasSubstr("invalid-argument"));
 
   CaseSpec crossing = dispatch_probs();
   crossing.ops.insert(crossing.ops.begin() + 1, op(kBoundaryOp));
   r = run_case(crossing);
   EXPECT_EQ(r.verdict, VerdictKind::kPass) << describe(r);
-  EXPECT_THAT(r.error_detail, HasSubstr("missing-producer"));
+  EXPECT_THAT(r.notes, HasSubstr("missing-producer"));
 }
 
 TEST(RunCase, EveryCatalogOpPassesInEveryDtypeWithoutFalseFindings) {

@@ -69,7 +69,9 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, ListFaultsPrintsEveryFaultName) {
   const CliRun r = run({"list", "faults"});
   EXPECT_EQ(r.exit, 0);
-  for (ops::Fault fault : ops::all_faults()) EXPECT_THAT(r.out, HasSubstr(ops::fault_name(fault) + "\n"));
+  for (ops::Fault fault : ops::all_faults()) {
+    EXPECT_THAT(r.out, HasSubstr(ops::fault_name(fault) + "\t" + ops::fault_description(fault) + "\n"));
+  }
 }
 
 TEST_F(CliTest, ListOpsJsonIsAnArrayOfNamedEntries) {

@@ -1,0 +1,302 @@
+#include "campaign/known_issues.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "campaign/exit_codes.h"
+
+namespace gradfuzz::campaign {
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<int64_t> version_parts(const std::string& v) {
+  std::vector<int64_t> out;
+  std::stringstream in(v);
+  std::string part;
+  while (std::getline(in, part, '.')) {
+    size_t digits = 0;
+    while (digits < part.size() && std::isdigit(static_cast<unsigned char>(part[digits]))) ++digits;
+    if (digits == 0) break;  // "2.20.2+cu130": stop at the local part
+    out.push_back(std::stoll(part.substr(0, digits)));
+    if (digits < part.size()) break;
+  }
+  return out;
+}
+
+int compare_versions(const std::string& a, const std::string& b) {
+  auto pa = version_parts(a);
+  auto pb = version_parts(b);
+  const size_t n = std::max(pa.size(), pb.size());
+  pa.resize(n, 0);
+  pb.resize(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (pa[i] != pb[i]) return pa[i] < pb[i] ? -1 : 1;
+  }
+  return 0;
+}
+
+bool has_flag(const std::string& options, const std::string& flag) {
+  std::stringstream in(options);
+  std::string word;
+  while (in >> word) {
+    if (word == flag) return true;
+  }
+  return false;
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& path, const std::string& message) {
+  throw InputError(where + ": " + path + ": " + message);
+}
+
+std::string string_at(const json& j, const char* key, const std::string& where, const std::string& path) {
+  const json& v = j.at(key);
+  if (!v.is_string()) fail(where, path + "/" + key, "expected a string, got " + std::string(v.type_name()));
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+bool version_in_range(const std::string& version, const std::string& range) {
+  std::stringstream in(range);
+  std::string bound;
+  bool any = false;
+  while (std::getline(in, bound, ',')) {
+    bound.erase(std::remove_if(bound.begin(), bound.end(), [](unsigned char c) { return std::isspace(c); }),
+                bound.end());
+    if (bound.empty()) continue;
+    std::string op;
+    for (const char* candidate : {">=", "<=", "==", "!=", ">", "<"}) {
+      if (bound.rfind(candidate, 0) == 0) {
+        op = candidate;
+        break;
+      }
+    }
+    const std::string v = bound.substr(op.size());
+    if (op.empty() || version_parts(v).empty()) {
+      throw std::invalid_argument("bad version bound '" + bound + "' (expected >=, <=, ==, !=, > or < and a version)");
+    }
+    const int c = compare_versions(version, v);
+    const bool ok = op == ">="   ? c >= 0
+                    : op == "<=" ? c <= 0
+                    : op == "==" ? c == 0
+                    : op == "!=" ? c != 0
+                    : op == ">"  ? c > 0
+                                 : c < 0;
+    if (!ok) return false;
+    any = true;
+  }
+  if (!any) throw std::invalid_argument("empty version range '" + range + "'");
+  return true;
+}
+
+const std::vector<std::string>& steerable_features() {
+  static const std::vector<std::string> features{"generator_outputs", "call_then_bind", "in_place"};
+  return features;
+}
+
+bool KnownIssue::matches(const harness::Finding& f, const std::string& found_backend,
+                         const std::string& backend_version) const {
+  if (kind && f.kind != *kind) return false;
+  if (op && f.op != *op) return false;
+  for (const auto& flag : options) {
+    if (!has_flag(f.option, flag)) return false;
+  }
+  if (error_kind && f.error_kind != *error_kind) return false;
+  if (role && f.role != *role) return false;
+  if (phase && f.phase != *phase) return false;
+  if (signature && f.signature != *signature) return false;
+  if (backend && found_backend != *backend) return false;
+  if (versions && !version_in_range(backend_version, *versions)) return false;
+  if (message_pattern && !std::regex_search(f.message, *message_pattern)) return false;
+  return true;
+}
+
+const KnownIssue* KnownIssues::match(const harness::Finding& finding, const std::string& backend,
+                                     const std::string& backend_version) const {
+  for (const auto& e : entries) {
+    if (e.matches(finding, backend, backend_version)) return &e;
+  }
+  return nullptr;
+}
+
+void KnownIssues::mark(harness::CaseResult& result, const std::string& backend_version) const {
+  for (auto& f : result.findings) {
+    const KnownIssue* e = match(f, result.backend, backend_version);
+    f.known = e ? e->id : std::string();
+  }
+}
+
+const KnownIssue* KnownIssues::entry(const std::string& id) const {
+  for (const auto& e : entries) {
+    if (e.id == id) return &e;
+  }
+  return nullptr;
+}
+
+std::map<std::string, double> KnownIssues::feature_weights(const std::string& backend) const {
+  std::map<std::string, double> out;
+  for (const auto& e : entries) {
+    if (!e.steer_feature || (e.backend && *e.backend != backend)) continue;
+    auto it = out.find(*e.steer_feature);
+    out[*e.steer_feature] = it == out.end() ? e.steer_weight : std::min(it->second, e.steer_weight);
+  }
+  return out;
+}
+
+KnownIssues known_issues_from_json(const json& j, const std::string& where) {
+  if (!j.is_object()) fail(where, "", "expected an object with schema_version and entries");
+  static const std::set<std::string> top{"schema_version", "description", "entries"};
+  for (const auto& [key, value] : j.items()) {
+    if (!top.count(key)) fail(where, "/" + key, "unknown field (known: schema_version, description, entries)");
+  }
+  if (!j.contains("schema_version") || !j["schema_version"].is_number_integer() ||
+      j["schema_version"].get<int64_t>() != kKnownIssuesSchemaVersion) {
+    fail(where, "/schema_version", "expected " + std::to_string(kKnownIssuesSchemaVersion));
+  }
+  KnownIssues known;
+  if (j.contains("description")) known.description = string_at(j, "description", where, "");
+  if (!j.contains("entries") || !j["entries"].is_array()) fail(where, "/entries", "expected an array of entries");
+  std::set<std::string> ids;
+  static const std::set<std::string> entry_keys{"id", "status", "link", "note", "match", "steer"};
+  static const std::set<std::string> match_keys{"kind", "op",    "options", "error_kind", "message",
+                                                "role", "phase", "backend", "versions",   "signature"};
+  for (size_t i = 0; i < j["entries"].size(); ++i) {
+    const json& e = j["entries"][i];
+    const std::string path = "/entries/" + std::to_string(i);
+    if (!e.is_object()) fail(where, path, "expected an object");
+    for (const auto& [key, value] : e.items()) {
+      if (!entry_keys.count(key))
+        fail(where, path + "/" + key, "unknown field (known: id, status, link, note, match, steer)");
+    }
+    KnownIssue k;
+    if (!e.contains("id")) fail(where, path + "/id", "missing");
+    k.id = string_at(e, "id", where, path);
+    if (k.id.empty() || !ids.insert(k.id).second) fail(where, path + "/id", "empty or duplicate id '" + k.id + "'");
+    if (!e.contains("status")) fail(where, path + "/status", "missing");
+    k.status = string_at(e, "status", where, path);
+    if (k.status != "open-defect" && k.status != "documented-behaviour") {
+      fail(where, path + "/status", "expected open-defect or documented-behaviour, got '" + k.status + "'");
+    }
+    if (e.contains("link")) k.link = string_at(e, "link", where, path);
+    if (e.contains("note")) k.note = string_at(e, "note", where, path);
+    if (!e.contains("match") || !e["match"].is_object() || e["match"].empty()) {
+      fail(where, path + "/match", "expected an object with at least one field");
+    }
+    const json& m = e["match"];
+    const std::string mpath = path + "/match";
+    for (const auto& [key, value] : m.items()) {
+      if (!match_keys.count(key)) {
+        fail(
+            where, mpath + "/" + key,
+            "unknown field (known: kind, op, options, error_kind, message, role, phase, backend, versions, signature)");
+      }
+    }
+    if (m.contains("kind")) {
+      try {
+        k.kind = harness::verdict_from_name(string_at(m, "kind", where, mpath));
+      } catch (const std::invalid_argument& ex) {
+        fail(where, mpath + "/kind", ex.what());
+      }
+    }
+    for (const auto& [key, field] : {std::pair<const char*, std::optional<std::string>*>{"op", &k.op},
+                                     {"error_kind", &k.error_kind},
+                                     {"role", &k.role},
+                                     {"phase", &k.phase},
+                                     {"backend", &k.backend},
+                                     {"signature", &k.signature},
+                                     {"message", &k.message},
+                                     {"versions", &k.versions}}) {
+      if (m.contains(key)) *field = string_at(m, key, where, mpath);
+    }
+    if (m.contains("options")) {
+      if (!m["options"].is_array())
+        fail(where, mpath + "/options", "expected an array of flags such as \"in_place=1\"");
+      for (size_t o = 0; o < m["options"].size(); ++o) {
+        if (!m["options"][o].is_string()) fail(where, mpath + "/options/" + std::to_string(o), "expected a string");
+        k.options.push_back(m["options"][o].get<std::string>());
+      }
+    }
+    if (k.message) {
+      try {
+        k.message_pattern = std::make_shared<const std::regex>(*k.message);
+      } catch (const std::regex_error& ex) {
+        fail(where, mpath + "/message", std::string("not a valid pattern: ") + ex.what());
+      }
+    }
+    if (k.versions) {
+      try {
+        version_in_range("0", *k.versions);
+      } catch (const std::invalid_argument& ex) {
+        fail(where, mpath + "/versions", ex.what());
+      }
+    }
+    if (e.contains("steer")) {
+      const json& s = e["steer"];
+      const std::string spath = path + "/steer";
+      if (!s.is_object() || !s.contains("feature")) fail(where, spath, "expected {\"feature\": ..., \"weight\": ...}");
+      k.steer_feature = string_at(s, "feature", where, spath);
+      const auto& features = steerable_features();
+      if (std::find(features.begin(), features.end(), *k.steer_feature) == features.end()) {
+        fail(where, spath + "/feature",
+             "unknown feature '" + *k.steer_feature + "' (steerable: generator_outputs, call_then_bind, in_place)");
+      }
+      if (s.contains("weight")) {
+        if (!s["weight"].is_number()) fail(where, spath + "/weight", "expected a number in [0, 1]");
+        k.steer_weight = s["weight"].get<double>();
+      }
+      if (!(k.steer_weight >= 0 && k.steer_weight <= 1)) fail(where, spath + "/weight", "expected a number in [0, 1]");
+    }
+    known.entries.push_back(std::move(k));
+  }
+  return known;
+}
+
+KnownIssues load_known_issues(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path.string() + ": cannot read the known-issues file");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw InputError(path.string() + ": not valid JSON: " + e.what());
+  }
+  KnownIssues known = known_issues_from_json(j, path.string());
+  known.path = path;
+  return known;
+}
+
+json known_issues_to_json(const KnownIssues& known) {
+  json entries = json::array();
+  for (const auto& k : known.entries) {
+    json m = json::object();
+    if (k.kind) m["kind"] = harness::verdict_name(*k.kind);
+    for (const auto& [key, field] : {std::pair<const char*, const std::optional<std::string>*>{"op", &k.op},
+                                     {"error_kind", &k.error_kind},
+                                     {"role", &k.role},
+                                     {"phase", &k.phase},
+                                     {"message", &k.message},
+                                     {"backend", &k.backend},
+                                     {"versions", &k.versions},
+                                     {"signature", &k.signature}}) {
+      if (*field) m[key] = **field;
+    }
+    if (!k.options.empty()) m["options"] = k.options;
+    json e{{"id", k.id}, {"status", k.status}};
+    if (!k.link.empty()) e["link"] = k.link;
+    if (!k.note.empty()) e["note"] = k.note;
+    e["match"] = std::move(m);
+    if (k.steer_feature) e["steer"] = {{"feature", *k.steer_feature}, {"weight", k.steer_weight}};
+    entries.push_back(std::move(e));
+  }
+  json j{{"schema_version", kKnownIssuesSchemaVersion}};
+  if (!known.description.empty()) j["description"] = known.description;
+  j["entries"] = std::move(entries);
+  return j;
+}
+
+}  // namespace gradfuzz::campaign
