@@ -366,5 +366,48 @@ TEST(RunCase, ParametersAndInputsWithoutGradStillCompare) {
   EXPECT_THAT(r.features, Contains("no_grad_input"));
 }
 
+TEST(RunCase, ACaseWithTwoFaultsSymptomsReportsBothFindings) {
+  // Two fusers: RowStat's statistic into GroupedLinear(scale_bias), then the FusedResidual
+  // pattern. scale-bias-grad drops the scales' gradient in the first, same-fusion-grad-drop
+  // the residual's in the second: two causes, two signatures, one case.
+  CaseSpec spec;
+  spec.input_shape = {6, 4};
+  spec.ops = {op("RowStat", {}, {}, {hidden("s")}),
+              op("GroupedLinear", {{"groups", 2}, {"out", 4}, {"scale_bias", 1}}, {std::nullopt, std::string("s")}),
+              op(kBoundaryOp),
+              op("MakeExtraOutput", {}, {}, {hidden("r")}),
+              op("ConstantScale", {{"scale", 0.75}}),
+              op("AddExtraInput", {}, {std::string("r")})};
+  spec.fusions = {"FusedResidual.joint"};
+  spec.seed = 21;
+  EXPECT_EQ(run_case(spec).verdict, VerdictKind::kPass);
+  ops::FaultScope one(ops::Fault::kScaleBiasGrad);
+  const CaseResult first = run_case(spec);
+  ops::FaultScope two(ops::Fault::kSameFusionGradDrop);
+  const CaseResult both = run_case(spec);
+  EXPECT_GT(both.signatures().size(), first.signatures().size()) << describe(both);
+  EXPECT_TRUE(std::any_of(both.findings.begin(), both.findings.end(), [](const Finding& f) {
+    return f.kind == VerdictKind::kMissingGradient && f.role == "grad_channel";
+  })) << describe(both);
+  EXPECT_TRUE(std::any_of(both.findings.begin(), both.findings.end(), [](const Finding& f) {
+    return f.op.rfind("FusedResidual", 0) == 0;
+  })) << describe(both);
+}
+
+TEST(RunCase, HalfPrecisionFaultsAreFoundInTheirOwnDtypeAndNotInFloat32) {
+  // A fused forward 1.0625x off in bfloat16 only: the widest-dtype rerun would pass, and the
+  // finding says so, but the case is decided in its own dtype.
+  CaseSpec spec = linear_bias_relu("bfloat16");
+  spec.ops[2] = op("GELU");
+  ASSERT_EQ(run_case(spec).verdict, VerdictKind::kPass);
+  ops::FaultScope fault(ops::Fault::kHalfOutputScale);
+  const CaseResult r = run_case(spec);
+  EXPECT_EQ(r.verdict, VerdictKind::kMismatch) << describe(r);
+  EXPECT_THAT(r.findings.front().note, HasSubstr("passes in float64 on the same values")) << describe(r);
+  EXPECT_EQ(r.findings.front().op, "ForwardLinearBiasActivation") << describe(r);
+  spec.dtype = "float32";
+  EXPECT_EQ(run_case(spec).verdict, VerdictKind::kPass);
+}
+
 }  // namespace
 }  // namespace gradfuzz::runner

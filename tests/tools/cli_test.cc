@@ -216,5 +216,68 @@ TEST(CliBench, ShapesScalingPrintsOneRowPerDecadeOfElements) {
   EXPECT_EQ(run({"bench", "--shapes", "scaling", "--max-tensor-elements", "10"}).exit, 2);
 }
 
+TEST_F(CliTest, AFaultAKnownFileCoversIsReportedAsKnownAndExitsZero) {
+  const std::string corpus = (dir_ / "c").string();
+  const std::string report = (dir_ / "r.json").string();
+  const std::vector<std::string> fuzz{
+      "fuzz",      "--cases", "300",     "--seed",   "1",   "--fault", "scale-bias-grad",
+      "--workers", "0",       "--quiet", "--corpus", corpus};
+  // Without a known file the fault's findings fail the run.
+  std::vector<std::string> args = fuzz;
+  args.insert(args.end(), {"--report", report});
+  const CliRun found = run(args);
+  ASSERT_EQ(found.exit, 1) << found.err;
+  // `known accept` turns the report's clusters into entries...
+  const std::string known = (dir_ / "known.json").string();
+  const CliRun accepted = run({"known", "accept", report, "-o", known});
+  ASSERT_EQ(accepted.exit, 0) << accepted.err;
+  EXPECT_THAT(accepted.out, HasSubstr("known accept: wrote"));
+  std::ifstream in(known);
+  const auto entries = nlohmann::json::parse(in);
+  ASSERT_FALSE(entries["entries"].empty());
+  EXPECT_EQ(entries["entries"][0]["status"], "open-defect");
+  EXPECT_EQ(entries["entries"][0]["match"]["backend"], "model");
+  // ...and the same campaign with them exits 0, every finding reported as known, none shrunk.
+  args = fuzz;
+  const std::string again = (dir_ / "again.json").string();
+  args.insert(args.end(), {"--report", again, "--known", known});
+  const CliRun quiet = run(args);
+  EXPECT_EQ(quiet.exit, 0) << quiet.err;
+  std::ifstream again_in(again);
+  const auto doc = nlohmann::json::parse(again_in);
+  EXPECT_GT(doc["summary"]["failed"].get<int64_t>(), 0);
+  EXPECT_EQ(doc["summary"]["known_failed"], doc["summary"]["failed"]);
+  EXPECT_EQ(doc["summary"]["new_findings"], 0);
+  ASSERT_FALSE(doc["findings"].empty());
+  for (const auto& f : doc["findings"]) {
+    EXPECT_TRUE(f["known"].is_object()) << f.dump();
+    EXPECT_THAT(f["case_file"].get<std::string>(), HasSubstr("/findings/known/"));
+  }
+  EXPECT_EQ(doc["campaign"]["known_file"], known);
+  // --fail-on-known makes them count again.
+  args.push_back("--fail-on-known");
+  EXPECT_EQ(run(args).exit, 1);
+  // Accepting a report whose findings are all known adds nothing.
+  const CliRun twice = run({"known", "accept", again, "-o", (dir_ / "k2.json").string(), "--known", known});
+  ASSERT_EQ(twice.exit, 0) << twice.err;
+  EXPECT_THAT(twice.out, HasSubstr("(0 new from"));
+}
+
+TEST_F(CliTest, AMalformedKnownFileIsAUsageErrorNamingIt) {
+  const std::string known = write("known.json", R"({"schema_version": 1, "entries": [{"id": "x"}]})");
+  const CliRun r =
+      run({"fuzz", "--cases", "1", "--workers", "0", "--quiet", "--known", known, "--corpus", (dir_ / "c").string()});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr(known + ": /entries/0/status: missing"));
+}
+
+TEST_F(CliTest, AnUnknownFaultNamesTheBackendsFaults) {
+  const CliRun r = run({"fuzz", "--cases", "1", "--workers", "0", "--fault", "te-fp8-scale-inv-applied-twice",
+                        "--corpus", (dir_ / "c").string()});
+  EXPECT_EQ(r.exit, 2);
+  EXPECT_THAT(r.err, HasSubstr("the model backend has no fault 'te-fp8-scale-inv-applied-twice'"));
+  EXPECT_THAT(r.err, HasSubstr("half-output-scale"));
+}
+
 }  // namespace
 }  // namespace gradfuzz::tools
