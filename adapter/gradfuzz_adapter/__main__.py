@@ -89,7 +89,7 @@ class Server:
             from .exporter import export_reply
 
             case = decode_case(header, tensors)
-            return export_reply(case, header, self.backend_name), []
+            return export_reply(case, header, self.backend_name, tensors), []
         return {
             "ok": False,
             "error": f"unknown request op {op!r}; known: hello, run, export, quit",

@@ -5,7 +5,8 @@ Values travel in the export reply's JSON header, which the C++ side refuses beyo
 bytes was 358 MB, the "bad frame header length" of issue 15. So each value is written in
 the smallest exact form and the script stays under INLINE_BUDGET:
 
-- a handful of elements: a literal, `torch.tensor([0.5, -1.25], dtype=torch.float64)`;
+- up to LITERAL_ELEMENTS elements: a literal, each number in its shortest form for the
+  case dtype, `torch.tensor([0.45, -1.25], dtype=torch.bfloat16).double()`;
 - otherwise inlined: `unpack("<base64>", "bfloat16", [4, 8])`, the bytes in the case
   dtype (exact: the values are already rounded to it) compressed with zlib;
 - values that do not fit the budget (largest first) go to a data file beside the script
@@ -26,11 +27,12 @@ import torch
 from .protocol import DTYPE_NAMES, tensor_bytes
 
 INLINE_BUDGET = 4 << 20
-LITERAL_ELEMENTS = 8
+LITERAL_ELEMENTS = 64
 
 
-def _keys(case):
-    """(key, tensor, role) for every value of the case, in the request's order."""
+def _keys(case, extra=None):
+    """(key, tensor, role) for every value of the case, in the request's order, then the
+    `extra` ones ({key: tensor}: the oracle's per-element allowances)."""
     out = [("input", case.input, "input")]
     for op in case.ops:
         for j, p in enumerate(op.params):
@@ -41,6 +43,7 @@ def _keys(case):
     for k, (x, extras) in enumerate(case.call_inputs):
         out.append((f"call[{k}].input", x, "input"))
         out += [(f"call[{k}].extra_input[{j}]", e, "input") for j, e in enumerate(extras)]
+    out += [(f"allowance {key}", t, "allowance") for key, t in (extra or {}).items()]
     return [(key, t, role) for key, t, role in out if t is not None]
 
 
@@ -51,18 +54,47 @@ def _packed(t, dtype):
     return base64.b64encode(zlib.compress(tensor_bytes(t), 9)).decode("ascii")
 
 
-def _literal(t):
+def _shortest(value, dtype):
+    """The shortest decimal that rounds to `value` in `dtype` ("-0.6041604" for a float32,
+    "0.45" for a bfloat16): the literal then reads as the case's number."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return f'float("{value}")'
+    for digits in range(1, 18):
+        text = f"{value:.{digits}g}"
+        if torch.tensor(float(text), dtype=dtype).item() == value:
+            return text if any(c in text for c in ".en") else text + ".0"
+    return repr(value)
+
+
+def _nested(values, dtype):
+    if isinstance(values, list):
+        return "[" + ", ".join(_nested(v, dtype) for v in values) + "]"
+    return _shortest(values, dtype) if isinstance(values, float) else str(values)
+
+
+def _literal(t, dtype):
+    """A literal of a few elements: floats in their shortest form for the case dtype, read
+    in that dtype and widened (exact), integers as int64; a matrix one row per line."""
     values = t.detach().cpu()
-    if values.is_floating_point():
-        return f"torch.tensor({values.to(torch.float64).tolist()!r}, dtype=torch.float64)"
-    return f"torch.tensor({values.to(torch.int64).tolist()!r}, dtype=torch.int64)"
+    if not values.is_floating_point():
+        return f"torch.tensor({values.to(torch.int64).tolist()!r})"
+    rows = values.to(torch.float64).tolist()
+    text = _nested(rows, dtype)
+    if len(text) > 70 and values.dim() == 2:
+        text = "[\n" + "".join(f"    {_nested(row, dtype)},\n" for row in rows) + "]"
+    suffix = (
+        ", dtype=torch.float64)"
+        if dtype == torch.float64
+        else f", dtype=torch.{DTYPE_NAMES[dtype]}).double()"
+    )
+    return f"torch.tensor({text}{suffix}"
 
 
 class ScriptValues:
     """Decides, for every value of `case`, how the script spells it (see the module's
     docstring); expr(t) is the source of value `t`."""
 
-    def __init__(self, case, *, data_file=None, budget=None):
+    def __init__(self, case, *, data_file=None, budget=None, extra=None):
         budget = INLINE_BUDGET if budget is None else budget
         self.case = case
         self.data_file = data_file
@@ -72,14 +104,17 @@ class ScriptValues:
         self.notes = []
         self.by_id = {}
         entries = []
-        for key, t, role in _keys(case):
+        for key, t, role in _keys(case, extra):
             if id(t) in self.by_id:
                 continue
             if t.numel() <= LITERAL_ELEMENTS:
-                self.by_id[id(t)] = _literal(t)
+                exact = torch.float64 if role == "allowance" else self.dtype
+                self.by_id[id(t)] = _literal(t, exact)
                 continue
-            dtype_name = DTYPE_NAMES[self.dtype] if t.is_floating_point() else "int64"
-            text = _packed(t, self.dtype)
+            # Allowances are float64 bounds, not values rounded to the case dtype.
+            dtype = torch.float64 if role == "allowance" else self.dtype
+            dtype_name = DTYPE_NAMES[dtype] if t.is_floating_point() else "int64"
+            text = _packed(t, dtype)
             source = f'unpack("{text}", "{dtype_name}", {list(t.shape)})'
             self.by_id[id(t)] = source
             entries.append((len(source), key, t, role))
@@ -90,6 +125,8 @@ class ScriptValues:
                 break
             if not t.is_floating_point():
                 continue  # split sizes and routing maps: a row count of int64, always small
+            if role == "allowance" and data_file is None:
+                continue  # a bound cannot be drawn from a seed
             total -= size
             outside.append((key, t, role))
         if any(source.startswith("unpack(") for source in self.by_id.values()):
