@@ -112,8 +112,34 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   return gen;
 }
 
+generators::ShapeRegime next_regime(const std::map<generators::ShapeRegime, double>& shares,
+                                    const std::map<generators::ShapeRegime, double>& spent) {
+  double total = 0;
+  for (const auto& [regime, seconds] : spent) total += seconds;
+  generators::ShapeRegime best = generators::ShapeRegime::kTiny;
+  double best_deficit = -std::numeric_limits<double>::infinity();
+  for (auto regime :
+       {generators::ShapeRegime::kTiny, generators::ShapeRegime::kEdge, generators::ShapeRegime::kLarge}) {
+    auto share = shares.find(regime);
+    if (share == shares.end() || share->second <= 0) continue;
+    auto it = spent.find(regime);
+    const double deficit = share->second * total - (it == spent.end() ? 0.0 : it->second);
+    if (deficit > best_deficit) {
+      best_deficit = deficit;
+      best = regime;
+    }
+  }
+  return best;
+}
+
 harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
-                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities) {
+                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities,
+                                std::optional<generators::ShapeRegime> regime) {
+  if (regime) {
+    CampaignOptions fixed = options;
+    fixed.shapes = *regime;
+    return campaign_case(fixed, index, capabilities);
+  }
   const uint64_t seed = case_seed(options.seed, index);
   if (index % kInvalidCaseEvery == kInvalidCaseEvery - 1) {
     // Invalid configurations: every path must raise the same error and lock nothing.
@@ -261,7 +287,12 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     int64_t number = 0;  // 1-based case number (0 for a leftover)
     std::optional<std::filesystem::path> leftover;
     std::string fault;
+    std::string regime;
+    Clock::time_point handed_out;
   };
+  // A mix is scheduled by time: seconds spent per regime so far.
+  const bool mix = campaign_gen_options(options).shapes == generators::ShapeRegime::kMix;
+  std::map<generators::ShapeRegime, double> spent;
   std::map<uint64_t, Pending> pending;
   uint64_t next_id = 1;
   int64_t next_index = 0;
@@ -278,7 +309,14 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     } else {
       if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
       const int64_t global = next_index * options.shard_count + options.shard_index;
-      p.spec = campaign_case(options, global, generation);
+      if (mix) {
+        const generators::ShapeRegime regime = next_regime(options.regime_time_shares, spent);
+        p.spec = campaign_case(options, global, generation, regime);
+        p.regime = generators::shape_regime_name(regime);
+      } else {
+        p.spec = campaign_case(options, global, generation);
+        p.regime = generators::shape_regime_name(campaign_gen_options(options).shapes);
+      }
       ++next_index;
       p.number = global + 1;
       p.fault = fault_name;
@@ -287,6 +325,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     p.file = inflight.take(inflight_case_text(
         p.spec, options.seed, p.fault.empty() ? std::nullopt : std::optional<std::string>(p.fault), options.backend));
     const uint64_t id = next_id++;
+    p.handed_out = Clock::now();
     Job job{id, p.spec, p.fault};
     pending.emplace(id, std::move(p));
     try {
@@ -322,6 +361,14 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     pending.erase(done.id);
     reports::CaseRecord record;
     record.result = std::move(done.result);
+    record.regime = p.regime.empty() ? "leftover" : p.regime;
+    record.seconds = seconds_since(p.handed_out);
+    if (!p.regime.empty()) {
+      spent[generators::shape_regime_from_name(p.regime)] += record.seconds;
+      auto& [count, seconds] = outcome.regimes[p.regime];
+      ++count;
+      seconds += record.seconds;
+    }
     mark(record.result);
     ++outcome.cases_run;
     if (record.result.passed()) {
@@ -352,8 +399,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
           harness::CaseResult minimal_result = record.result;
           // A known finding is not shrunk again: its case is kept as generated.
           if (!first.is_known() && options.shrink) {
-            minimal = shrink_failure(runner, p.spec, signature, case_fault, attribute && attributable,
-                                     shrink_calls(first.kind), keep_going);
+            const auto shrink_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(options.max_shrink_seconds));
+            minimal =
+                shrink_failure(runner, p.spec, signature, case_fault, attribute && attributable,
+                               shrink_calls(first.kind), [&] { return keep_going() && Clock::now() < shrink_end; });
             if (!(minimal == p.spec)) {
               minimal_result = runner.run_now(minimal, case_fault);
               mark(minimal_result);

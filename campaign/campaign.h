@@ -45,6 +45,16 @@ struct CampaignOptions {
   /// Shape regime of the generated cases (generators/case_gen.h); nullopt: mix on CUDA,
   /// tiny on the CPU.
   std::optional<generators::ShapeRegime> shapes;
+  /// With shapes kMix: the share of the campaign's wall time each regime gets (tiny, edge,
+  /// large). Each case takes the regime furthest below its share of the time spent so far,
+  /// so slow large cases cannot eat the night: a mix keeps most of tiny's case rate while
+  /// large cases keep coming (docs/BENCHMARKS.md). The regime of a case then depends on
+  /// measured time; the case files and the case log say what ran.
+  std::map<generators::ShapeRegime, double> regime_time_shares{{generators::ShapeRegime::kTiny, 0.80},
+                                                               {generators::ShapeRegime::kEdge, 0.12},
+                                                               {generators::ShapeRegime::kLarge, 0.08}};
+  /// Seconds one shrink may take (large cases: each candidate is a large case).
+  double max_shrink_seconds = 120;
   /// Element budget of one tensor in edge and large cases.
   int64_t max_tensor_elements = int64_t{1} << 24;
   /// Fault switched on for every case and for shrinking: a model fault (ops/faults.h) or one
@@ -124,6 +134,8 @@ struct CampaignOutcome {
   double wall_s = 0;
   /// The feature weights the generator used.
   std::map<std::string, double> feature_weights;
+  /// Per shape regime: cases run and their seconds (measured from hand-out to result).
+  std::map<std::string, std::pair<int64_t, double>> regimes;
   /// The first new (not known) finding with fault_attributable set, if any.
   const CampaignFinding* first_attributable() const;
   /// Clusters that are not known.
@@ -167,9 +179,16 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
 inline constexpr int64_t kInvalidCaseEvery = 10;
 
 /// The spec of case `index`, exactly as run_campaign generates it (for `capabilities`'
-/// backend; null: the model).
+/// backend; null: the model), in `regime` when given (a mix campaign's scheduled regime),
+/// else in the options' regime.
 harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
-                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities = nullptr);
+                                const std::shared_ptr<const harness::BackendCapabilities>& capabilities = nullptr,
+                                std::optional<generators::ShapeRegime> regime = std::nullopt);
+
+/// The regime a mix campaign runs next: the one furthest below its share of the time spent
+/// (spent: seconds per regime so far); ties go to the first in tiny, edge, large order.
+generators::ShapeRegime next_regime(const std::map<generators::ShapeRegime, double>& shares,
+                                    const std::map<generators::ShapeRegime, double>& spent);
 
 /// Runs a seeded, budgeted campaign on `runner`, `leftovers` first. Each case is written to
 /// one of this process's in-flight files in <corpus>/inflight before it is handed out, so a

@@ -143,6 +143,11 @@ void JsonReporter::report_case(const CaseRecord& record) {
   kink_elements_ += record.result.kink_elements;
   cancellation_tensors_ += record.result.cancellation_tensors;
   if (record.result.failed() && !record.result.has_new_findings()) ++known_failed_;
+  if (!record.regime.empty()) {
+    auto& [count, seconds] = regimes_[record.regime];
+    ++count;
+    seconds += record.seconds;
+  }
   for (const auto& f : record.new_findings) findings_.push_back(f);
   for (const auto& key : record.clusters) ++cluster_counts_[key];
   for (const auto& [key, file] : record.example_files) cluster_examples_[key].push_back(file);
@@ -194,6 +199,13 @@ Json JsonReporter::document(const RunSummary& summary) const {
                               {"backward", counts_json({}, fused_backward_counts_)},
                               {"compared", counts_json({}, fused_compared_counts_)}}},
            {"low_precision", Json{{"kink_elements", kink_elements_}, {"cancellation_tensors", cancellation_tensors_}}}};
+  if (!regimes_.empty()) {
+    Json regimes = Json::object();
+    for (const auto& [name, cs] : regimes_) {
+      regimes[name] = Json{{"cases", cs.first}, {"seconds", cs.second}};
+    }
+    doc["summary"]["regimes"] = std::move(regimes);
+  }
   if (!kernel_counts_.empty()) {
     Json kernels = Json::object();
     for (const auto& [name, counts] : kernel_counts_) {

@@ -50,6 +50,8 @@ class JsonReporter final : public Reporter {
   int64_t cancellation_tensors_ = 0;
   /// Failing cases whose every finding matched a known issue.
   int64_t known_failed_ = 0;
+  /// Per shape regime: cases and seconds.
+  std::map<std::string, std::pair<int64_t, double>> regimes_;
   std::vector<Finding> findings_;
   /// Per cluster key: failing cases counted in it, and example case files.
   std::map<std::string, int64_t> cluster_counts_;

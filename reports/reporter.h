@@ -128,6 +128,10 @@ struct CaseRecord {
   std::vector<std::string> clusters;
   /// (cluster key, case file) of the examples of clusters saved from this case as generated.
   std::vector<std::pair<std::string, std::string>> example_files;
+  /// The case's shape regime ("tiny", "edge", "large"; empty when not generated) and its
+  /// seconds from hand-out to result.
+  std::string regime;
+  double seconds = 0;
 };
 
 /// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").
