@@ -126,8 +126,7 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
   if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
   caps.repeat_calls = j.value("repeat_calls", false);
-  // Protocol 1 adapters did not say: TE's never exposed every channel.
-  caps.exposes_all_channels = j.value("exposes_all_channels", caps.backend != "te");
+  caps.exposes_all_channels = j.value("exposes_all_channels", true);
   if (j.contains("faults")) {
     for (const auto& f : j["faults"]) {
       caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", "")});

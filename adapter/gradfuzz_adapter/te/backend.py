@@ -345,6 +345,10 @@ class TEBackend:
                 "ops": ops,
                 "fusions": self.fusions(),
                 "deviations": ["surplus_extra_inputs_ignored", "lazy_fuser_construction"],
+                # A channel's total gradient is seen only where the producer's backward group
+                # holds none of its consumers (TEBuilder.after_forward): the oracle judges te
+                # on the channels it reports.
+                "exposes_all_channels": False,
                 "recipes": te_recipes.capabilities(self.te),
                 "faults": faults.capabilities(FAULTS),
             },
