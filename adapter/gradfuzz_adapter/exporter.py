@@ -254,7 +254,10 @@ class _Writer:
                     'os.environ.setdefault("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")'
                     "  # GroupedLinear's single_grouped_*"
                 )
-        imports = sorted(set(self.picker.imports()) - {"import torch.nn.functional as F"})
+        imports = sorted(
+            set(self.picker.imports()) - {"import torch.nn.functional as F"},
+            key=lambda line: (line.startswith("from"), line),
+        )
         third = ["import pytest", "import torch"]
         if "import torch.nn.functional as F" in self.picker.imports():
             third.append("import torch.nn.functional as F")

@@ -22,6 +22,8 @@ LIBRARY_NAMES = {
     "os": "import os",
     "zlib": "import zlib",
     "F": "import torch.nn.functional as F",
+    "dataclass": "from dataclasses import dataclass",
+    "field": "from dataclasses import field",
 }
 
 

@@ -237,7 +237,7 @@ def te():
     if reason:
         pytest.skip(reason)
     te_stub.install()
-    from gradfuzz_adapter import te_backend
+    from gradfuzz_adapter.te import backend as te_backend
 
     backend = te_backend.TEBackend(device="cpu")
 
