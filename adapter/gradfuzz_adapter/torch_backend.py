@@ -14,7 +14,7 @@ import platform
 import torch
 
 from . import catalog, faults, recipes
-from .driver import Builder, run_paths
+from .driver import Builder, run_paths, torch_writer_scope
 from .errors import GradfuzzError
 from .torch_faults import FAULTS
 from .torch_runtime import BasicOp, Boundary, Sequential
@@ -93,6 +93,10 @@ class TorchBuilder(Builder):
             for name, t in fuser.channels.items()
             if t is not None and t.is_floating_point()
         ]
+
+    def writer_scope(self, seq, case, ops, tracker):
+        # driver.py: torch_writer_scope wraps each of the runtime's fusers' groups.
+        return torch_writer_scope(seq, case, tracker)
 
     def plans(self, seq, case, ops):
         out = []

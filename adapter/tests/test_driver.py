@@ -146,11 +146,28 @@ def test_no_writer_is_looked_for_when_nothing_changed(torch_backend, monkeypatch
     assert results[0]["modified"] == [] and "modified_by" not in results[0]
 
 
+class UnwatchedTorchBuilder(TorchBuilder):
+    """A builder without the writer hook (the driver's default)."""
+
+    def writer_scope(self, seq, case, ops, tracker):
+        return driver.Builder.writer_scope(self, seq, case, ops, tracker)
+
+
 def test_without_the_hook_a_changed_tensor_has_no_writer(monkeypatch):
     monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
     ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]}]
-    _, results = run(TorchBackend(), spec(ops))
+    backend = TorchBackend()
+    backend.builder = UnwatchedTorchBuilder()
+    _, results = run(backend, spec(ops))
     assert results[0]["modified"] == ["extra_input[0]"] and "modified_by" not in results[0]
+
+
+def test_the_backends_builders_name_the_writer(monkeypatch):
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]}]
+    _, results = run(TorchBackend(), spec(ops))
+    assert results[0]["modified"] == ["extra_input[0]"]
+    assert results[0]["modified_by"]["extra_input[0]"]["name"] == "AddExtraInput"
 
 
 # ----------------------------------------------------------------------------------------

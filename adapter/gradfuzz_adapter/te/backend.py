@@ -14,7 +14,7 @@ import types
 import torch
 
 from .. import faults, recipes
-from ..driver import Builder, run_paths
+from ..driver import Builder, run_paths, te_writer_scope
 from . import recipes as te_recipes
 from .classify import classify
 from .faults import FAULTS
@@ -222,6 +222,10 @@ class TEBuilder(Builder):
 
     def recorded_channel_grads(self, case):
         return self.path.channel_grads
+
+    def writer_scope(self, seq, case, ops, tracker):
+        # driver.py: te_writer_scope wraps each group of TE's fusers' plans.
+        return te_writer_scope(self.operation_fuser, case, ops, tracker)
 
     def plans(self, seq, case, ops):
         out = []
