@@ -285,7 +285,7 @@ void RemoteBackend::set_fault(const std::string& name) {
   fault_ = name;
 }
 
-std::string RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+ExportReply RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                          const std::vector<PathRequest>& paths, const ExportRequest& request) {
   std::vector<at::Tensor> out_tensors;
   json header = case_request_json(spec, plan, tensors, out_tensors);
@@ -297,8 +297,15 @@ std::string RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& p
   for (const auto& t : request.expect_tensors) wire::add_tensor(out_tensors, t);
   header["expect"] = with_tensor_offsets(request.expect, offset);
   header["case_file"] = request.case_file;
+  if (!request.data_file.empty()) header["data_file"] = request.data_file;
+  if (request.full) header["full"] = true;
   Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
-  return reply.frame.header.at("script").get<std::string>();
+  ExportReply out;
+  const json& h = reply.frame.header;
+  out.script = h.at("script").get<std::string>();
+  if (h.contains("notes") && h["notes"].is_array()) out.notes = h["notes"].get<std::vector<std::string>>();
+  if (h.contains("data_file") && h["data_file"].is_string()) out.data_file = h["data_file"].get<std::string>();
+  return out;
 }
 
 }  // namespace gradfuzz::backends

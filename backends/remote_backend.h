@@ -20,6 +20,20 @@ struct ExportRequest {
   nlohmann::json expect;
   std::vector<at::Tensor> expect_tensors;
   std::string case_file;
+  /// Where the script may keep values too large to inline (absolute path; empty: none, the
+  /// script then draws them from a seed and says so in its notes).
+  std::string data_file;
+  /// The self-contained form (the whole catalog, reference and oracle embedded).
+  bool full = false;
+};
+
+/// What the adapter answered an export with.
+struct ExportReply {
+  std::string script;
+  /// What the reader should know (values not the case's, a check left out).
+  std::vector<std::string> notes;
+  /// The values file it wrote, empty when every value is in the script.
+  std::string data_file;
 };
 
 /// A backend implemented by the Python adapter (`adapter/`, docs/BACKENDS.md), run as a child
@@ -42,7 +56,7 @@ class RemoteBackend final : public Backend {
   /// Throws std::invalid_argument for a name the adapter does not list.
   void set_fault(const std::string& name) override;
 
-  std::string export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+  ExportReply export_script(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                             const std::vector<PathRequest>& paths, const ExportRequest& request);
 
   /// Process id of the running adapter, or -1 (tests kill it to provoke a crash).

@@ -109,6 +109,7 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
                                                                   : generators::ShapeRegime::kTiny));
   gen.set_max_tensor_elements(options.max_tensor_elements);
   gen.set_feature_weights(campaign_feature_weights(options, options.backend));
+  gen.set_recipe(options.recipe);
   return gen;
 }
 

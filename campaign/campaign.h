@@ -66,6 +66,8 @@ struct CampaignOptions {
   /// Case feature -> share of cases that may draw it (generators/case_gen.h); merged with
   /// the known issues' weights (the smaller wins).
   std::map<std::string, double> feature_weights;
+  /// generators::GenOptions::recipe: "any", "none" or a recipe's name.
+  std::string recipe = "any";
   std::filesystem::path corpus_dir = kDefaultCorpusDir;
   /// Stop after the first finding (selftest); with require_fault_attributable, after the
   /// first finding the fault is responsible for.

@@ -55,6 +55,9 @@
 // - main input requires grad with chance 3/4; fusions: all allowed ones (1/5); each
 //   independently with chance 1/2 (1/5); only the fusions of one pass (joint 1/5, forward
 //   2/5, backward 2/5) (3/5). dtype uniform over options; seed uniform u64.
+// - a recipe (backends with available ones, drawn before the shapes) with chance 1/2: uniform
+//   over the available recipes, their formats and option values; GEMM dimensions then
+//   multiples of 16 (tiny: rows 16 or 32, features 16..64);
 // - steering (GenOptions::feature_weights, drawn first when given): a case may draw
 //   generator styles, call-then-bind steps or in_place=1 only with its feature's weight;
 // - with chance 1/4, one or two repeat calls (where the backend runs them): no_grad with
@@ -109,6 +112,9 @@ struct Draft {
   bool allow_generator = true;
   bool allow_call_then_bind = true;
   bool allow_in_place = true;
+  /// The case runs under an FP8 recipe: its GEMM dimensions are drawn as multiples of 16
+  /// (te.autocast's documented requirement for a Linear's input).
+  bool quantized = false;
 
   int64_t features() const { return shape[1]; }
   int64_t rows() const { return shape[0]; }
@@ -129,14 +135,21 @@ struct Draft {
 /// A feature count for the draft's regime (tiny: as the distribution notes say).
 int64_t draw_dim(const Draft& d, bool rows) {
   switch (d.regime) {
-    case ShapeRegime::kEdge:
-      return pick_of(kEdgeDims);
+    case ShapeRegime::kEdge: {
+      if (!d.quantized) return pick_of(kEdgeDims);
+      std::vector<int64_t> aligned;
+      for (int64_t v : kEdgeDims) {
+        if (v % 16 == 0) aligned.push_back(v);
+      }
+      return pick_of(aligned);
+    }
     case ShapeRegime::kLarge: {
       // Mostly multiples of 64 (what models use), sometimes one off (the kernels' tails).
       const int64_t v = rows ? pick(16, 512) * 64 : pick(16, 256) * 64;
-      return v + pick_of<int64_t>({0, 0, 0, 0, 1, -1});
+      return v + (d.quantized ? 0 : pick_of<int64_t>({0, 0, 0, 0, 1, -1}));
     }
     default:
+      if (d.quantized) return 16 * (rows ? pick(1, 2) : pick(1, 4));
       return rows ? pick(1, 8) : (chance(3, 4) ? pick_of<int64_t>({2, 4, 6, 8}) : pick_of<int64_t>({3, 5, 7}));
   }
 }
@@ -537,6 +550,27 @@ CaseSpec draw_case(const GenOptions& options) {
     if (feature == "in_place") d.allow_in_place = allowed;
   }
   d.max_tensor_elements = std::max<int64_t>(options.max_tensor_elements, 64);
+  // A recipe first, where the backend offers any (other backends draw exactly as before):
+  // every path then runs under it (harness::RecipeSpec), drawn uniformly with its format and
+  // each documented option uniformly over the backend's values.
+  std::optional<harness::RecipeSpec> recipe;
+  if (d.caps && options.recipe != "none") {
+    std::vector<const harness::RecipeCapability*> recipes;
+    for (const auto* r : d.caps->available_recipes()) {
+      if (options.recipe == "any" || r->name == options.recipe) recipes.push_back(r);
+    }
+    if (!recipes.empty() && (options.recipe != "any" || chance(1, 2))) {
+      const harness::RecipeCapability& r = *pick_of(recipes);
+      harness::RecipeSpec spec_recipe;
+      spec_recipe.name = r.name;
+      if (!r.fp8_formats.empty()) spec_recipe.fp8_format = pick_of(r.fp8_formats);
+      for (const auto& [option, values] : r.options) {
+        if (!values.empty()) spec_recipe.options[option] = pick_of(values);
+      }
+      recipe = std::move(spec_recipe);
+      d.quantized = true;
+    }
+  }
   d.regime = options.shapes;
   if (d.regime == ShapeRegime::kMix) {
     const int64_t r = pick(0, 9);
@@ -550,6 +584,7 @@ CaseSpec draw_case(const GenOptions& options) {
   }
   CaseSpec spec;
   spec.input_shape = d.shape;
+  spec.recipe = std::move(recipe);
 
   // The largest of three uniform draws: most cases have room for two motifs (a fusion needs
   // its whole pattern), and small cases stay common enough.

@@ -48,6 +48,9 @@ struct GenOptions {
   /// ("generator_outputs", "call_then_bind", "in_place"); a case not allowed one draws none
   /// of it. Features not listed, and an empty map, draw as the distribution notes say.
   std::map<std::string, double> feature_weights;
+  /// Quantization recipes (backends whose capabilities list available ones): "any" (the
+  /// default) draws one in half the cases, "none" never, a recipe's name in every case.
+  std::string recipe = "any";
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -76,6 +79,10 @@ struct GenOptions {
   }
   GenOptions& set_max_tensor_elements(int64_t v) {
     max_tensor_elements = v;
+    return *this;
+  }
+  GenOptions& set_recipe(std::string v) {
+    recipe = std::move(v);
     return *this;
   }
   GenOptions& set_feature_weights(std::map<std::string, double> v) {

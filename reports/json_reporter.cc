@@ -175,7 +175,8 @@ Json JsonReporter::document(const RunSummary& summary) const {
                          {"shard", c.campaign.shard.empty() ? Json(nullptr) : Json(c.campaign.shard)},
                          {"shapes", c.campaign.shapes.empty() ? Json(nullptr) : Json(c.campaign.shapes)},
                          {"known_file", c.campaign.known_file.empty() ? Json(nullptr) : Json(c.campaign.known_file)},
-                         {"feature_weights", c.campaign.feature_weights}};
+                         {"feature_weights", c.campaign.feature_weights},
+                         {"recipe", c.campaign.recipe.empty() ? Json(nullptr) : Json(c.campaign.recipe)}};
   // A run that finished in no measurable time reports 0 cases/s rather than infinity.
   double cases_per_s = summary.wall_s > 0 ? static_cast<double>(cases_run_) / summary.wall_s : 0.0;
   int64_t known_clusters = 0;

@@ -58,6 +58,8 @@ struct CampaignInfo {
   /// features the generator drew at reduced weight because of it (feature -> weight).
   std::string known_file;
   std::map<std::string, double> feature_weights;
+  /// --recipe: "any", "none" or a recipe's name (empty for replay).
+  std::string recipe;
 };
 
 /// Names listed in `coverage` even when their count is zero.

@@ -414,6 +414,16 @@ class CaseRun {
       result_.notes = "the " + backend_.name() + " backend does not run repeat_calls";
       return std::move(result_);
     }
+    if (spec_.recipe) {
+      const auto recipes = backend_.capabilities().available_recipes();
+      const bool runs = std::any_of(recipes.begin(), recipes.end(),
+                                    [&](const harness::RecipeCapability* r) { return r->name == spec_.recipe->name; });
+      if (!runs) {
+        result_.verdict = VerdictKind::kUnsupported;
+        result_.notes = "the " + backend_.name() + " backend runs no " + spec_.recipe->name + " recipe here";
+        return std::move(result_);
+      }
+    }
     if (!run_paths()) return finish();
     for (const PathRun* run : active_) {
       if (run->status == PathStatus::kUnsupported) {

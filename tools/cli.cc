@@ -118,6 +118,8 @@ struct Flags {
   std::string max_shrink_calls_text;
   std::string known;
   bool fail_on_known = false;
+  bool full_export = false;
+  std::string recipe = "any";
 };
 
 /// A whole number in [min, max] typed as plain decimal digits; InputError naming the option
@@ -323,6 +325,18 @@ std::vector<std::string> parse_fault_list(const std::string& list, const harness
   return faults;
 }
 
+/// Checks --recipe against what the backend runs.
+void check_recipe(const std::string& recipe, const harness::BackendCapabilities& caps) {
+  if (recipe == "any" || recipe == "none") return;
+  std::string available;
+  for (const auto* r : caps.available_recipes()) {
+    if (r->name == recipe) return;
+    available += (available.empty() ? "" : ", ") + r->name;
+  }
+  throw InputError("--recipe " + recipe + ": the " + caps.backend + " backend runs " +
+                   (available.empty() ? "no recipe here" : available) + " (or any, none)");
+}
+
 /// The known-issues file of --known (null without one).
 std::shared_ptr<const campaign::KnownIssues> load_known(const Flags& f) {
   if (f.known.empty()) return nullptr;
@@ -433,6 +447,7 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   // Checked against the backend's faults once it runs (check_fault).
   if (!f.fault.empty()) o.fault = f.fault;
   o.known = load_known(f);
+  o.recipe = f.recipe;
   if (sub.get_option_no_throw("--corpus") && sub.count("--corpus")) {
     if (f.corpus.empty()) throw InputError("--corpus: expected a directory, got an empty name");
     o.corpus_dir = f.corpus;
@@ -485,6 +500,7 @@ reports::CampaignInfo campaign_info(const std::string& command, const CampaignOp
   info.shapes = generators::shape_regime_name(campaign_gen_options(o).shapes);
   if (o.known) info.known_file = o.known->path.string();
   info.feature_weights = campaign::campaign_feature_weights(o, o.backend);
+  info.recipe = o.recipe;
   return info;
 }
 
@@ -519,6 +535,7 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
   std::unique_ptr<CaseRunner> runner = make_runner(f, options.run_options);
   fit_to_backend(options, runner->capabilities(), sub.count("--dtypes") > 0);
   options.fault = check_fault(f.fault, runner->capabilities());
+  check_recipe(options.recipe, runner->capabilities());
   // Cases in flight when an earlier run on this corpus ended abruptly run first.
   std::vector<std::string> problems;
   std::vector<LeftoverCase> leftovers = find_leftover_cases(options.corpus_dir, problems);
@@ -646,6 +663,7 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   std::unique_ptr<CaseRunner> runner = make_runner(flags, options.campaign.run_options);
   fit_to_backend(options.campaign, runner->capabilities(), sub.count("--dtypes") > 0);
   options.faults = parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0);
+  check_recipe(options.campaign.recipe, runner->capabilities());
   info.dtypes = options.campaign.dtypes;
   info.workers = f.workers;
   reporters.context(backend_context(info, options.campaign.device, runner->capabilities()));
@@ -787,6 +805,10 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
                  "per case against elements per case)");
   sub.add_option("--max-tensor-elements", f.max_tensor_elements, "element budget of one tensor in edge/large cases")
       ->default_str("16777216");
+  sub.add_option(
+         "--recipe", f.recipe,
+         "FP8 recipes where the backend has them: any (half the cases), none, or one recipe's name (every case)")
+      ->default_str("any");
 }
 
 void add_known_flags(CLI::App& sub, Flags& f) {
@@ -819,7 +841,7 @@ int cmd_worker(const Flags& f) {
   return run_worker(backend, run_options);
 }
 
-int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
+int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
   if (!f.python_format) throw InputError("export: choose a format: --python (a pytest file)");
   const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
   const LoadedCase& c = cases.front();
@@ -828,11 +850,6 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
     throw InputError("--backend: export writes te or torch scripts, got '" + target + "'");
   }
   const harness::CaseSpec& spec = c.file.spec;
-  if (!spec.repeat_calls.empty()) {
-    // The scripts make the one call te and torch run; repeat calls run on the model only.
-    throw InputError(c.path.string() + ": /repeat_calls: a case with repeat calls cannot be exported (the " + target +
-                     " backend does not run them)");
-  }
   runner::PreparedCase prepared;
   try {
     prepared = runner::prepare_case(spec);
@@ -842,6 +859,11 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
   backends::ExportRequest request;
   request.backend = target;
   request.case_file = c.path.string();
+  request.full = f.full_export;
+  if (!f.output.empty() && f.output != "-") {
+    // Values too large to inline go beside the script.
+    request.data_file = std::filesystem::absolute(f.output).string() + ".values.pt";
+  }
   request.expect = {{"kind", "pass"}};
   if (const auto kind = runner::reference_error_kind(spec)) request.expect = {{"kind", "error"}, {"error_kind", *kind}};
   const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
@@ -874,21 +896,22 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out) {
   adapter.backend = "torch";
   backends::RemoteBackend backend(backend_options(adapter));
   std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
-  std::string script;
+  backends::ExportReply reply;
   try {
-    script = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);
+    reply = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);
   } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("export: ") + e.what());
   }
   if (f.output.empty() || f.output == "-") {
-    out << script;
+    out << reply.script;
   } else {
-    ReportFile(f.output).write_raw(script);
+    ReportFile(f.output).write_raw(reply.script);
     out << "wrote " << f.output << " (" << target << ", "
         << (request.expect.at("kind") == "error" ? "expects " + request.expect.at("error_kind").get<std::string>()
                                                  : std::string("expects a pass"))
-        << ")\n";
+        << (reply.data_file.empty() ? "" : ", values in " + reply.data_file) << ")\n";
   }
+  for (const auto& note : reply.notes) err << "export: note: " << note << '\n';
   return static_cast<int>(ExitCode::kOk);
 }
 
@@ -946,6 +969,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   exporter->add_flag("--python", f.python_format, "a pytest file (te.ops or PyTorch build, values, float64 reference)");
   exporter->add_option("case", f.paths, "the case file")->required()->expected(1);
   exporter->add_option("--output,-o", f.output, "write the script here (default: stdout)");
+  exporter->add_flag("--full", f.full_export,
+                     "the self-contained form (whole catalog, reference and oracle) instead of the compact test");
   add_backend_flags(*exporter, f, /*with_workers=*/false);
 
   CLI::App* worker = app.add_subcommand("worker", "");  // internal: a campaign's worker process
@@ -977,7 +1002,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (replay->parsed()) return cmd_replay(f, *replay, out, err);
     if (selftest->parsed()) return cmd_selftest(f, *selftest, out, err, terminal);
     if (list->parsed()) return cmd_list(f, out);
-    if (exporter->parsed()) return cmd_export(f, *exporter, out);
+    if (exporter->parsed()) return cmd_export(f, *exporter, out, err);
     if (worker->parsed()) return cmd_worker(f);
     if (bench->parsed()) return cmd_bench(f, *bench, out);
     if (report.parsed()) return report.run(out);

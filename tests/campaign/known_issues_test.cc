@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "campaign/clusters.h"
@@ -157,6 +158,41 @@ TEST(ClusterTable, KeysSeparateFindingsTheFaultIsNotResponsibleFor) {
   EXPECT_EQ(table.find(sig)->cases, 1);
   EXPECT_EQ(table.find(ClusterTable::key(sig, false)), nullptr);
   EXPECT_THROW(table.add({sig, sig, VerdictKind::kMismatch, true, ""}), std::logic_error);
+}
+
+TEST(KnownIssues, TheShippedTeFileCoversTheThreeKnownCausesAndNothingElse) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  const KnownIssues known = load_known_issues(std::string(root ? root : ".") + "/known/te-2.20.2.json");
+  // The findings as the te adapter reports those causes (te/classify.py kinds, phases).
+  Finding generator;
+  generator.kind = VerdictKind::kUnexpectedError;
+  generator.error_kind = "generator-misuse";
+  generator.message = "TypeError: object of type 'generator' has no len()";
+  Finding locked = locked_error();
+  Finding left_locked;
+  left_locked.kind = VerdictKind::kUnexpectedError;
+  left_locked.role = "left_locked";
+  Finding in_place = in_place_write();
+  for (const Finding& f : {generator, locked, left_locked, in_place}) {
+    EXPECT_NE(known.match(f, "te", "2.20.2"), nullptr) << f.signature << " " << f.role;
+    EXPECT_EQ(known.match(f, "te", "2.21.0") != nullptr, f.kind == VerdictKind::kModifiedInput)
+        << "only the documented in-place behaviour is version-independent";
+  }
+  // A wrong value in a fused kernel, a dropped gradient, a modified tensor without in_place:
+  // new, whatever the op set they appear in.
+  Finding value;
+  value.kind = VerdictKind::kMismatch;
+  value.op = "ForwardLinearBiasAdd";
+  value.role = "output";
+  Finding dropped;
+  dropped.kind = VerdictKind::kMissingGradient;
+  dropped.role = "grad_channel";
+  Finding written = in_place_write();
+  written.option = "";
+  for (const Finding& f : {value, dropped, written}) EXPECT_EQ(known.match(f, "te", "2.20.2"), nullptr) << f.role;
+  // Steering: the two features whose every case fails for a known reason.
+  EXPECT_EQ(known.feature_weights("te"),
+            (std::map<std::string, double>{{"call_then_bind", 0.05}, {"generator_outputs", 0.05}}));
 }
 
 }  // namespace
