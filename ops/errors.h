@@ -56,6 +56,8 @@ GRADFUZZ_DECLARE_ERROR(InvalidArgumentError, "invalid-argument");
 GRADFUZZ_DECLARE_ERROR(GeneratorMisuseError, "generator-misuse");
 /// Unknown op, fusion or fault name, or bad options for a known one.
 GRADFUZZ_DECLARE_ERROR(UnknownNameError, "unknown-name");
+/// A known quantization recipe the reference does not emulate (MXFP8BlockScaling, NVFP4BlockScaling).
+GRADFUZZ_DECLARE_ERROR(UnsupportedRecipeError, "unsupported-recipe");
 
 }  // namespace ops
 

@@ -67,6 +67,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
   }
   channel_values_.clear();
   ProbeScope probe_scope(probe_);
+  ReferenceQuantizationScope quantization_scope(quantization_);
   std::vector<at::Tensor> public_outputs;
   at::Tensor x = input_;
   size_t next_extra = 0;
@@ -78,6 +79,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
   for (const Module& module : sequential_.modules()) {
     ++module_index;
     if (probe_) probe_->set_current_op(module_index);
+    if (quantization_) quantization_->set_current_op(module_index);
     if (const auto* plain = std::get_if<std::shared_ptr<FunctionModule>>(&module)) {
       x = (**plain)(x);
       in_run = false;
@@ -120,6 +122,10 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
   }
   outputs_ = {x};
   outputs_.insert(outputs_.end(), public_outputs.begin(), public_outputs.end());
+  // DelayedScaling's forward update: at the exit of TE's autocast, only under grad mode.
+  if (quantization_) {
+    quantization_->after_forward(at::GradMode::is_enabled() ? ForwardGrad::kEnabled : ForwardGrad::kDisabled);
+  }
   return outputs_;
 }
 
@@ -157,9 +163,12 @@ ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& c
   }
   std::vector<at::Tensor> grads(wrt.size());
   if (!outputs.empty() && !wrt.empty()) {
+    ReferenceQuantizationScope quantization_scope(quantization_);
     grads = torch::autograd::grad(outputs, wrt, grad_outputs, /*retain_graph=*/true, /*create_graph=*/false,
                                   /*allow_unused=*/true);
   }
+  // DelayedScaling's backward update, after the whole backward (fuser.py: is_first_module).
+  if (quantization_) quantization_->after_backward();
   auto pick = [&](int64_t pos) -> at::Tensor {
     if (pos < 0) return at::Tensor();
     const at::Tensor& g = grads[pos];

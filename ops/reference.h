@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/quantization.h"
 #include "ops/sequential.h"
 
 namespace gradfuzz::ops {
@@ -57,7 +58,9 @@ KinkProbe* kink_probe();
 
 /// Plain-autograd evaluator over the same ops and wiring as a Sequential (runtime.md
 /// section 10): each op's reference implementation on float64 copies of its parameters,
-/// channels wired by name, no fuser and no custom autograd function.
+/// channels wired by name, no fuser and no custom autograd function. Under an FP8 recipe
+/// (set_quantization) the quantized ops add gradient hooks that quantize-dequantize their
+/// incoming gradient (ops/quantization.h), still plain autograd.
 class ReferenceEvaluator {
  public:
   /// Validates wiring with the same rules and errors as the fuser; copies parameters (their
@@ -79,6 +82,11 @@ class ReferenceEvaluator {
 
   /// Records kinks into `probe` (and applies its flips) in the next forward; nullptr: none.
   void set_kink_probe(KinkProbe* probe) { probe_ = probe; }
+  /// Quantizes as `quantization` says in the next forwards and backwards (held, not owned;
+  /// it must outlive them): the module index is set before each op's reference call, and
+  /// after_forward (with the grad mode the forward ran in) and after_backward are called at
+  /// the end of each. nullptr: no recipe (cache_quantized_input still quantizes, unjittered).
+  void set_quantization(ReferenceQuantization* quantization) { quantization_ = quantization; }
 
   /// Per fuser, channel name -> value (after forward).
   const std::vector<std::map<std::string, at::Tensor>>& channel_values() const { return channel_values_; }
@@ -93,6 +101,7 @@ class ReferenceEvaluator {
   std::vector<at::Tensor> outputs_;
   std::vector<std::map<std::string, at::Tensor>> channel_values_;
   KinkProbe* probe_ = nullptr;
+  ReferenceQuantization* quantization_ = nullptr;
 };
 
 }  // namespace gradfuzz::ops

@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
+#include "ops/quantization.h"
 #include "ops/reference.h"
 
 namespace gradfuzz::ops {
@@ -146,6 +148,35 @@ at::Tensor swiglu_backward(const at::Tensor& x, const at::Tensor& grad_output, i
   return glu_merge(grad_a, grad_b, interleave).to(grad_output.scalar_type());
 }
 
+at::Tensor cached_input(const at::Tensor& x) {
+  // The model's own FP8 rounding, written apart from the reference's (ops/quantization.cc
+  // casts with LibTorch's float8 dtype): the E4M3 grid by hand, 3 mantissa bits, exponents
+  // from -6 (subnormals share 2^-6's spacing 2^-9) to 8 (448 = 14·2^5).
+  constexpr float kE4M3Max = 448.0F;
+  const at::Tensor xf = x.to(at::kFloat);
+  at::Tensor magnitude = xf.abs();
+  magnitude = at::where(at::isnan(magnitude), at::zeros_like(magnitude), magnitude);  // TE's fmaxf skips NaN
+  const float amax = x.numel() == 0 ? 0.0F : magnitude.max().item<float>();
+  float scale = 1.0F;
+  if (amax > 0.0F && std::isfinite(amax)) {
+    scale = kE4M3Max / amax;
+    if (std::isinf(scale)) {
+      // TE's value_for_inf: the input type's largest finite value
+      scale = x.scalar_type() == at::kBFloat16 ? static_cast<float>(std::numeric_limits<c10::BFloat16>::max())
+              : x.scalar_type() == at::kHalf   ? static_cast<float>(std::numeric_limits<c10::Half>::max())
+                                               : std::numeric_limits<float>::max();
+    }
+  }
+  const float scale_inv = 1.0F / scale;
+  const at::Tensor scaled = at::clamp(xf * scale, -kE4M3Max, kE4M3Max);
+  // scaled = m·2^e with |m| in [0.5, 1): its binade starts at 2^(e-1), spacing 2^(e-1-3).
+  const at::Tensor binade = at::clamp_min(std::get<1>(at::frexp(scaled)) - 1, -6).to(at::kFloat);
+  const at::Tensor spacing = at::exp2(binade - 3.0);
+  const at::Tensor q = at::round(scaled / spacing) * spacing;  // round half to even; exact steps
+  if (x.scalar_type() == at::kDouble) return q.to(at::kDouble) * static_cast<double>(scale_inv);
+  return (q * scale_inv).to(x.scalar_type());
+}
+
 }  // namespace activation_math
 
 namespace {
@@ -184,10 +215,11 @@ void check_2d(const std::string& op, const at::Tensor& x) {
 // ---------------------------------------------------------------------------------------
 // Activation (ReLU, GELU, SReLU)
 
-Activation::Activation(ActivationKind kind) : BasicOp(activation_name(kind)), kind_(kind) {}
+Activation::Activation(ActivationKind kind, InputCache cache)
+    : BasicOp(activation_name(kind)), kind_(kind), cache_(cache) {}
 
-void Activation::save_context(OpContext& ctx, const at::Tensor& input) {
-  ctx.saved = {input};
+void Activation::save_context(OpContext& ctx, const at::Tensor& input) const {
+  ctx.saved = {cache_ == InputCache::kQuantized ? activation_math::cached_input(input) : input};
   ctx.saved_sizes.clear();
 }
 
@@ -205,34 +237,39 @@ BackwardResult Activation::backward_impl(OpContext& ctx, const at::Tensor& grad_
 
 ReferenceResult Activation::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                            const std::vector<at::Tensor>& /*params*/) const {
-  switch (kind_) {
-    case ActivationKind::kReLU: {
-      // The kink at 0: where the probe flips an element, the other branch (the identity for
-      // x <= 0, zero for x > 0), whose value differs from relu(x) by |x| and slope by 1.
-      const at::Tensor flip = kink_probe() ? kink_probe()->record(input) : at::Tensor();
-      if (!flip.defined()) return {at::relu(input), {}};
-      const at::Tensor take = at::logical_xor(input > 0, flip);
-      return {at::where(take, input, at::zeros_like(input)), {}};
+  // The kink at 0: where the probe flips an element, ReLU takes the other branch (the
+  // identity for x <= 0, zero for x > 0), whose value differs from relu(x) by |x| and slope
+  // by 1. Recorded once per op, whether or not the input is cached quantized.
+  const at::Tensor flip = kind_ == ActivationKind::kReLU && kink_probe() ? kink_probe()->record(input) : at::Tensor();
+  auto act = [&](const at::Tensor& x) -> at::Tensor {
+    switch (kind_) {
+      case ActivationKind::kReLU: {
+        if (!flip.defined()) return at::relu(x);
+        return at::where(at::logical_xor(x > 0, flip), x, at::zeros_like(x));
+      }
+      case ActivationKind::kGELU:
+        return at::gelu(x, "tanh");
+      case ActivationKind::kSReLU:
+        return at::pow(at::relu(x), 2);
     }
-    case ActivationKind::kGELU:
-      return {at::gelu(input, "tanh"), {}};
-    case ActivationKind::kSReLU:
-      return {at::pow(at::relu(input), 2), {}};
-  }
-  GRADFUZZ_INTERNAL_ASSERT(false, "unknown activation kind");
+    GRADFUZZ_INTERNAL_ASSERT(false, "unknown activation kind");
+  };
+  if (cache_ == InputCache::kHighPrecision) return {act(input), {}};
+  // cache_quantized_input: value act(x), gradient act'(dq(Q(x))) (E4M3 current scaling)
+  return {value_with_gradient_of(act(input), act(reference_cached_input(input))), {}};
 }
 
 // ---------------------------------------------------------------------------------------
 // SwiGLU
 
-SwiGLU::SwiGLU(int64_t interleave) : BasicOp("SwiGLU"), interleave_(interleave) {
+SwiGLU::SwiGLU(int64_t interleave, InputCache cache) : BasicOp("SwiGLU"), interleave_(interleave), cache_(cache) {
   check_interleave(type(), interleave_);
 }
 
 ForwardResult SwiGLU::forward_impl(OpContext& ctx, const at::Tensor& input,
                                    const std::vector<at::Tensor>& /*extra_inputs*/) const {
   activation_math::check_glu_features(type(), input.size(-1), interleave_);
-  ctx.saved = {input};
+  ctx.saved = {cache_ == InputCache::kQuantized ? activation_math::cached_input(input) : input};
   ctx.saved_sizes.clear();
   return {activation_math::swiglu_forward(input, interleave_), pack({})};
 }
@@ -246,8 +283,13 @@ BackwardResult SwiGLU::backward_impl(OpContext& ctx, const at::Tensor& grad_outp
 ReferenceResult SwiGLU::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                        const std::vector<at::Tensor>& /*params*/) const {
   activation_math::check_glu_features(type(), input.size(-1), interleave_);
-  auto [a, b] = reference_glu_halves(input, interleave_);
-  return {at::silu(a) * b, {}};
+  auto swiglu = [&](const at::Tensor& x) {
+    auto [a, b] = reference_glu_halves(x, interleave_);
+    return at::silu(a) * b;
+  };
+  if (cache_ == InputCache::kHighPrecision) return {swiglu(input), {}};
+  // cache_quantized_input: both halves of the gradient from dq(Q(x)) (the whole input quantized)
+  return {value_with_gradient_of(swiglu(input), swiglu(reference_cached_input(input))), {}};
 }
 
 // ---------------------------------------------------------------------------------------

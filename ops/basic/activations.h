@@ -14,6 +14,12 @@ namespace gradfuzz::ops {
 /// The elementwise activations (fused ops dispatch on this).
 enum class ActivationKind { kReLU, kGELU, kSReLU };
 
+/// What an activation keeps of its input for backward: the input itself, or (TE's
+/// cache_quantized_input=1) its FP8 E4M3 current-scaling quantize-dequantize, so the backward
+/// evaluates the derivative at dq(Q(x)) while the forward used x (activation.py, swiglu.py:
+/// op_forward), with or without a recipe.
+enum class InputCache { kHighPrecision, kQuantized };
+
 /// Catalog name of an activation ("ReLU", "GELU", "SReLU").
 const char* activation_name(ActivationKind kind);
 
@@ -37,60 +43,73 @@ at::Tensor swiglu_forward(const at::Tensor& x, int64_t interleave);
 at::Tensor swiglu_backward(const at::Tensor& x, const at::Tensor& grad_output, int64_t interleave);
 /// Throws InvalidArgumentError unless features is even and, for k > 0, (2k) divides it.
 void check_glu_features(const std::string& op, int64_t features, int64_t interleave);
+/// What cache_quantized_input saves: x quantized to FP8 E4M3 with one current scale for the
+/// whole tensor (448 / amax in fp32, 1 for an amax of 0 or inf, the fp32 product saturated and
+/// rounded to nearest even on the E4M3 grid) and dequantized with the fp32 reciprocal scale,
+/// in x's dtype (the product in float64 for float64 x, else in float32). Same shape as x.
+at::Tensor cached_input(const at::Tensor& x);
 
 }  // namespace activation_math
 
-/// Elementwise ReLU / GELU (tanh form) / SReLU (relu(x)²).
+/// Elementwise ReLU / GELU (tanh form) / SReLU (relu(x)²); with InputCache::kQuantized the
+/// backward's derivative is taken at activation_math::cached_input(x).
 ///
-/// ctx layout: saved = {input}; saved_sizes = {}. Backward: dx = g·act'(x).
+/// ctx layout: saved = {input, or cached_input(input) with kQuantized}; saved_sizes = {}.
+/// Backward: dx = g·act'(saved).
 class Activation : public BasicOp {
  public:
-  explicit Activation(ActivationKind kind);
+  explicit Activation(ActivationKind kind, InputCache cache = InputCache::kHighPrecision);
   ActivationKind kind() const { return kind_; }
-  /// Fills ctx exactly as forward_impl does (for forward-only fused ops).
-  static void save_context(OpContext& ctx, const at::Tensor& input);
+  InputCache input_cache() const { return cache_; }
+  /// Fills ctx exactly as forward_impl does (for forward-only fused ops), the input cached as
+  /// this op caches it.
+  void save_context(OpContext& ctx, const at::Tensor& input) const;
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   ActivationKind kind_;
+  InputCache cache_;
 };
 
 /// `y = relu(x)`.
 class ReLU final : public Activation {
  public:
-  ReLU() : Activation(ActivationKind::kReLU) {}
+  explicit ReLU(InputCache cache = InputCache::kHighPrecision) : Activation(ActivationKind::kReLU, cache) {}
 };
 
 /// `y = gelu_tanh(x)` = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 class GELU final : public Activation {
  public:
-  GELU() : Activation(ActivationKind::kGELU) {}
+  explicit GELU(InputCache cache = InputCache::kHighPrecision) : Activation(ActivationKind::kGELU, cache) {}
 };
 
 /// `y = relu(x)²`.
 class SReLU final : public Activation {
  public:
-  SReLU() : Activation(ActivationKind::kSReLU) {}
+  explicit SReLU(InputCache cache = InputCache::kHighPrecision) : Activation(ActivationKind::kSReLU, cache) {}
 };
 
 /// `y = silu(a)·b` with a, b the halves of x [rows, 2n] -> y [rows, n]; with interleave
 /// k > 0 the features alternate k-wide a and b blocks (TE's `glu_interleave_size`), as in
 /// ScaledSwiGLU. Constructor throws InvalidArgumentError for k < 0; forward throws on an odd
-/// feature count or one that 2k does not divide.
+/// feature count or one that 2k does not divide. With InputCache::kQuantized both halves of
+/// the backward come from activation_math::cached_input(x) (quantized before deinterleaving).
 ///
-/// ctx layout: saved = {input [rows, 2n]}; saved_sizes = {}.
+/// ctx layout: saved = {input [rows, 2n], or cached_input(input) with kQuantized}; saved_sizes = {}.
 class SwiGLU final : public BasicOp {
  public:
-  explicit SwiGLU(int64_t interleave = 0);
+  explicit SwiGLU(int64_t interleave = 0, InputCache cache = InputCache::kHighPrecision);
   int64_t interleave() const { return interleave_; }
+  InputCache input_cache() const { return cache_; }
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();
 
  private:
   int64_t interleave_;
+  InputCache cache_;
 };
 
 /// `y = silu(a)·b·s[r]`; extra input slot 0 = scales [rows]. With interleave k > 0 the

@@ -204,44 +204,48 @@ void register_catalog_ops(OpRegistry& registry) {
   const std::pair<const char*, ActivationKind> elementwise[] = {
       {"ReLU", ActivationKind::kReLU}, {"GELU", ActivationKind::kGELU}, {"SReLU", ActivationKind::kSReLU}};
   const char* elementwise_summary[] = {"y = relu(x)", "y = gelu(x), tanh form", "y = relu(x)^2"};
-  const NeutralOptions activation_neutral{{"cache_quantized_input"}, {}};
+  // TE's cache_quantized_input (activation.py, swiglu.py): the input kept for backward as FP8.
+  const std::string cache_note =
+      "; cache_quantized_input=1: backward at the input's FP8 E4M3 quantize-dequantize (current scaling)";
+  auto input_cache = [](const std::string& op, const OpAttrs& a) {
+    return bool_attr(op, a, "cache_quantized_input", 0) ? InputCache::kQuantized : InputCache::kHighPrecision;
+  };
   for (size_t i = 0; i < 3; ++i) {
     const std::string name = elementwise[i].first;
     const ActivationKind kind = elementwise[i].second;
     add_op(
-        registry, name, with_neutral_note(elementwise_summary[i], activation_neutral),
-        with_neutral({}, activation_neutral),
-        [name, activation_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
+        registry, name, elementwise_summary[i] + cache_note, {{"cache_quantized_input", 0}},
+        [name, input_cache](const OpAttrs& a, const std::vector<int64_t>& shape) {
           auto [rows, features] = rows_features(name, shape);
-          check_neutral(name, a, activation_neutral);
+          input_cache(name, a);
           return same_shape(rows, features);
         },
-        [kind](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
+        [name, kind, input_cache](const OpAttrs& a, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
+          const InputCache cache = input_cache(name, a);
           switch (kind) {
             case ActivationKind::kReLU:
-              return std::make_shared<ReLU>();
+              return std::make_shared<ReLU>(cache);
             case ActivationKind::kGELU:
-              return std::make_shared<GELU>();
+              return std::make_shared<GELU>(cache);
             case ActivationKind::kSReLU:
-              return std::make_shared<SReLU>();
+              return std::make_shared<SReLU>(cache);
           }
           GRADFUZZ_INTERNAL_ASSERT(false, "unknown activation kind");
         });
   }
   add_op(
       registry, "SwiGLU",
-      with_neutral_note("halves a, b of the features: y = silu(a) * b; interleave k>0 alternates k-wide a, b blocks",
-                        activation_neutral),
-      with_neutral({{"interleave", 0}}, activation_neutral),
-      [activation_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      "halves a, b of the features: y = silu(a) * b; interleave k>0 alternates k-wide a, b blocks" + cache_note,
+      {{"interleave", 0}, {"cache_quantized_input", 0}},
+      [input_cache](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("SwiGLU", shape);
         const int64_t k = int_attr("SwiGLU", a, "interleave", 0, 0);
         activation_math::check_glu_features("SwiGLU", features, k);
-        check_neutral("SwiGLU", a, activation_neutral);
+        input_cache("SwiGLU", a);
         return OpSignature{{rows, features / 2}, {}, {}};
       },
-      [](const OpAttrs& a, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
-        return std::make_shared<SwiGLU>(int_attr("SwiGLU", a, "interleave", 0, 0));
+      [input_cache](const OpAttrs& a, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
+        return std::make_shared<SwiGLU>(int_attr("SwiGLU", a, "interleave", 0, 0), input_cache("SwiGLU", a));
       });
   const NeutralOptions scaled_neutral{{"activation_recompute_in_mlp"}, {}};
   add_op(

@@ -9,6 +9,7 @@
 #include "ops/basic/linear.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
+#include "ops/quantization.h"
 
 namespace gradfuzz::ops {
 
@@ -204,9 +205,20 @@ ReferenceResult GroupedLinear::reference_impl(const at::Tensor& input, const std
   if (options_.scale_bias()) {
     s_parts = at::split_with_sizes(scales, splits, 0);
   }
+  // Under an FP8 recipe each group's GEMM runs on its own quantizers' operands, as BasicLinear's
+  // (grouped_linear.py: _fuser_forward_split_quantize); bias and scale_bias stay in high
+  // precision. TE quantizes the input twice when the previous op casts it for this op (the
+  // whole tensor with group 0's input quantizer, then per group): left out here. FP8 has the
+  // same relative spacing on every scale's grid in its normal range, so the second rounding
+  // of an already rounded element lands at most one FP8 ulp of the group's grid from the
+  // reference's single rounding: inside the one-ulp-per-element allowance the oracle
+  // measures with jitter. (Groups whose amax is below the whole tensor's 2^-15 reach E4M3's
+  // subnormals in the first rounding and lose more; the generator's values do not.)
+  const bool quantized = reference_recipe() != nullptr;
   std::vector<at::Tensor> y_parts;
   for (int64_t g = 0; g < options_.groups(); ++g) {
-    at::Tensor y = at::matmul(x_parts[g], weight.select(0, g).transpose(0, 1));
+    at::Tensor y = quantized ? reference_quantized_linear(x_parts[g], weight.select(0, g), g)
+                             : at::matmul(x_parts[g], weight.select(0, g).transpose(0, 1));
     if (options_.scale_bias()) {
       y = y + at::outer(s_parts[g], params.at(1).select(0, g));
     } else if (options_.bias()) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "ops/errors.h"
+#include "ops/quantization.h"
 
 namespace gradfuzz::ops {
 
@@ -92,6 +93,8 @@ BackwardResult Linear::backward_impl(OpContext& ctx, const at::Tensor& grad_outp
 ReferenceResult Linear::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                        const std::vector<at::Tensor>& params) const {
   detail::check_features(type(), "input", input, in_);
+  // Under an FP8 recipe: y = dq(Qi(x)) · dq(Qw(W))ᵀ, dy quantized in backward (BasicLinear).
+  if (reference_recipe() != nullptr) return {reference_quantized_linear(input, params.at(0), /*group=*/0), {}};
   return {at::linear(input, params.at(0)), {}};
 }
 

@@ -109,7 +109,9 @@ GroupBackwardResult BackwardActivationBias::backward(
     std::vector<OpContext*>& ctxs, const at::Tensor& grad_output,
     const std::vector<std::vector<at::Tensor>>& /*grad_extra_outputs*/) const {
   const auto& act = static_cast<const Activation&>(*basic_ops()[1]);
-  // The activation's input is Bias's output x + b (Activation saves {input}).
+  // The activation's input is Bias's output x + b as the activation saved it: itself, or with
+  // cache_quantized_input its FP8 quantize-dequantize, which TE's fused op reads too
+  // (backward_activation_bias.py: maybe_dequantize(act_input)).
   const at::Tensor& pre_activation = ctxs[1]->saved.at(0);
   // g [rows, n] ⊙ act'(x + b) -> grad_input [rows, n]; Σ_rows -> grad_bias [n]
 #ifdef GRADFUZZ_WITH_CUDA

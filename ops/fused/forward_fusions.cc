@@ -121,7 +121,11 @@ GroupForwardResult ForwardLinearBiasActivation::forward(
     output = act == nullptr ? pre_activation : activation_math::forward(act->kind(), pre_activation);
   }
   if (act != nullptr) {
-    Activation::save_context(*ctxs[2], pre_activation);
+    // The activation's own caching (cache_quantized_input: its FP8 quantize-dequantize), so
+    // the unfused backward sees what the unfused forward would have saved. TE never fuses
+    // an activation here (forward_linear_bias_activation.py: fuse_forward_ops builds the op
+    // with activation=None), so it always runs the activation's own op_forward.
+    act->save_context(*ctxs[2], pre_activation);
   }
   if (fault_enabled(Fault::kHalfOutputScale) && is_half(output)) {
     output = output * 1.0625;  // planted: a constant factor in half precision only

@@ -417,10 +417,6 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& neutral_opt
       {"Linear", {"accumulate_into_main_grad"}},
       {"GroupedLinear",
        {"accumulate_into_main_grad", "single_grouped_weight", "single_grouped_bias", "delay_wgrad_compute"}},
-      {"ReLU", {"cache_quantized_input"}},
-      {"GELU", {"cache_quantized_input"}},
-      {"SReLU", {"cache_quantized_input"}},
-      {"SwiGLU", {"cache_quantized_input"}},
       {"ScaledSwiGLU", {"activation_recompute_in_mlp"}},
       {"ScaledSReLU", {"activation_recompute_in_mlp"}},
       {"RMSNorm", {"sm_margin"}},
@@ -493,6 +489,29 @@ TEST(CatalogTEOptions, OptionsWithoutEffectLeaveOutputsAndEveryGradientUnchanged
     // The same code runs on the same values: only rounding could differ, and does not.
     EXPECT_TRUE(testing::results_close(results[1], results[0], kFloat64Tol)) << name;
   }
+}
+
+TEST(CatalogCacheQuantizedInput, IsAValidatedFlagThatBuildsTheQuantizedCache) {
+  for (const std::string name : {"ReLU", "GELU", "SReLU", "SwiGLU"}) {
+    const OpInfo& info = OpRegistry::catalog().info(name);
+    EXPECT_EQ(info.defaults.at("cache_quantized_input"), 0.0) << name;
+    EXPECT_THAT(info.summary, HasSubstr("cache_quantized_input=1: backward at the input's FP8 E4M3")) << name;
+    EXPECT_THAT(signature_error(name, {{"cache_quantized_input", 2}}, {4, 8}),
+                HasSubstr(name + ": attr 'cache_quantized_input' must be 0 or 1, got 2"));
+    EXPECT_THAT(create_error(name, {{"cache_quantized_input", 0.5}}, {4, 8}),
+                HasSubstr(name + ": attr 'cache_quantized_input' must be 0 or 1, got 0.5"));
+  }
+  for (const std::string name : {"ReLU", "GELU", "SReLU"}) {
+    const auto act = std::dynamic_pointer_cast<Activation>(make_op(name, {{"cache_quantized_input", 1}}, {4, 8}));
+    ASSERT_NE(act, nullptr) << name;
+    EXPECT_EQ(act->input_cache(), InputCache::kQuantized) << name;
+    EXPECT_EQ(std::dynamic_pointer_cast<Activation>(make_op(name, {}, {4, 8}))->input_cache(),
+              InputCache::kHighPrecision)
+        << name;
+  }
+  const auto swiglu = std::dynamic_pointer_cast<SwiGLU>(make_op("SwiGLU", {{"cache_quantized_input", 1}}, {4, 8}));
+  ASSERT_NE(swiglu, nullptr);
+  EXPECT_EQ(swiglu->input_cache(), InputCache::kQuantized);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ gradfuzz_add_test(ops_test
     ${CMAKE_CURRENT_LIST_DIR}/fused_ops_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/fuser_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/fusion_registry_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/quantization_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/reference_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/sequential_test.cc
   LIBS gradfuzz::ops)

@@ -1,0 +1,642 @@
+#include "ops/quantization.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "ops/errors.h"
+
+namespace gradfuzz::ops {
+
+const char* fp8_format_name(Fp8Format format) { return format == Fp8Format::kE4M3 ? "E4M3" : "E5M2"; }
+
+float fp8_max(Fp8Format format) { return format == Fp8Format::kE4M3 ? 448.0F : 57344.0F; }
+
+at::ScalarType fp8_scalar_type(Fp8Format format) {
+  return format == Fp8Format::kE4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+}
+
+const char* quant_role_name(QuantRole role) {
+  switch (role) {
+    case QuantRole::kInput:
+      return "input";
+    case QuantRole::kWeight:
+      return "weight";
+    case QuantRole::kGradOutput:
+      return "grad_output";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------
+// The recipe
+
+namespace {
+
+/// One option of a recipe: its name, its allowed string values (empty: an integer in
+/// [min, max]) and TE's default.
+struct OptionSpec {
+  const char* name;
+  std::vector<const char*> values;
+  int64_t min = 0;
+  int64_t max = 0;
+  const char* fallback;
+};
+
+/// A recipe of BACKENDS.md's table: its formats' default and its options.
+struct RecipeSpecTable {
+  RecipeKind kind;
+  const char* name;
+  RecipeFormat default_format;
+  std::vector<OptionSpec> options;
+};
+
+const std::vector<RecipeSpecTable>& recipe_table() {
+  static const std::vector<const char*> kOverrides{"none", "high_precision", "dequantized"};
+  static const std::vector<const char*> kFlag{"0", "1"};
+  // margin < 128: 2^margin must be a finite fp32 divisor; an amax history beyond 2^20 slots
+  // is no recipe anyone runs (TE's default is 1024).
+  static const std::vector<RecipeSpecTable> table{
+      {RecipeKind::kDelayedScaling,
+       "DelayedScaling",
+       RecipeFormat::kHybrid,
+       {{"amax_compute_algo", {"max", "most_recent"}, 0, 0, "max"},
+        {"amax_history_len", {}, 1, int64_t{1} << 20, "1024"},
+        {"margin", {}, 0, 127, "0"}}},
+      {RecipeKind::kFloat8CurrentScaling,
+       "Float8CurrentScaling",
+       RecipeFormat::kHybrid,
+       {{"backward_override", kOverrides, 0, 0, "none"}, {"use_power_2_scales", kFlag, 0, 0, "0"}}},
+      {RecipeKind::kFloat8BlockScaling,
+       "Float8BlockScaling",
+       RecipeFormat::kE4M3,
+       {{"backward_override", kOverrides, 0, 0, "none"},
+        // (x, w, grad); Float8BlockScaling.__post_init__ refuses two 2D operands in one GEMM
+        {"block_scaling_dims", {"1,2,1", "1,1,1", "2,1,1", "1,1,2"}, 0, 0, "1,2,1"},
+        {"use_f32_scales", kFlag, 0, 0, "0"}}},
+  };
+  return table;
+}
+
+std::string quoted_list(const std::vector<const char*>& values) {
+  std::string out;
+  for (const char* v : values) out += (out.empty() ? "\"" : ", \"") + std::string(v) + "\"";
+  return out;
+}
+
+/// The value of `spec` in `options` (or its default), checked; InvalidArgumentError naming
+/// the recipe, the option and the allowed values.
+std::string option_value(const char* recipe, const OptionSpec& spec,
+                         const std::map<std::string, std::string>& options) {
+  auto it = options.find(spec.name);
+  const std::string value = it == options.end() ? spec.fallback : it->second;
+  const std::string where = std::string(recipe) + ": option '" + spec.name + "' must be ";
+  if (!spec.values.empty()) {
+    for (const char* allowed : spec.values) {
+      if (value == allowed) return value;
+    }
+    throw InvalidArgumentError(where + "one of " + quoted_list(spec.values) + ", got \"" + value + "\"");
+  }
+  // An integer as Python's str(int(v)) writes it: digits, no sign, no leading zero.
+  const bool digits = !value.empty() && value.size() <= 18 &&
+                      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+                      (value.size() == 1 || value[0] != '0');
+  const int64_t number = digits ? std::stoll(value) : -1;
+  if (!digits || number < spec.min || number > spec.max) {
+    throw InvalidArgumentError(where + "an integer in [" + std::to_string(spec.min) + ", " + std::to_string(spec.max) +
+                               "], got \"" + value + "\"");
+  }
+  return value;
+}
+
+BlockDims block_dims(char c) { return c == '2' ? BlockDims::k2D : BlockDims::k1D; }
+
+}  // namespace
+
+QuantRecipe QuantRecipe::parse(const std::string& name, const std::string& fp8_format,
+                               const std::map<std::string, std::string>& options) {
+  if (name == "MXFP8BlockScaling" || name == "NVFP4BlockScaling") {
+    throw UnsupportedRecipeError(name +
+                                 ": the reference does not emulate this recipe (unavailable on the H200, "
+                                 "docs/BACKENDS.md \"Recipes\"); emulated: DelayedScaling, Float8CurrentScaling, "
+                                 "Float8BlockScaling");
+  }
+  const RecipeSpecTable* spec = nullptr;
+  for (const RecipeSpecTable& entry : recipe_table()) {
+    if (name == entry.name) spec = &entry;
+  }
+  if (spec == nullptr) {
+    throw UnknownNameError("unknown recipe '" + name +
+                           "'; known recipes: DelayedScaling, Float8CurrentScaling, Float8BlockScaling, "
+                           "MXFP8BlockScaling, NVFP4BlockScaling");
+  }
+  QuantRecipe recipe;
+  recipe.kind = spec->kind;
+  if (fp8_format.empty()) {
+    recipe.format = spec->default_format;
+  } else if (fp8_format == "E4M3") {
+    recipe.format = RecipeFormat::kE4M3;
+  } else if (fp8_format == "HYBRID") {
+    recipe.format = RecipeFormat::kHybrid;
+  } else {
+    // Every TE recipe refuses Format.E5M2 (common/recipe/__init__.py).
+    throw InvalidArgumentError(name + ": fp8_format must be one of \"E4M3\", \"HYBRID\", got \"" + fp8_format + "\"");
+  }
+  for (const auto& [key, value] : options) {
+    const bool known = std::any_of(spec->options.begin(), spec->options.end(),
+                                   [&key = key](const OptionSpec& o) { return key == o.name; });
+    if (!known) {
+      std::string names;
+      for (const OptionSpec& o : spec->options) names += (names.empty() ? "" : ", ") + std::string(o.name);
+      throw InvalidArgumentError(name + ": unknown option '" + key + "'; known options: " + names);
+    }
+  }
+  for (const OptionSpec& o : spec->options) {
+    const std::string value = option_value(spec->name, o, options);
+    const std::string option = o.name;
+    if (option == "amax_compute_algo") {
+      recipe.amax_compute_algo = value == "max" ? AmaxComputeAlgo::kMax : AmaxComputeAlgo::kMostRecent;
+    } else if (option == "amax_history_len") {
+      recipe.amax_history_len = std::stoll(value);
+    } else if (option == "margin") {
+      recipe.margin = std::stoll(value);
+    } else if (option == "backward_override") {
+      recipe.backward_override = value == "none"             ? BackwardOverride::kNone
+                                 : value == "high_precision" ? BackwardOverride::kHighPrecision
+                                                             : BackwardOverride::kDequantized;
+    } else if (option == "use_power_2_scales") {
+      recipe.scales = value == "1" ? ScalePrecision::kPowerOf2 : ScalePrecision::kFp32;
+    } else if (option == "use_f32_scales") {
+      // Block scaling's scales are powers of two unless use_f32_scales (BACKENDS.md: the
+      // documented meaning; te.ops 2.20.2 reads an import-time class attribute instead).
+      recipe.scales = value == "1" ? ScalePrecision::kFp32 : ScalePrecision::kPowerOf2;
+    } else if (option == "block_scaling_dims") {
+      recipe.x_block = block_dims(value[0]);
+      recipe.w_block = block_dims(value[2]);
+      recipe.grad_block = block_dims(value[4]);
+    } else {
+      GRADFUZZ_INTERNAL_ASSERT(false, "recipe option without a parser: " + option);
+    }
+  }
+  return recipe;
+}
+
+const char* QuantRecipe::name() const {
+  switch (kind) {
+    case RecipeKind::kDelayedScaling:
+      return "DelayedScaling";
+    case RecipeKind::kFloat8CurrentScaling:
+      return "Float8CurrentScaling";
+    case RecipeKind::kFloat8BlockScaling:
+      return "Float8BlockScaling";
+  }
+  return "?";
+}
+
+Fp8Format QuantRecipe::format_for(QuantRole role) const {
+  return role == QuantRole::kGradOutput && format == RecipeFormat::kHybrid ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+}
+
+BlockDims QuantRecipe::block_dims_for(QuantRole role) const {
+  switch (role) {
+    case QuantRole::kInput:
+      return x_block;
+    case QuantRole::kWeight:
+      return w_block;
+    case QuantRole::kGradOutput:
+      return grad_block;
+  }
+  return BlockDims::k1D;
+}
+
+// ---------------------------------------------------------------------------------------
+// The primitives
+
+float value_for_inf(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16:
+      return static_cast<float>(std::numeric_limits<c10::BFloat16>::max());
+    case at::kHalf:
+      return static_cast<float>(std::numeric_limits<c10::Half>::max());
+    default:
+      return std::numeric_limits<float>::max();
+  }
+}
+
+at::Tensor compute_scale_from_amax(const at::Tensor& amax, Fp8Format format, ScalePrecision precision, float inf_value,
+                                   float epsilon) {
+  at::Tensor a = amax.to(at::kFloat);
+  // NaN < epsilon is false: a NaN amax stays NaN and gets scale 1 below.
+  a = at::where(a < epsilon, at::full_like(a, epsilon), a);
+  const at::Tensor bad = at::logical_or(at::logical_or(a == 0, at::isinf(a)), at::isnan(a));
+  const at::Tensor one = at::ones_like(a);
+  // fp8_max / amax: an fp32 division, rounded to nearest (recipe_common.cuh: __fdiv_rn)
+  at::Tensor scale = at::full_like(a, fp8_max(format)) / at::where(bad, one, a);
+  scale = at::where(at::isinf(scale), at::full_like(scale, inf_value), scale);
+  if (precision == ScalePrecision::kPowerOf2) {
+    // The sign and exponent bits of the fp32 scale (TE: scale_bits & 0xFF800000), i.e. the
+    // power of two at or below it; 0xFF800000 read as int32 is -8388608.
+    constexpr int64_t kSignAndExponent = -8388608;
+    scale = at::bitwise_and(scale.contiguous().view(at::kInt), kSignAndExponent).view(at::kFloat);
+  }
+  return at::where(bad, one, scale);
+}
+
+at::Tensor fp8_amax(const at::Tensor& x) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(x.device());
+  if (x.numel() == 0) return at::zeros({}, options);
+  at::Tensor a = x.detach().to(at::kFloat).abs();
+  // fmaxf(amax, |elt|) in the kernels returns the other operand for a NaN element.
+  a = at::where(at::isnan(a), at::zeros_like(a), a);
+  return a.max();
+}
+
+at::Tensor cast_to_fp8(const at::Tensor& x, const at::Tensor& scale, Fp8Format format) {
+  const float max = fp8_max(format);
+  // elt * scale: the fp32 product (quantize_fp8.cuh), then the saturating conversion.
+  const at::Tensor scaled = x.detach().to(at::kFloat) * scale.to(x.device(), at::kFloat);
+  return at::clamp(scaled, -max, max).to(fp8_scalar_type(format));
+}
+
+at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scale, at::ScalarType dtype) {
+  const at::Tensor s = scale.to(q.device(), at::kFloat);
+  const at::Tensor scale_inv = at::ones_like(s) / s;  // fp32 reciprocal, correctly rounded
+  return (q.to(at::kDouble) * scale_inv.to(at::kDouble)).to(dtype);
+}
+
+at::Tensor jitter_fp8(const at::Tensor& q, const at::Tensor& eligible, double probability, at::Generator& generator) {
+  GRADFUZZ_INTERNAL_ASSERT(q.scalar_type() == at::kFloat8_e4m3fn || q.scalar_type() == at::kFloat8_e5m2,
+                           "jitter_fp8 takes an FP8 tensor");
+  // Largest finite magnitude code: E4M3fn 0x7E (0x7F is NaN); E5M2 0x7B (0x7C inf, above NaN).
+  const int64_t max_code = q.scalar_type() == at::kFloat8_e4m3fn ? 0x7E : 0x7B;
+  const at::Tensor codes = q.contiguous().view(at::kByte).to(at::kShort);
+  const at::Tensor sign = at::bitwise_and(codes, 0x80);
+  const at::Tensor magnitude = at::bitwise_and(codes, 0x7F);
+  const auto cpu = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor pick = at::rand(q.sizes(), generator, cpu).to(q.device());
+  const at::Tensor coin = at::rand(q.sizes(), generator, cpu).to(q.device());
+  at::Tensor step = at::where(coin < 0.5, at::ones_like(magnitude), -at::ones_like(magnitude));
+  step = at::where(magnitude == 0, at::ones_like(step), step);
+  step = at::where(magnitude == max_code, -at::ones_like(step), step);
+  const at::Tensor move =
+      at::logical_and(at::logical_and(pick < probability, eligible.to(q.device())), magnitude <= max_code);
+  const at::Tensor moved = at::where(move, magnitude + step, magnitude);
+  return at::bitwise_or(sign, moved).to(at::kByte).view(q.scalar_type());
+}
+
+at::Tensor block_scales(const at::Tensor& x, BlockShape shape, Fp8Format format, ScalePrecision precision) {
+  if (!x.defined() || x.dim() < 1) {
+    throw InvalidArgumentError("block scaling: the tensor must be at least 1-D, got " +
+                               (x.defined() ? std::string("a 0-D tensor") : std::string("an undefined tensor")));
+  }
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(x.device());
+  if (x.numel() == 0) return at::ones(x.sizes(), options);
+  const at::Tensor x2 = x.detach().reshape({-1, x.size(-1)}).to(at::kFloat);
+  const int64_t m = x2.size(0);
+  const int64_t n = x2.size(1);
+  const int64_t block_rows = shape == BlockShape::k1x128 ? 1 : kFp8BlockLen;
+  const int64_t block_cols = shape == BlockShape::k128x1 ? 1 : kFp8BlockLen;
+  const int64_t pad_m = (block_rows - m % block_rows) % block_rows;
+  const int64_t pad_n = (block_cols - n % block_cols) % block_cols;
+  at::Tensor magnitude = x2.abs();
+  magnitude = at::where(at::isnan(magnitude), at::zeros_like(magnitude), magnitude);  // fmaxf, as fp8_amax
+  // Zero padding leaves a partial block's amax that of the elements it has.
+  const at::Tensor padded = at::constant_pad_nd(magnitude, {0, pad_n, 0, pad_m}, 0);
+  const int64_t mb = (m + pad_m) / block_rows;
+  const int64_t nb = (n + pad_n) / block_cols;
+  // [mb·br, nb·bc] -> [mb, br, nb, bc] -> amax per block [mb, 1, nb, 1]
+  const at::Tensor amax = padded.reshape({mb, block_rows, nb, block_cols}).amax({1, 3}, /*keepdim=*/true);
+  const at::Tensor scale = compute_scale_from_amax(amax, format, precision, value_for_inf(x.scalar_type()));
+  return scale.expand({mb, block_rows, nb, block_cols})
+      .reshape({m + pad_m, n + pad_n})
+      .narrow(0, 0, m)
+      .narrow(1, 0, n)
+      .reshape(x.sizes());
+}
+
+// ---------------------------------------------------------------------------------------
+// The state of one reference evaluation sequence
+
+namespace detail {
+
+/// A quantizer's identity: module index, group, role.
+struct QuantKey {
+  int64_t op = 0;
+  int64_t group = 0;
+  QuantRole role = QuantRole::kInput;
+  bool operator<(const QuantKey& o) const { return std::tie(op, group, role) < std::tie(o.op, o.group, o.role); }
+};
+
+/// A delayed-scaling quantizer (Float8Quantizer over DelayedScalingRecipeState): scale 1.0
+/// and a zeroed history of amax_history_len slots at creation.
+struct DelayedQuantizer {
+  Fp8Format format = Fp8Format::kE4M3;
+  float scale = 1.0F;
+  std::vector<float> history;
+};
+
+/// What a ReferenceQuantization and the backward hooks of its quantized GEMMs share.
+struct QuantizationState {
+  std::optional<QuantRecipe> recipe;
+  int64_t current_op = -1;
+  std::map<QuantKey, DelayedQuantizer> delayed;
+  /// Whether a gradient was quantized since the last after_backward.
+  bool gradient_quantized = false;
+  std::optional<at::Generator> jitter_generator;
+  double jitter_probability = 0.0;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::DelayedQuantizer;
+using detail::QuantizationState;
+using detail::QuantKey;
+
+/// The two copies a GEMM may read.
+enum class Copy { kRowwise, kColumnwise };
+
+const QuantRecipe& recipe_of(const QuantizationState& state, const char* what) {
+  if (!state.recipe) {
+    throw InvalidArgumentError(std::string("ReferenceQuantization: ") + what + " needs a recipe; this one has none");
+  }
+  return *state.recipe;
+}
+
+DelayedQuantizer& delayed_quantizer(QuantizationState& state, const QuantKey& key) {
+  auto it = state.delayed.find(key);
+  if (it == state.delayed.end()) {
+    DelayedQuantizer q;
+    q.format = state.recipe->format_for(key.role);
+    q.history.assign(static_cast<size_t>(state.recipe->amax_history_len), 0.0F);
+    it = state.delayed.emplace(key, std::move(q)).first;
+  }
+  return it->second;
+}
+
+/// dq(Q(x)) with a scale per element (broadcasting), jittered when jitter is on; x's dtype.
+at::Tensor quantize_dequantize(QuantizationState* state, const at::Tensor& x, const at::Tensor& scale,
+                               Fp8Format format) {
+  at::Tensor q = cast_to_fp8(x, scale, format);
+  if (state != nullptr && state->jitter_generator) {
+    // An element whose input is exactly zero is zero in every implementation: it stays.
+    const at::Tensor eligible = x.detach().to(at::kFloat) != 0;
+    q = jitter_fp8(q, eligible, state->jitter_probability, *state->jitter_generator);
+  }
+  return dequantize_fp8(q, scale, x.scalar_type());
+}
+
+/// Per-tensor current scaling of x (Float8CurrentScalingQuantizer::quantize_impl).
+at::Tensor current_scaling(QuantizationState* state, const at::Tensor& x, Fp8Format format, ScalePrecision precision) {
+  const at::Tensor scale =
+      compute_scale_from_amax(fp8_amax(x), format, precision, value_for_inf(x.scalar_type()), /*epsilon=*/0.0F);
+  return quantize_dequantize(state, x, scale, format);
+}
+
+/// One copy of x quantized by the quantizer `key` (for per-tensor recipes and 2D blocks both
+/// copies are this one).
+at::Tensor quantize_copy(QuantizationState& state, const QuantKey& key, const at::Tensor& x, Copy copy) {
+  const QuantRecipe& recipe = recipe_of(state, "quantize");
+  const Fp8Format format = recipe.format_for(key.role);
+  const at::Tensor xd = x.detach();
+  if (key.role == QuantRole::kGradOutput) state.gradient_quantized = true;
+  switch (recipe.kind) {
+    case RecipeKind::kDelayedScaling: {
+      DelayedQuantizer& q = delayed_quantizer(state, key);
+      // Quantize with the current scale; record the amax into slot 0 with a max (atomicMaxFloat).
+      q.history[0] = std::max(q.history[0], fp8_amax(xd).item<float>());
+      const at::Tensor scale = at::full({}, q.scale, at::TensorOptions().dtype(at::kFloat).device(xd.device()));
+      return quantize_dequantize(&state, xd, scale, format);
+    }
+    case RecipeKind::kFloat8CurrentScaling:
+      return current_scaling(&state, xd, format, recipe.scales);
+    case RecipeKind::kFloat8BlockScaling: {
+      const BlockShape shape = recipe.block_dims_for(key.role) == BlockDims::k2D ? BlockShape::k128x128
+                               : copy == Copy::kRowwise                          ? BlockShape::k1x128
+                                                                                 : BlockShape::k128x1;
+      return quantize_dequantize(&state, xd, block_scales(xd, shape, format, recipe.scales), format);
+    }
+  }
+  GRADFUZZ_INTERNAL_ASSERT(false, "unknown recipe kind");
+}
+
+/// Whether the quantizer of `role` gives the same values in both copies.
+bool single_copy(const QuantRecipe& recipe, QuantRole role) {
+  return recipe.kind != RecipeKind::kFloat8BlockScaling || recipe.block_dims_for(role) == BlockDims::k2D;
+}
+
+QuantizedOperand quantize_operand(QuantizationState& state, const QuantKey& key, const at::Tensor& x) {
+  const QuantRecipe& recipe = recipe_of(state, "quantize");
+  const at::Tensor rowwise = quantize_copy(state, key, x, Copy::kRowwise);
+  if (single_copy(recipe, key.role)) return {rowwise, rowwise};
+  return {rowwise, quantize_copy(state, key, x, Copy::kColumnwise)};
+}
+
+/// The DelayedScaling update of one quantizer (quantization.py: _default_get_amax_and_update_history,
+/// _default_sf_compute, _update_amax_history).
+void update_delayed(DelayedQuantizer& q, const QuantRecipe& recipe) {
+  const float amax = recipe.amax_compute_algo == AmaxComputeAlgo::kMax
+                         ? *std::max_element(q.history.begin(), q.history.end())
+                         : q.history[0];
+  // Keep the old scale for an amax of 0, inf or NaN; fp32 max where the quotient overflows.
+  if (amax > 0.0F && std::isfinite(amax)) {
+    float scale = (fp8_max(q.format) / amax) / std::ldexp(1.0F, static_cast<int>(recipe.margin));
+    if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+    q.scale = scale;
+  }
+  // torch.roll(history, -1) then slot 0 zeroed: the window keeps the last L amaxes.
+  std::rotate(q.history.begin(), q.history.begin() + 1, q.history.end());
+  q.history[0] = 0.0F;
+}
+
+thread_local ReferenceQuantization* current_quantization = nullptr;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// ReferenceQuantization
+
+ReferenceQuantization::ReferenceQuantization() : state_(std::make_shared<QuantizationState>()) {}
+
+ReferenceQuantization::ReferenceQuantization(QuantRecipe recipe) : ReferenceQuantization() {
+  state_->recipe = std::move(recipe);
+}
+
+ReferenceQuantization::~ReferenceQuantization() = default;
+ReferenceQuantization::ReferenceQuantization(ReferenceQuantization&&) noexcept = default;
+ReferenceQuantization& ReferenceQuantization::operator=(ReferenceQuantization&&) noexcept = default;
+
+const QuantRecipe* ReferenceQuantization::recipe() const { return state_->recipe ? &*state_->recipe : nullptr; }
+
+void ReferenceQuantization::set_jitter(double probability, at::Generator generator) {
+  if (!(probability >= 0.0 && probability <= 1.0)) {
+    throw InvalidArgumentError("ReferenceQuantization jitter: probability must be in [0, 1], got " +
+                               std::to_string(probability));
+  }
+  if (!generator.defined() || !generator.device().is_cpu()) {
+    throw InvalidArgumentError("ReferenceQuantization jitter: the generator must be a CPU generator");
+  }
+  state_->jitter_probability = probability;
+  state_->jitter_generator = std::move(generator);
+}
+
+void ReferenceQuantization::clear_jitter() {
+  state_->jitter_generator.reset();
+  state_->jitter_probability = 0.0;
+}
+
+void ReferenceQuantization::set_current_op(int64_t op) { state_->current_op = op; }
+
+int64_t ReferenceQuantization::current_op() const { return state_->current_op; }
+
+QuantizedOperand ReferenceQuantization::quantize(QuantRole role, int64_t group, const at::Tensor& x) {
+  return quantize_operand(*state_, QuantKey{state_->current_op, group, role}, x);
+}
+
+at::Tensor ReferenceQuantization::quantize_cached_input(const at::Tensor& x) {
+  // activation.py: Float8CurrentScalingQuantizer(kFloat8E4M3), whatever the recipe.
+  return current_scaling(state_.get(), x.detach(), Fp8Format::kE4M3, ScalePrecision::kFp32);
+}
+
+void ReferenceQuantization::after_forward(ForwardGrad grad) {
+  if (grad != ForwardGrad::kEnabled || !state_->recipe) return;
+  for (auto& [key, q] : state_->delayed) {
+    if (key.role != QuantRole::kGradOutput) update_delayed(q, *state_->recipe);
+  }
+}
+
+void ReferenceQuantization::after_backward() {
+  if (!state_->gradient_quantized || !state_->recipe) return;
+  state_->gradient_quantized = false;
+  for (auto& [key, q] : state_->delayed) {
+    if (key.role == QuantRole::kGradOutput) update_delayed(q, *state_->recipe);
+  }
+}
+
+namespace {
+const DelayedQuantizer& find_delayed(const QuantizationState& state, int64_t op, QuantRole role, int64_t group) {
+  auto it = state.delayed.find(QuantKey{op, group, role});
+  if (it == state.delayed.end()) {
+    throw InvalidArgumentError("ReferenceQuantization: no delayed-scaling quantizer for op " + std::to_string(op) +
+                               ", group " + std::to_string(group) + ", role " + quant_role_name(role));
+  }
+  return it->second;
+}
+}  // namespace
+
+float ReferenceQuantization::delayed_scale(int64_t op, QuantRole role, int64_t group) const {
+  return find_delayed(*state_, op, role, group).scale;
+}
+
+std::vector<float> ReferenceQuantization::amax_history(int64_t op, QuantRole role, int64_t group) const {
+  return find_delayed(*state_, op, role, group).history;
+}
+
+ReferenceQuantization* reference_quantization() { return current_quantization; }
+
+const QuantRecipe* reference_recipe() { return current_quantization ? current_quantization->recipe() : nullptr; }
+
+ReferenceQuantizationScope::ReferenceQuantizationScope(ReferenceQuantization* quantization)
+    : previous_(current_quantization) {
+  current_quantization = quantization;
+}
+
+ReferenceQuantizationScope::~ReferenceQuantizationScope() { current_quantization = previous_; }
+
+// ---------------------------------------------------------------------------------------
+// The quantized reference math
+
+at::Tensor value_with_gradient_of(const at::Tensor& value, const at::Tensor& carrier) {
+  return value.detach() + (carrier - carrier.detach());
+}
+
+namespace {
+
+/// `t` whose incoming gradient is quantize-dequantized by `key`'s quantizer (copy `copy`)
+/// before it reaches t's producer: the identity forward, dq(Qg(dy)) backward. A gradient hook
+/// on t (plain autograd; the hook shares the state, so it runs on autograd's device threads
+/// too) and a view of t returned, so a consumer asking for its own gradient gets dy.
+at::Tensor with_quantized_gradient(const at::Tensor& t, std::shared_ptr<QuantizationState> state, QuantKey key,
+                                   Copy copy) {
+  if (!t.requires_grad()) return t;
+  t.register_hook(
+      [state = std::move(state), key, copy](const at::Tensor& grad) { return quantize_copy(*state, key, grad, copy); });
+  return t.view_as(t);
+}
+
+/// t - t.detach(): zero, with t's gradient.
+at::Tensor zero_with_gradient_of(const at::Tensor& t) { return t - t.detach(); }
+
+}  // namespace
+
+at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight, int64_t group) {
+  ReferenceQuantization* quantization = reference_quantization();
+  if (quantization == nullptr || quantization->recipe() == nullptr) {
+    throw InvalidArgumentError("reference_quantized_linear: no recipe in this reference evaluation");
+  }
+  const QuantRecipe& recipe = *quantization->recipe();
+  const std::shared_ptr<QuantizationState>& state = quantization->state_;
+  const int64_t in = weight.size(1);
+  std::vector<int64_t> out_sizes = input.sizes().vec();
+  out_sizes.back() = weight.size(0);
+  const at::Tensor x = input.reshape({-1, in});
+  const QuantizedOperand qx = quantization->quantize(QuantRole::kInput, group, x);
+  const QuantizedOperand qw = quantization->quantize(QuantRole::kWeight, group, weight);
+  // x [rows, in] · Wᵀ [in, out] -> y [rows, out] on the row-wise copies (fprop)
+  const at::Tensor value = at::matmul(qx.rowwise, qw.rowwise.t());
+  at::Tensor y;
+  switch (recipe.backward_override) {
+    case BackwardOverride::kHighPrecision:
+      // dy [rows, out] · W [out, in] -> dx; dyᵀ [out, rows] · x [rows, in] -> dW; no quantization
+      y = value_with_gradient_of(value, at::matmul(x, weight.t()));
+      break;
+    case BackwardOverride::kDequantized:
+      // dy · dq(Qw(W)) -> dx [rows, in]; dyᵀ · dq(Qi(x)) -> dW [out, in]; row-wise copies, dy unquantized
+      y = at::matmul(value_with_gradient_of(qx.rowwise, x), value_with_gradient_of(qw.rowwise, weight).t());
+      break;
+    case BackwardOverride::kNone: {
+      const QuantKey grad_key{quantization->current_op(), group, QuantRole::kGradOutput};
+      if (recipe.kind == RecipeKind::kDelayedScaling) {
+        // The grad_output quantizer exists from the first forward on, as TE's fp8 metas do,
+        // so every backward update rolls it.
+        delayed_quantizer(*state, grad_key);
+      }
+      const bool one_copy = qx.columnwise.is_same(qx.rowwise) && qw.columnwise.is_same(qw.rowwise) &&
+                            single_copy(recipe, QuantRole::kGradOutput);
+      if (one_copy) {
+        // dq(Qg(dy)) [rows, out] · dq(Qw(W)) [out, in] -> dx; dq(Qg(dy))ᵀ [out, rows] · dq(Qi(x)) [rows, in] -> dW
+        const at::Tensor z =
+            at::matmul(value_with_gradient_of(qx.rowwise, x), value_with_gradient_of(qw.rowwise, weight).t());
+        y = with_quantized_gradient(z, state, grad_key, Copy::kRowwise);
+      } else {
+        // 1D blocks: dgrad reads dy's row-wise and W's column-wise copy, wgrad dy's and x's
+        // column-wise copies, each quantized separately from the forward's operands.
+        // dq(Qg_row(dy)) [rows, out] · W_col [out, in] -> dx
+        const at::Tensor dgrad = zero_with_gradient_of(at::matmul(x, qw.columnwise.t()));
+        // dq(Qg_col(dy))ᵀ [out, rows] · x_col [rows, in] -> dW
+        const at::Tensor wgrad = zero_with_gradient_of(at::matmul(qx.columnwise, weight.t()));
+        y = value + with_quantized_gradient(dgrad, state, grad_key, Copy::kRowwise) +
+            with_quantized_gradient(wgrad, state, grad_key, Copy::kColumnwise);
+      }
+      break;
+    }
+  }
+  return y.reshape(out_sizes);
+}
+
+at::Tensor reference_cached_input(const at::Tensor& input) {
+  ReferenceQuantization* quantization = reference_quantization();
+  const at::Tensor cached = quantization != nullptr
+                                ? quantization->quantize_cached_input(input)
+                                : current_scaling(nullptr, input.detach(), Fp8Format::kE4M3, ScalePrecision::kFp32);
+  return value_with_gradient_of(cached, input);
+}
+
+}  // namespace gradfuzz::ops

@@ -1,0 +1,629 @@
+#include "ops/quantization.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/basic/activations.h"
+#include "ops/basic/grouped_linear.h"
+#include "ops/basic/linear.h"
+#include "ops/errors.h"
+#include "ops/reference.h"
+#include "ops/sequential.h"
+#include "tests/ops/test_util.h"
+
+namespace gradfuzz::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::make_generator;
+using testing::seeded_randn;
+using testing::test_options;
+
+// ---------------------------------------------------------------------------------------
+// Hand arithmetic, written apart from ops/quantization.cc: scalar C++ floats, std::frexp and
+// std::nearbyint instead of LibTorch's float8 cast and tensor scales.
+
+/// v on an FP8 format's grid: saturated to +-max, rounded to nearest even with 3 (E4M3) or 2
+/// (E5M2) mantissa bits, subnormals below 2^-6 (E4M3) or 2^-14 (E5M2).
+double round_fp8(double v, Fp8Format format) {
+  const int mantissa = format == Fp8Format::kE4M3 ? 3 : 2;
+  const int min_exponent = format == Fp8Format::kE4M3 ? -6 : -14;
+  const double max = format == Fp8Format::kE4M3 ? 448.0 : 57344.0;
+  if (std::isnan(v) || v == 0.0) return v;
+  v = std::clamp(v, -max, max);
+  int e = 0;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  const double spacing = std::ldexp(1.0, std::max(e - 1, min_exponent) - mantissa);
+  return std::nearbyint(v / spacing) * spacing;  // the default rounding mode: to nearest even
+}
+
+/// TE's scale for an amax (recipe_common.cuh), in C++ floats; the power of two by log2.
+float hand_scale(float amax, Fp8Format format, bool power_of_2) {
+  if (amax == 0.0F || !std::isfinite(amax)) return 1.0F;
+  float scale = (format == Fp8Format::kE4M3 ? 448.0F : 57344.0F) / amax;
+  if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+  return power_of_2 ? std::exp2(std::floor(std::log2(scale))) : scale;
+}
+
+/// Which elements share a scale in hand_qdq (tensors in these tests are below 128 per dim,
+/// so a 1x128 block is a whole row and a 128x1 block a whole column).
+enum class Groups { kTensor, kRows, kColumns };
+
+/// dq(Q(x)) of a 2-D tensor by hand: per group amax of float(x), scale, fp32 product,
+/// round_fp8, times the fp32 reciprocal; float64 CPU. `fixed_scale` > 0 overrides the scale.
+at::Tensor hand_qdq(const at::Tensor& x, Fp8Format format, Groups groups, bool power_of_2, float fixed_scale = 0) {
+  const at::Tensor xc = x.detach().to(at::kCPU, at::kDouble).contiguous();
+  const auto in = xc.accessor<double, 2>();
+  const int64_t m = xc.size(0);
+  const int64_t n = xc.size(1);
+  std::vector<float> row_amax(m, 0.0F);
+  std::vector<float> col_amax(n, 0.0F);
+  float amax = 0.0F;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = std::fabs(static_cast<float>(in[i][j]));
+      row_amax[i] = std::max(row_amax[i], v);
+      col_amax[j] = std::max(col_amax[j], v);
+      amax = std::max(amax, v);
+    }
+  }
+  at::Tensor out = at::empty({m, n}, at::kDouble);
+  auto dst = out.accessor<double, 2>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float group_amax = groups == Groups::kTensor ? amax : groups == Groups::kRows ? row_amax[i] : col_amax[j];
+      const float scale = fixed_scale > 0 ? fixed_scale : hand_scale(group_amax, format, power_of_2);
+      const float scaled = static_cast<float>(in[i][j]) * scale;  // the fp32 product
+      dst[i][j] = round_fp8(scaled, format) * static_cast<double>(1.0F / scale);
+    }
+  }
+  return out;
+}
+
+/// A [1, n] float64 CPU tensor.
+at::Tensor row(const std::vector<double>& values) { return at::tensor(values, at::kDouble).reshape({1, -1}); }
+
+at::Tensor cpu(const at::Tensor& t) { return t.detach().to(at::kCPU, at::kDouble); }
+
+QuantRecipe recipe(const std::string& name, const std::string& format,
+                   const std::map<std::string, std::string>& options = {}) {
+  return QuantRecipe::parse(name, format, options);
+}
+
+std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// ---------------------------------------------------------------------------------------
+// Formats, scales and the cast
+
+TEST(Fp8Quantization, E4M3ExampleOfBackendsMd) {
+  // amax 3.5: scale 448 / 3.5 = 128; 3.5 -> 448/128, 1.0 -> 128/128, 0.3 -> 38.4 -> 40 -> 0.3125
+  const at::Tensor amax = at::full({}, 3.5F);
+  EXPECT_EQ(compute_scale_from_amax(amax, Fp8Format::kE4M3, ScalePrecision::kFp32, 3.4e38F).item<float>(), 128.0F);
+  ReferenceQuantization quantization(recipe("Float8CurrentScaling", "E4M3"));
+  quantization.set_current_op(0);
+  const at::Tensor x = at::tensor({3.5, 1.0, 0.3, -0.3}, at::kDouble);
+  const QuantizedOperand q = quantization.quantize(QuantRole::kInput, 0, x);
+  // Exact: an FP8 value times the fp32 reciprocal of 128 is exact in float64.
+  EXPECT_TRUE(q.rowwise.equal(at::tensor({3.5, 1.0, 0.3125, -0.3125}, at::kDouble))) << q.rowwise;
+  EXPECT_TRUE(q.columnwise.is_same(q.rowwise));  // per-tensor scaling: one copy
+  EXPECT_EQ(q.rowwise.scalar_type(), at::kDouble);
+}
+
+TEST(Fp8Quantization, E5M2MaxAndSaturationAndTheNonSaturatingLibTorchCast) {
+  EXPECT_EQ(fp8_max(Fp8Format::kE5M2), 57344.0F);
+  EXPECT_EQ(fp8_max(Fp8Format::kE4M3), 448.0F);
+  const at::Tensor one = at::ones({}, at::kFloat);
+  const at::Tensor big = at::tensor({60000.0, -1e6, 57344.0, 1e5, 3.0}, at::kDouble);
+  const at::Tensor q5 = cast_to_fp8(big, one, Fp8Format::kE5M2);
+  EXPECT_EQ(q5.scalar_type(), at::kFloat8_e5m2);
+  EXPECT_TRUE(q5.to(at::kDouble).equal(at::tensor({57344.0, -57344.0, 57344.0, 57344.0, 3.0}, at::kDouble)))
+      << q5.to(at::kDouble);
+  const at::Tensor q4 = cast_to_fp8(at::tensor({500.0, 448.5, -1e9}, at::kDouble), one, Fp8Format::kE4M3);
+  EXPECT_TRUE(q4.to(at::kDouble).equal(at::tensor({448.0, 448.0, -448.0}, at::kDouble))) << q4.to(at::kDouble);
+  // Why cast_to_fp8 clamps first: LibTorch's own cast turns 500 into NaN.
+  EXPECT_TRUE(std::isnan(at::full({}, 500.0F).to(at::kFloat8_e4m3fn).to(at::kFloat).item<float>()));
+  // NaN stays NaN.
+  EXPECT_TRUE(std::isnan(cast_to_fp8(at::full({}, NAN), one, Fp8Format::kE5M2).to(at::kFloat).item<float>()));
+}
+
+TEST(Fp8Quantization, PowerOfTwoScalesAreThePowerAtOrBelowTheQuotient) {
+  const at::Tensor amax = at::tensor({3.5F, 3.0F, 0.3F, 0.0F, INFINITY, NAN, 1e-38F});
+  const at::Tensor fp32 = compute_scale_from_amax(amax, Fp8Format::kE4M3, ScalePrecision::kFp32, 3.4e38F);
+  const at::Tensor pow2 = compute_scale_from_amax(amax, Fp8Format::kE4M3, ScalePrecision::kPowerOf2, 3.4e38F);
+  const std::vector<float> expect_fp32{128.0F, 448.0F / 3.0F, 448.0F / 0.3F, 1.0F, 1.0F, 1.0F, 3.4e38F};
+  // 448 / 1e-38 overflows fp32: value_for_inf (3.4e38 given), whose power of two is 2^127.
+  const std::vector<float> expect_pow2{128.0F, 128.0F, 1024.0F, 1.0F, 1.0F, 1.0F, std::ldexp(1.0F, 127)};
+  for (size_t i = 0; i < expect_fp32.size(); ++i) {
+    EXPECT_EQ(fp32[static_cast<int64_t>(i)].item<float>(), expect_fp32[i]) << "amax index " << i;
+    EXPECT_EQ(pow2[static_cast<int64_t>(i)].item<float>(), expect_pow2[i]) << "amax index " << i;
+  }
+  EXPECT_EQ(value_for_inf(at::kDouble), std::numeric_limits<float>::max());
+  EXPECT_EQ(value_for_inf(at::kHalf), 65504.0F);
+
+  // Through the recipe: amax 3 gives scale 128 with use_power_2_scales, 149.33 without, so
+  // 1.1 lands on 144/128 = 1.125 with, on 160/149.33 without.
+  const at::Tensor x = at::tensor({3.0, 1.1}, at::kDouble);
+  ReferenceQuantization with(recipe("Float8CurrentScaling", "E4M3", {{"use_power_2_scales", "1"}}));
+  ReferenceQuantization without(recipe("Float8CurrentScaling", "E4M3", {{"use_power_2_scales", "0"}}));
+  const double fp32_inv = static_cast<double>(1.0F / (448.0F / 3.0F));
+  EXPECT_EQ(with.quantize(QuantRole::kInput, 0, x).rowwise[1].item<double>(), 1.125);
+  EXPECT_EQ(without.quantize(QuantRole::kInput, 0, x).rowwise[1].item<double>(), 160.0 * fp32_inv);
+}
+
+TEST(Fp8Quantization, MatchesHandRoundingOverEveryMagnitude) {
+  // Log-uniform magnitudes over 2^-30..2^10 with random signs: the saturating cast, the
+  // subnormals and every binade of both formats against round_fp8.
+  at::Generator gen = make_generator(301);
+  const at::Tensor u = at::rand({64, 48}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor s = at::rand({64, 48}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor x = at::exp2(u * 40.0 - 30.0) * at::where(s < 0.5, -1.0, 1.0);
+  for (const char* format : {"E4M3", "HYBRID"}) {
+    ReferenceQuantization quantization(recipe("Float8CurrentScaling", format));
+    const Fp8Format grad_format = std::string(format) == "E4M3" ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    EXPECT_TRUE(quantization.quantize(QuantRole::kInput, 0, x)
+                    .rowwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kTensor, false)))
+        << format;
+    // HYBRID's gradients are E5M2: 57344 / amax and two mantissa bits.
+    EXPECT_TRUE(quantization.quantize(QuantRole::kGradOutput, 0, x)
+                    .rowwise.equal(hand_qdq(x, grad_format, Groups::kTensor, false)))
+        << format;
+    // A scale of 1 (DelayedScaling's first call) puts x on the format's own grid.
+    const at::Tensor at_one = hand_qdq(x, Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+    EXPECT_TRUE(dequantize_fp8(cast_to_fp8(x, at::ones({}, at::kFloat), Fp8Format::kE4M3), at::ones({}, at::kFloat),
+                               at::kDouble)
+                    .equal(at_one));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Block scaling
+
+TEST(Fp8BlockScaling, PartialBlocksTakeTheAmaxOfWhatTheyCover) {
+  // [2, 130]: 1x128 blocks are columns 0..127 and the partial 128..129 of each row.
+  at::Tensor x = at::full({2, 130}, 0.25, at::kDouble);
+  x[0][5] = 100.0;   // row 0, block 0
+  x[0][129] = 0.3;   // row 0, partial block
+  x[1][128] = -2.0;  // row 1, partial block
+  const at::Tensor rows = block_scales(x, BlockShape::k1x128, Fp8Format::kE4M3, ScalePrecision::kFp32);
+  EXPECT_EQ(rows[0][0].item<float>(), 448.0F / 100.0F);
+  EXPECT_EQ(rows[0][127].item<float>(), 448.0F / 100.0F);
+  EXPECT_EQ(rows[0][128].item<float>(), 448.0F / 0.3F);
+  EXPECT_EQ(rows[1][0].item<float>(), 448.0F / 0.25F);
+  EXPECT_EQ(rows[1][129].item<float>(), 448.0F / 2.0F);
+  // 128x1 on the transposed layout [130, 2]: rows 128..129 are each column's partial block.
+  const at::Tensor cols = block_scales(x.t().contiguous(), BlockShape::k128x1, Fp8Format::kE4M3, ScalePrecision::kFp32);
+  EXPECT_TRUE(cols.equal(rows.t()));
+  // 128x128 tiles of [130, 130]: four tiles, the corner one partial in both dimensions.
+  at::Tensor square = at::full({130, 130}, 0.5, at::kDouble);
+  square[129][129] = 7.0;
+  square[3][3] = 56.0;
+  const at::Tensor tiles = block_scales(square, BlockShape::k128x128, Fp8Format::kE4M3, ScalePrecision::kPowerOf2);
+  EXPECT_EQ(tiles[0][0].item<float>(), 8.0F);      // 448 / 56
+  EXPECT_EQ(tiles[0][129].item<float>(), 512.0F);  // 448 / 0.5 = 896 -> 512
+  EXPECT_EQ(tiles[129][0].item<float>(), 512.0F);
+  EXPECT_EQ(tiles[129][129].item<float>(), 64.0F);  // 448 / 7
+}
+
+TEST(Fp8BlockScaling, OneDimensionalBlocksGiveSeparatelyQuantizedCopies) {
+  at::Generator gen = make_generator(302);
+  const at::Tensor x = at::randn({6, 5}, gen, at::TensorOptions().dtype(at::kDouble));
+  ReferenceQuantization quantization(recipe("Float8BlockScaling", "E4M3", {{"block_scaling_dims", "1,2,1"}}));
+  const QuantizedOperand qx = quantization.quantize(QuantRole::kInput, 0, x);
+  // Power-of-2 scales by default (use_f32_scales = 0): per row for the row-wise copy, per
+  // column for the column-wise copy.
+  EXPECT_TRUE(qx.rowwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kRows, true)));
+  EXPECT_TRUE(qx.columnwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kColumns, true)));
+  // Power-of-2 scales leave FP8's relative grid where it is (a floating-point format), so
+  // these two copies differ only where a block's scale reaches the subnormals; fp32 scales
+  // (below) make them differ.
+  // The weight's 2D tile: one copy, the whole [6, 5] tensor one tile.
+  const QuantizedOperand qw = quantization.quantize(QuantRole::kWeight, 0, x);
+  EXPECT_TRUE(qw.columnwise.is_same(qw.rowwise));
+  EXPECT_TRUE(qw.rowwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kTensor, true)));
+  // use_f32_scales = 1: fp32 scales.
+  ReferenceQuantization f32(recipe("Float8BlockScaling", "E4M3", {{"use_f32_scales", "1"}}));
+  const QuantizedOperand fx = f32.quantize(QuantRole::kInput, 0, x);
+  EXPECT_TRUE(fx.rowwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kRows, false)));
+  EXPECT_TRUE(fx.columnwise.equal(hand_qdq(x, Fp8Format::kE4M3, Groups::kColumns, false)));
+  EXPECT_FALSE(fx.rowwise.equal(fx.columnwise));
+}
+
+// ---------------------------------------------------------------------------------------
+// Delayed scaling
+
+/// One Linear [in 2 -> out 1] under `quantization`: forward (with grad) and backward.
+struct DelayedLinear {
+  std::shared_ptr<Linear> linear = std::make_shared<Linear>(LinearOptions(2, 1), test_options());
+  Sequential seq{{linear}, FusionRegistry{}};
+  ReferenceQuantization quantization;
+
+  explicit DelayedLinear(QuantRecipe r) : quantization(std::move(r)) {}
+  std::vector<at::Tensor> call(const at::Tensor& x, bool backward = true) {
+    ReferenceEvaluator ref(seq);
+    ref.set_quantization(&quantization);
+    std::vector<at::Tensor> out = ref.forward(testing::on_device(x), {});
+    if (backward) ref.backward({at::ones_like(out[0])});
+    return out;
+  }
+};
+
+TEST(Fp8DelayedScaling, ThreeCallExampleOfBackendsMd) {
+  DelayedLinear d(
+      recipe("DelayedScaling", "E4M3", {{"margin", "0"}, {"amax_compute_algo", "max"}, {"amax_history_len", "2"}}));
+  const at::Tensor w = cpu(d.linear->weight());
+  // Call 1: amax 3.5 quantized at scale 1 (3.5 is on the E4M3 grid; 0.3 -> 0.3125).
+  const at::Tensor x1 = row({3.5, 0.3});
+  const at::Tensor y1 = cpu(d.call(x1)[0]);
+  const at::Tensor wq1 = hand_qdq(w, Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+  // float64 products of the same FP8 values: only the summation order may differ.
+  EXPECT_TRUE(y1.allclose(row({3.5, 0.3125}).mm(wq1.t()), 1e-15, 0));
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 128.0F);
+  EXPECT_EQ(d.quantization.amax_history(0, QuantRole::kInput), (std::vector<float>{0.0F, 3.5F}));
+  // Call 2: amax 2.0 quantized at scale 128; history [2.0, 3.5] -> 448 / 3.5 = 128 again.
+  const at::Tensor x2 = row({2.0, 0.3});
+  const at::Tensor y2 = cpu(d.call(x2)[0]);
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 128.0F);
+  EXPECT_EQ(d.quantization.amax_history(0, QuantRole::kInput), (std::vector<float>{0.0F, 2.0F}));
+  // Call 3: scale 128 once more; after it 448 / 2 = 224.
+  d.call(x2);
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 224.0F);
+  // Call 2's input was quantized at scale 128: 0.3 -> 38.4 -> 40 -> 0.3125 (as at scale 1,
+  // but 2.0 -> 256 exactly); its output used the weight at the weight's scale after call 1.
+  const float w_scale_1 = hand_scale(cpu(d.linear->weight()).abs().max().item<float>(), Fp8Format::kE4M3, false);
+  const at::Tensor wq_call2 = hand_qdq(w, Fp8Format::kE4M3, Groups::kTensor, false, w_scale_1);
+  EXPECT_TRUE(y2.allclose(hand_qdq(x2, Fp8Format::kE4M3, Groups::kTensor, false, 128.0F).mm(wq_call2.t()), 1e-15, 0));
+}
+
+TEST(Fp8DelayedScaling, GradOutputScalesUpdateAfterEachBackwardOnly) {
+  DelayedLinear d(recipe("DelayedScaling", "HYBRID", {{"amax_history_len", "1"}}));
+  d.call(row({1.0, -2.0}));
+  // dy = 1 (ones cotangent): backward format E5M2 under HYBRID, scale 57344 / 1.
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kGradOutput), 57344.0F);
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 224.0F);  // 448 / 2
+  // A forward without backward updates the forward quantizers only.
+  d.call(row({4.0, 1.0}), /*backward=*/false);
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 112.0F);
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kGradOutput), 57344.0F);
+}
+
+TEST(Fp8DelayedScaling, NoGradForwardRecordsItsAmaxButUpdatesNothing) {
+  DelayedLinear d(recipe("DelayedScaling", "E4M3", {{"amax_history_len", "4"}}));
+  {
+    at::NoGradGuard no_grad;
+    d.call(row({7.0, 1.0}), /*backward=*/false);
+  }
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 1.0F);
+  EXPECT_EQ(d.quantization.amax_history(0, QuantRole::kInput)[0], 7.0F);
+  // The next grad-enabled forward (amax 2) updates from the maximum of both: 448 / 7.
+  d.call(row({2.0, 1.0}));
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 64.0F);
+}
+
+TEST(Fp8DelayedScaling, MarginMostRecentAndTheZeroAmaxKeepTheScale) {
+  DelayedLinear d(recipe("DelayedScaling", "E4M3",
+                         {{"margin", "1"}, {"amax_compute_algo", "most_recent"}, {"amax_history_len", "16"}}));
+  d.call(row({3.5, 0.0}));
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 64.0F);  // 448 / 3.5 / 2^1
+  d.call(row({1.75, 0.0}));
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 128.0F);  // most recent 1.75, not max 3.5
+  d.call(at::zeros({1, 2}, at::kDouble));
+  EXPECT_EQ(d.quantization.delayed_scale(0, QuantRole::kInput), 128.0F);  // amax 0: scale kept
+}
+
+// ---------------------------------------------------------------------------------------
+// Linear and GroupedLinear in the reference
+
+/// Forward and backward of one Linear [in 4 -> out 3] under `r`, with rows 5 and a seeded
+/// cotangent; returns {y, grad_input, grad_weight} (float64 CPU) and the operands used.
+struct LinearRun {
+  at::Tensor x, w, g, y, dx, dw;
+};
+
+LinearRun run_linear(const QuantRecipe& r, uint64_t seed) {
+  at::Generator gen = make_generator(seed);
+  auto linear = std::make_shared<Linear>(LinearOptions(4, 3), test_options());
+  Sequential seq({linear}, FusionRegistry{});
+  LinearRun run;
+  run.x = seeded_randn({5, 4}, gen, at::kDouble, true);
+  run.g = cpu(seeded_randn({5, 3}, gen));
+  run.w = cpu(linear->weight());
+  ReferenceQuantization quantization(r);
+  ReferenceEvaluator ref(seq);
+  ref.set_quantization(&quantization);
+  run.y = cpu(ref.forward(run.x, {})[0]);
+  const ReferenceGradients grads = ref.backward({run.g});
+  run.dx = cpu(grads.grad_input);
+  run.dw = cpu(grads.grad_params[0][0]);
+  run.x = cpu(run.x);
+  return run;
+}
+
+/// float64 GEMMs of the same dequantized values, summed in another order than the
+/// reference's autograd: agreement to 1e-12 relative (an FP8 ulp is 2^-3 relative).
+void expect_gemm_close(const at::Tensor& got, const at::Tensor& expected, const char* what) {
+  EXPECT_TRUE(got.allclose(expected, 1e-12, 1e-12)) << what << ": got\n" << got << "\nexpected\n" << expected;
+}
+
+TEST(Fp8Linear, EachRecipeMatchesHandQuantizedGemms) {
+  struct Expect {
+    const char* name;
+    QuantRecipe recipe;
+    /// x's and dy's scale groups for the row-/column-wise copies; W's; power-of-2 scales.
+    Groups x_row, x_col, w_row, w_col, g_row, g_col;
+    bool pow2;
+    float fixed_scale;  // > 0: DelayedScaling's first call, every scale 1
+    Fp8Format grad_format;
+  };
+  const std::vector<Expect> cases{
+      {"DelayedScaling E4M3", recipe("DelayedScaling", "E4M3"), Groups::kTensor, Groups::kTensor, Groups::kTensor,
+       Groups::kTensor, Groups::kTensor, Groups::kTensor, false, 1.0F, Fp8Format::kE4M3},
+      {"Float8CurrentScaling E4M3", recipe("Float8CurrentScaling", "E4M3"), Groups::kTensor, Groups::kTensor,
+       Groups::kTensor, Groups::kTensor, Groups::kTensor, Groups::kTensor, false, 0, Fp8Format::kE4M3},
+      {"Float8CurrentScaling HYBRID", recipe("Float8CurrentScaling", "HYBRID"), Groups::kTensor, Groups::kTensor,
+       Groups::kTensor, Groups::kTensor, Groups::kTensor, Groups::kTensor, false, 0, Fp8Format::kE5M2},
+      // x [rows, in]: row-wise per row, column-wise per column; W 2D one tile; dy 1D.
+      {"Float8BlockScaling 1,2,1", recipe("Float8BlockScaling", "E4M3", {{"block_scaling_dims", "1,2,1"}}),
+       Groups::kRows, Groups::kColumns, Groups::kTensor, Groups::kTensor, Groups::kRows, Groups::kColumns, true, 0,
+       Fp8Format::kE4M3},
+      // fp32 scales: the 1D copies differ in value (with powers of 2 they mostly agree).
+      {"Float8BlockScaling 1,1,1 f32",
+       recipe("Float8BlockScaling", "E4M3", {{"block_scaling_dims", "1,1,1"}, {"use_f32_scales", "1"}}), Groups::kRows,
+       Groups::kColumns, Groups::kRows, Groups::kColumns, Groups::kRows, Groups::kColumns, false, 0, Fp8Format::kE4M3},
+      // W 1D: its column-wise copy (dgrad) per column of [out, in]; dy 2D one tile.
+      {"Float8BlockScaling 1,1,2 HYBRID", recipe("Float8BlockScaling", "HYBRID", {{"block_scaling_dims", "1,1,2"}}),
+       Groups::kRows, Groups::kColumns, Groups::kRows, Groups::kColumns, Groups::kTensor, Groups::kTensor, true, 0,
+       Fp8Format::kE5M2},
+  };
+  for (const Expect& e : cases) {
+    const LinearRun run = run_linear(e.recipe, 303);
+    auto q = [&](const at::Tensor& t, Groups groups, Fp8Format format) {
+      return hand_qdq(t, format, groups, e.pow2, e.fixed_scale);
+    };
+    const at::Tensor xr = q(run.x, e.x_row, Fp8Format::kE4M3);
+    const at::Tensor xc = q(run.x, e.x_col, Fp8Format::kE4M3);
+    const at::Tensor wr = q(run.w, e.w_row, Fp8Format::kE4M3);
+    const at::Tensor wc = q(run.w, e.w_col, Fp8Format::kE4M3);
+    const at::Tensor gr = q(run.g, e.g_row, e.grad_format);
+    const at::Tensor gc = q(run.g, e.g_col, e.grad_format);
+    expect_gemm_close(run.y, xr.mm(wr.t()), e.name);   // x [5,4] · Wᵀ [4,3]
+    expect_gemm_close(run.dx, gr.mm(wc), e.name);      // dy [5,3] · W [3,4]
+    expect_gemm_close(run.dw, gc.t().mm(xc), e.name);  // dyᵀ [3,5] · x [5,4]
+    // Not the unquantized math: FP8 moves these values by far more than the tolerance.
+    EXPECT_FALSE(run.y.allclose(run.x.mm(run.w.t()), 1e-6, 1e-6)) << e.name;
+  }
+}
+
+TEST(Fp8Linear, HybridQuantizesTheGradientInE5M2) {
+  const LinearRun hybrid = run_linear(recipe("Float8CurrentScaling", "HYBRID"), 304);
+  const LinearRun e4m3 = run_linear(recipe("Float8CurrentScaling", "E4M3"), 304);
+  // Same forward, different gradients: dy on E5M2's grid (2 mantissa bits), not E4M3's.
+  EXPECT_TRUE(hybrid.y.equal(e4m3.y));
+  EXPECT_FALSE(hybrid.dx.allclose(e4m3.dx, 1e-9, 0));
+  const at::Tensor w = hand_qdq(hybrid.w, Fp8Format::kE4M3, Groups::kTensor, false);
+  expect_gemm_close(hybrid.dx, hand_qdq(hybrid.g, Fp8Format::kE5M2, Groups::kTensor, false).mm(w), "HYBRID dgrad");
+  expect_gemm_close(e4m3.dx, hand_qdq(e4m3.g, Fp8Format::kE4M3, Groups::kTensor, false).mm(w), "E4M3 dgrad");
+}
+
+TEST(Fp8Linear, BackwardOverrideHighPrecisionAndDequantized) {
+  for (const char* name : {"Float8CurrentScaling", "Float8BlockScaling"}) {
+    const bool block = std::string(name) == "Float8BlockScaling";
+    const Groups x_row = block ? Groups::kRows : Groups::kTensor;
+    const LinearRun high = run_linear(recipe(name, "E4M3", {{"backward_override", "high_precision"}}), 305);
+    const LinearRun deq = run_linear(recipe(name, "E4M3", {{"backward_override", "dequantized"}}), 305);
+    const at::Tensor xq = hand_qdq(high.x, Fp8Format::kE4M3, x_row, block);
+    const at::Tensor wq = hand_qdq(high.w, Fp8Format::kE4M3, Groups::kTensor, block);
+    // Both forwards quantized; backwards on an unquantized dy.
+    expect_gemm_close(high.y, xq.mm(wq.t()), name);
+    expect_gemm_close(deq.y, xq.mm(wq.t()), name);
+    expect_gemm_close(high.dx, high.g.mm(high.w), name);      // dy · W
+    expect_gemm_close(high.dw, high.g.t().mm(high.x), name);  // dyᵀ · x
+    expect_gemm_close(deq.dx, deq.g.mm(wq), name);            // dy · dq(Qw(W))
+    expect_gemm_close(deq.dw, deq.g.t().mm(xq), name);        // dyᵀ · dq(Qi(x)), row-wise copy
+  }
+}
+
+TEST(Fp8Linear, GroupedLinearQuantizesPerGroupAndAddsBiasInHighPrecision) {
+  at::Generator gen = make_generator(306);
+  auto grouped = std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 3, 2).bias(true), test_options());
+  Sequential seq({grouped}, FusionRegistry{});
+  at::Tensor x = seeded_randn({5, 3}, gen, at::kDouble, true);
+  {
+    at::NoGradGuard no_grad;
+    x.narrow(0, 3, 2).mul_(0.01);  // group 1 far smaller: its own scale matters
+  }
+  const at::Tensor g = cpu(seeded_randn({5, 2}, gen));
+  ReferenceQuantization quantization(recipe("Float8CurrentScaling", "E4M3"));
+  ReferenceEvaluator ref(seq);
+  ref.set_quantization(&quantization);
+  const at::Tensor y = cpu(ref.forward(x, {testing::int_tensor({3, 2})})[0]);
+  const ReferenceGradients grads = ref.backward({g});
+  const at::Tensor xc = cpu(x);
+  const at::Tensor w = cpu(grouped->weight());
+  const at::Tensor b = cpu(grouped->bias());
+  for (int64_t grp = 0; grp < 2; ++grp) {
+    const int64_t begin = grp == 0 ? 0 : 3;
+    const int64_t n = grp == 0 ? 3 : 2;
+    const at::Tensor xq = hand_qdq(xc.narrow(0, begin, n), Fp8Format::kE4M3, Groups::kTensor, false);
+    const at::Tensor wq = hand_qdq(w[grp], Fp8Format::kE4M3, Groups::kTensor, false);
+    const at::Tensor gq = hand_qdq(g.narrow(0, begin, n), Fp8Format::kE4M3, Groups::kTensor, false);
+    expect_gemm_close(y.narrow(0, begin, n), xq.mm(wq.t()) + b[grp], "grouped y");
+    expect_gemm_close(cpu(grads.grad_input).narrow(0, begin, n), gq.mm(wq), "grouped dx");
+    expect_gemm_close(cpu(grads.grad_params[0][0])[grp], gq.t().mm(xq), "grouped dW");
+    // The bias gradient from the unquantized dy.
+    expect_gemm_close(cpu(grads.grad_params[0][1])[grp], g.narrow(0, begin, n).sum(0), "grouped db");
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// cache_quantized_input
+
+TEST(Fp8CachedInput, ValueOfTheInputGradientAtItsQuantizeDequantize) {
+  at::Generator gen = make_generator(307);
+  const at::Tensor x = seeded_randn({4, 6}, gen, at::kDouble, true).cpu().detach().requires_grad_(true);
+  const at::Tensor cached = reference_cached_input(x);
+  const at::Tensor xq = hand_qdq(x, Fp8Format::kE4M3, Groups::kTensor, false);
+  EXPECT_TRUE(cached.detach().equal(xq));
+  const at::Tensor y = value_with_gradient_of(at::gelu(x, "tanh"), at::gelu(cached, "tanh"));
+  EXPECT_TRUE(y.detach().equal(at::gelu(x.detach(), "tanh")));  // the forward used x itself
+  const at::Tensor g = at::randn({4, 6}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor dx = torch::autograd::grad({y}, {x}, {g})[0];
+  const at::Tensor at_q = xq.clone().requires_grad_(true);
+  const at::Tensor expected = torch::autograd::grad({at::gelu(at_q, "tanh")}, {at_q}, {g})[0];
+  EXPECT_TRUE(dx.equal(expected));  // g · gelu'(dq(Q(x))), the same float64 ops
+  EXPECT_FALSE(dx.allclose(torch::autograd::grad({at::gelu(x, "tanh")}, {x}, {g})[0], 1e-6, 0));
+}
+
+TEST(Fp8CachedInput, ModelAndReferenceRoundAlikeInFloat32AndFloat64) {
+  // The model's hand-written E4M3 rounding (activation_math::cached_input) against the
+  // reference's LibTorch cast, on log-uniform magnitudes: exactly equal (each is one correct
+  // rounding of the same exact product in these dtypes).
+  at::Generator gen = make_generator(308);
+  const at::Tensor u = at::rand({200, 50}, gen, at::TensorOptions().dtype(at::kDouble));
+  const at::Tensor x = at::exp2(u * 30.0 - 20.0) * at::where(u < 0.4, -1.0, 1.0);
+  ReferenceQuantization none;
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor xt = x.to(dtype);
+    const at::Tensor model = activation_math::cached_input(xt);
+    EXPECT_TRUE(model.equal(none.quantize_cached_input(xt))) << c10::toString(dtype);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Jitter
+
+/// The FP8 codes of dq values at a per-tensor `scale`.
+at::Tensor codes(const at::Tensor& dq, float scale, Fp8Format format) {
+  return cast_to_fp8(dq, at::full({}, scale), format).contiguous().view(at::kByte).to(at::kInt);
+}
+
+TEST(Fp8Jitter, MovesEveryEligibleElementByExactlyOneFp8Ulp) {
+  at::Generator gen = make_generator(309);
+  at::Tensor x = at::randn({40, 30}, gen, at::TensorOptions().dtype(at::kDouble));
+  x[0][0] = 0.0;    // exactly zero: stays
+  x[0][1] = 1e-30;  // quantizes to zero: may move to the smallest subnormal
+  x[0][2] = -30.0;  // the amax: on -max, can only move inwards
+  for (const char* format : {"E4M3", "HYBRID"}) {
+    const Fp8Format f = std::string(format) == "E4M3" ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+    ReferenceQuantization plain(recipe("Float8CurrentScaling", format));
+    ReferenceQuantization jittered(recipe("Float8CurrentScaling", format));
+    jittered.set_jitter(1.0, make_generator(310));
+    const at::Tensor a = plain.quantize(QuantRole::kGradOutput, 0, x).rowwise;
+    const at::Tensor b = jittered.quantize(QuantRole::kGradOutput, 0, x).rowwise;
+    const float scale = fp8_max(f) / 30.0F;
+    const at::Tensor ca = codes(a, scale, f);
+    const at::Tensor cb = codes(b, scale, f);
+    const at::Tensor step = at::bitwise_and(cb, 0x7F) - at::bitwise_and(ca, 0x7F);
+    EXPECT_TRUE(at::bitwise_and(ca, 0x80).equal(at::bitwise_and(cb, 0x80))) << format << ": signs kept";
+    at::Tensor moved = step.abs() == 1;
+    moved[0][0] = true;  // checked apart below
+    EXPECT_TRUE(moved.all().item<bool>()) << format << ": a step other than one code";
+    EXPECT_EQ(b[0][0].item<double>(), 0.0) << format;
+    EXPECT_EQ(step[0][1].item<int>(), 1) << format << ": away from zero";
+    EXPECT_EQ(step[0][2].item<int>(), -1) << format << ": in from -max";
+    // Both directions happen.
+    EXPECT_GT((step == 1).sum().item<int64_t>(), 100) << format;
+    EXPECT_GT((step == -1).sum().item<int64_t>(), 100) << format;
+  }
+}
+
+TEST(Fp8Jitter, ProbabilityZeroChangesNothingAndTheDrawIsSeeded) {
+  at::Generator gen = make_generator(311);
+  const at::Tensor x = at::randn({50, 40}, gen, at::TensorOptions().dtype(at::kDouble));
+  const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
+  ReferenceQuantization plain(r);
+  ReferenceQuantization zero(r);
+  zero.set_jitter(0.0, make_generator(1));
+  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  EXPECT_TRUE(zero.quantize(QuantRole::kInput, 0, x).rowwise.equal(a));
+  ReferenceQuantization half1(r);
+  ReferenceQuantization half2(r);
+  half1.set_jitter(0.5, make_generator(2));
+  half2.set_jitter(0.5, make_generator(2));
+  const at::Tensor b1 = half1.quantize(QuantRole::kInput, 0, x).rowwise;
+  EXPECT_TRUE(b1.equal(half2.quantize(QuantRole::kInput, 0, x).rowwise));  // same seed, same moves
+  // 2000 Bernoulli(0.5) draws: the fraction moved lies within 0.5 +- 0.1 (9 standard deviations).
+  const double fraction = (b1 != a).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(fraction, 0.5, 0.1);
+  half1.clear_jitter();
+  EXPECT_TRUE(half1.quantize(QuantRole::kInput, 0, x).rowwise.equal(a));
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+TEST(QuantRecipe, ParsesDefaultsAndEveryOption) {
+  const QuantRecipe delayed = recipe("DelayedScaling", "");
+  EXPECT_EQ(delayed.kind, RecipeKind::kDelayedScaling);
+  EXPECT_EQ(delayed.format, RecipeFormat::kHybrid);
+  EXPECT_EQ(delayed.amax_history_len, 1024);
+  EXPECT_EQ(delayed.margin, 0);
+  const QuantRecipe block =
+      recipe("Float8BlockScaling", "", {{"block_scaling_dims", "2,1,1"}, {"backward_override", "dequantized"}});
+  EXPECT_EQ(block.format, RecipeFormat::kE4M3);
+  EXPECT_EQ(block.x_block, BlockDims::k2D);
+  EXPECT_EQ(block.w_block, BlockDims::k1D);
+  EXPECT_EQ(block.scales, ScalePrecision::kPowerOf2);
+  EXPECT_EQ(block.backward_override, BackwardOverride::kDequantized);
+  EXPECT_EQ(block.format_for(QuantRole::kGradOutput), Fp8Format::kE4M3);
+  EXPECT_EQ(recipe("Float8CurrentScaling", "HYBRID").format_for(QuantRole::kGradOutput), Fp8Format::kE5M2);
+  EXPECT_EQ(recipe("Float8CurrentScaling", "HYBRID").format_for(QuantRole::kWeight), Fp8Format::kE4M3);
+}
+
+TEST(QuantRecipe, ErrorsNameTheRecipeTheOptionAndTheAllowedValues) {
+  EXPECT_THAT(error_message([] {
+                recipe("Float8CurrentScaling", "E4M3", {{"use_power_2_scales", "2"}});
+              }),
+              HasSubstr("Float8CurrentScaling: option 'use_power_2_scales' must be one of \"0\", \"1\", got \"2\""));
+  EXPECT_THAT(error_message([] {
+                recipe("DelayedScaling", "E4M3", {{"backward_override", "none"}});
+              }),
+              HasSubstr("DelayedScaling: unknown option 'backward_override'; known options: amax_compute_algo, "
+                        "amax_history_len, margin"));
+  EXPECT_THAT(error_message([] {
+                recipe("DelayedScaling", "E4M3", {{"margin", "-1"}});
+              }),
+              HasSubstr("DelayedScaling: option 'margin' must be an integer in [0, 127], got \"-1\""));
+  EXPECT_THAT(error_message([] {
+                recipe("DelayedScaling", "E4M3", {{"amax_history_len", "0"}});
+              }),
+              HasSubstr("option 'amax_history_len' must be an integer in [1, 1048576], got \"0\""));
+  EXPECT_THAT(error_message([] {
+                recipe("Float8BlockScaling", "E4M3", {{"block_scaling_dims", "2,2,1"}});
+              }),
+              HasSubstr("Float8BlockScaling: option 'block_scaling_dims' must be one of \"1,2,1\", \"1,1,1\", "
+                        "\"2,1,1\", \"1,1,2\", got \"2,2,1\""));
+  EXPECT_THAT(error_message([] { recipe("Float8CurrentScaling", "E5M2"); }),
+              HasSubstr("Float8CurrentScaling: fp8_format must be one of \"E4M3\", \"HYBRID\", got \"E5M2\""));
+  EXPECT_THAT(error_message([] { recipe("MXFP8BlockScaling", "E4M3"); }),
+              HasSubstr("unsupported-recipe: MXFP8BlockScaling: the reference does not emulate this recipe"));
+  EXPECT_THAT(error_message([] { recipe("NVFP4BlockScaling", "E4M3"); }), HasSubstr("unsupported-recipe"));
+  EXPECT_THAT(error_message([] { recipe("Float16Scaling", "E4M3"); }),
+              HasSubstr("unknown-name: unknown recipe 'Float16Scaling'; known recipes: DelayedScaling"));
+  EXPECT_THAT(error_message([] { ReferenceQuantization().set_jitter(1.5, make_generator(1)); }),
+              HasSubstr("probability must be in [0, 1], got 1.5"));
+  EXPECT_THAT(error_message([] { ReferenceQuantization().quantize(QuantRole::kInput, 0, at::ones({2})); }),
+              HasSubstr("quantize needs a recipe; this one has none"));
+  EXPECT_THAT(
+      error_message([] { ReferenceQuantization(recipe("DelayedScaling", "")).delayed_scale(3, QuantRole::kWeight); }),
+      HasSubstr("no delayed-scaling quantizer for op 3, group 0, role weight"));
+}
+
+}  // namespace
+}  // namespace gradfuzz::ops
