@@ -5,5 +5,6 @@ gradfuzz_add_test(campaign_test
     ${CMAKE_CURRENT_LIST_DIR}/files_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/known_issues_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/sanitizer_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/selftest_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/worker_pool_test.cc
   LIBS gradfuzz::cli)
