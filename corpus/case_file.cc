@@ -69,10 +69,23 @@ std::string string_at(const nlohmann::json& j, const std::string& path, const st
   return j.get<std::string>();
 }
 
-/// A fault name or null; names are checked against the runtime's fault list.
-std::optional<std::string> fault_at(const nlohmann::json& j, const std::string& path, const std::string& file) {
+/// A fault name or null. A model case's fault is checked against the runtime's fault list; a
+/// te or torch case's is one the backend plants (`gradfuzz list faults --backend NAME`), which
+/// that backend checks when the case runs: here only its spelling.
+std::optional<std::string> fault_at(const nlohmann::json& j, const std::string& path, const std::string& file,
+                                    const std::string& backend) {
   if (j.is_null()) return std::nullopt;
   std::string name = string_at(j, path, file);
+  if (backend != "model") {
+    const bool spelled = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+    });
+    if (!spelled) {
+      throw CorpusError(file, path,
+                        "fault '" + name + "' is not a fault name (lower-case letters, digits, '-' and '_')");
+    }
+    return name;
+  }
   try {
     ops::fault_from_name(name);
   } catch (const Error& e) {
@@ -240,7 +253,8 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     } catch (const std::invalid_argument& e) {
       throw CorpusError(file, "/verdict/kind", e.what());
     }
-    if (verdict.contains("fault")) out.verdict.fault = fault_at(verdict.at("fault"), "/verdict/fault", file);
+    if (verdict.contains("fault"))
+      out.verdict.fault = fault_at(verdict.at("fault"), "/verdict/fault", file, out.backend);
   }
 
   const nlohmann::json provenance = required(j, "provenance", "", file);
@@ -256,7 +270,8 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     out.provenance.tool_version = string_at(provenance.at("tool_version"), "/provenance/tool_version", file);
   }
   if (provenance.contains("date")) out.provenance.date = string_at(provenance.at("date"), "/provenance/date", file);
-  if (provenance.contains("fault")) out.provenance.fault = fault_at(provenance.at("fault"), "/provenance/fault", file);
+  if (provenance.contains("fault"))
+    out.provenance.fault = fault_at(provenance.at("fault"), "/provenance/fault", file, out.backend);
 
   if (j.contains("wiring_error")) out.wiring_error = string_at(j.at("wiring_error"), "/wiring_error", file);
   // Static wiring: a bound input that no earlier op of its fuser produces is a malformed

@@ -42,8 +42,9 @@
 //   `in_place` 0/1; groups 1..4; `bias` 0/1 (1 when `scale_bias`); `scale_bias` 0/1;
 //   SwiGLU and ScaledSwiGLU `interleave` 0 or any k with features % 2k == 0; RMSNorm and
 //   LayerNorm eps {1e-5,1e-3} and `zero_centered_gamma` 1 with chance 1/2; Reshape
-//   `features` a divisor (<= 8) of rows*features. TE options without effect on the math
-//   (cache_quantized_input, sm_margin, ...) stay at their defaults.
+//   `features` a divisor (<= 8) of rows*features. The options a backend documents with a
+//   domain of values (capabilities: cache_quantized_input, accumulate_into_main_grad, ...)
+//   are drawn uniformly over it (with_backend_options); without one they keep defaults.
 // - bindings: each extra input slot with a motif suggestion is bound to it with chance 3/4;
 //   any other slot with at least one compatible earlier producer in its fuser is bound with
 //   chance 1/2 to one drawn uniformly (fan-out arises when several pick the same producer);

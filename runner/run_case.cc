@@ -15,6 +15,7 @@
 #include "harness/dtype.h"
 #include "ops/cuda/launch_stats.h"
 #include "ops/errors.h"
+#include "ops/quantization.h"
 #include "ops/reference.h"
 #include "oracle/rounding.h"
 #include "oracle/signature.h"
@@ -66,7 +67,8 @@ bool repeat_wants_input_grad(const CaseSpec& spec) {
 /// catalog's reference math under plain autograd, on the CPU, over the ops in `built`.
 PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors, BuiltCase& built,
                            at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU,
-                           ops::KinkProbe* probe = nullptr) {
+                           ops::KinkProbe* probe = nullptr, ops::ReferenceQuantization* quantization = nullptr,
+                           bool no_grad = false) {
   PathRun run;
   run.name = compute_dtype == at::kDouble ? "reference" : "rounding_baseline";
   BuildOptions build;
@@ -84,6 +86,13 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     std::vector<at::Tensor> extras = to_path(tensors.extra_inputs, tensors.extra_input_requires_grad, options);
     ops::ReferenceEvaluator evaluator(*built.sequential, compute_dtype, device);
     evaluator.set_kink_probe(probe);
+    evaluator.set_quantization(quantization);
+    if (no_grad) {
+      // A no_grad call of the Sequential: its values only (delayed scaling records amaxes).
+      at::NoGradGuard guard;
+      run.outputs = evaluator.forward(input, extras);
+      return;
+    }
     run.outputs = evaluator.forward(input, extras);
     run.error_stage = "backward";
     ops::ReferenceGradients grads = evaluator.backward(tensors.cotangents);
@@ -391,16 +400,34 @@ class CaseRun {
   }
 
   /// The bounds judge_values would hold the paths to once the first check failed.
-  std::optional<oracle::CaseBounds> bounds() {
+  Expectation expectation() {
     disable_tf32();
-    if (!prepare()) return std::nullopt;
+    Expectation out;
+    if (!prepare()) return out;
     run_reference();
-    if (!reference_.ok()) return std::nullopt;
+    if (!reference_.ok()) return out;
     const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
-    if (dtype_ == at::kDouble || !gather_evidence()) {
-      return oracle::first_bounds(dtype_, context_, expected, options_.rounding);
+    out.bounds = dtype_ == at::kDouble || !gather_evidence()
+                     ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
+                     : oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
+    out.quantized = quantizes_;
+    if (!quantizes_) return out;
+    auto on_cpu = [](std::map<std::string, at::Tensor> tensors) {
+      for (auto& [name, t] : tensors) {
+        if (t.defined()) t = t.detach().cpu();
+      }
+      return tensors;
+    };
+    // Exactly the tensors judge_values compares each call with.
+    out.expected = on_cpu(oracle::tensors_by_name(spec_, reference_));
+    for (size_t k = 0; k < spec_.repeat_calls.size(); ++k) {
+      const bool own = k < repeat_references_.size() && repeat_references_[k].ok();
+      const PathRun call =
+          own ? expected_for_call(repeat_references_[k], repeat_references_[k].grad_input, spec_.repeat_calls[k])
+              : expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]);
+      out.repeat_expected.push_back(on_cpu(oracle::tensors_by_name(spec_, call)));
     }
-    return oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
+    return out;
   }
 
   CaseResult run() {
@@ -456,7 +483,33 @@ class CaseRun {
     }
     result_.features = static_features(spec_, prepared_.plan);
     context_ = {spec_.num_ops(), prepared_.plan.max_reduction_length};
+    if (spec_.recipe) {
+      PathRun parse;
+      run_guarded(parse, [&] {
+        recipe_ = ops::QuantRecipe::parse(spec_.recipe->name, spec_.recipe->fp8_format, spec_.recipe->options);
+      });
+      if (!parse.ok()) {
+        result_.notes = "every path raised " + parse.error_kind + " reading the recipe: " + parse.error_message;
+        return false;
+      }
+      result_.features.emplace_back("recipe");
+    }
+    quantizes_ = recipe_.has_value() || std::any_of(spec_.ops.begin(), spec_.ops.end(), [](const harness::OpSpec& op) {
+                   auto it = op.attrs.find("cache_quantized_input");
+                   return it != op.attrs.end() && it->second == 1;
+                 });
     return true;
+  }
+
+  /// A fresh quantization state for one reference evaluation (null when the case quantizes
+  /// nothing); with `jitter`, each quantized element moved by one FP8 value with
+  /// probability 1/2 (the oracle's estimate of what one FP8 ulp per element costs).
+  std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(at::Generator* jitter = nullptr) const {
+    if (!quantizes_) return nullptr;
+    auto q = recipe_ ? std::make_unique<ops::ReferenceQuantization>(*recipe_)
+                     : std::make_unique<ops::ReferenceQuantization>();
+    if (jitter) q->set_jitter(0.5, *jitter);
+    return q;
   }
 
   // ---- run the paths: fused, unfused (skipped when nothing fused), and each pass's fusions
@@ -521,8 +574,23 @@ class CaseRun {
   // ---- the float64 reference (recording its kinks for the low-precision rule).
   void run_reference() {
     ref_device_ = reference_device(spec_, prepared_.plan, prepared_.tensors);
+    call_quantization_ = fresh_quantization();
     reference_ = run_reference_path(spec_, prepared_.plan, prepared_.tensors, prepared_.reference_ops, at::kDouble,
-                                    ref_device_, &reference_kinks_);
+                                    ref_device_, &reference_kinks_, call_quantization_.get());
+    if (reference_.ok() && recipe_ && recipe_->kind == ops::RecipeKind::kDelayedScaling) {
+      // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
+      // histories, so each repeat call has a reference of its own, in order, on one state.
+      for (const RepeatCall& call : spec_.repeat_calls) {
+        CaseSpec call_spec = spec_;
+        call_spec.input_requires_grad = call.input_requires_grad;
+        BuiltCase ops;
+        PathRun creation;
+        run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
+        if (!creation.ok()) break;
+        repeat_references_.push_back(run_reference_path(call_spec, prepared_.plan, prepared_.tensors, ops, at::kDouble,
+                                                        ref_device_, nullptr, call_quantization_.get(), call.no_grad));
+      }
+    }
     // A repeat call whose input requires grad when the first call's does not: the input's
     // gradient from a second reference run with it (a channel whose value then requires grad
     // has a gradient in that run that the first call must not be judged on).
@@ -535,8 +603,9 @@ class CaseRun {
       PathRun creation;
       run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
       if (creation.ok()) {
-        PathRun run =
-            run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble, ref_device_);
+        const auto quantization = fresh_quantization();
+        PathRun run = run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble,
+                                         ref_device_, nullptr, quantization.get());
         if (run.ok()) {
           repeat_grad_input_ = run.grad_input;
           // The low-precision evidence then covers the input's gradient the repeat calls take.
@@ -651,9 +720,12 @@ class CaseRun {
       for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];
         if (!repeat.ok()) continue;
-        compare_paths(repeat.name + "~reference", spec_,
-                      expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]), repeat, bounds,
-                      comparer, all_channels());
+        const bool own = k < repeat_references_.size() && repeat_references_[k].ok();
+        compare_paths(
+            repeat.name + "~reference", spec_,
+            own ? expected_for_call(repeat_references_[k], repeat_references_[k].grad_input, spec_.repeat_calls[k])
+                : expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]),
+            repeat, bounds, comparer, all_channels());
         compare_plans(repeat, findings);
       }
     }
@@ -741,12 +813,16 @@ class CaseRun {
   }
 
   /// A run of the reference ops on `values` in `dtype` (kinks into `probe`, when given).
-  PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr) {
+  PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr,
+                        at::Generator* jitter = nullptr) {
     BuiltCase ops;
     PathRun creation;
     run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, values); });
     if (!creation.ok()) return creation;
-    return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe);
+    // Every evaluation its own quantization state: each moves delayed-scaling histories.
+    const auto quantization = fresh_quantization(jitter);
+    return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe,
+                              quantization.get());
   }
 
   /// `n` more rounding samples: the rounding baseline on values perturbed by a relative u
@@ -755,7 +831,9 @@ class CaseRun {
   void add_rounding_samples(int64_t n) {
     const double u = harness::unit_roundoff(dtype_);
     for (int64_t k = 0; k < n; ++k) {
-      const PathRun run = reference_run(perturbed(u, sample_generator_), dtype_);
+      // A quantizing case's samples also move each quantized element by one FP8 value or not.
+      const PathRun run =
+          reference_run(perturbed(u, sample_generator_), dtype_, nullptr, quantizes_ ? &sample_generator_ : nullptr);
       if (run.ok()) {
         oracle::accumulate_max(evidence_.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
       }
@@ -790,7 +868,9 @@ class CaseRun {
 
   // ---- finite differences: the reference itself against central differences (float64).
   void check_finite_differences_stage() {
-    if (!options_.finite_differences || dtype_ != at::kDouble || !reference_.ok()) return;
+    // A quantizing case's gradient is deliberately not the derivative of its value (the
+    // quantizers pass gradients straight through): nothing for central differences to check.
+    if (!options_.finite_differences || dtype_ != at::kDouble || !reference_.ok() || quantizes_) return;
     try {
       check_finite_differences(spec_, prepared_.tensors, reference_, prepared_.reference_ops,
                                options_.finite_difference, prepared_.generator, result_.findings, notes_);
@@ -881,6 +961,15 @@ class CaseRun {
   CaseSpec evidence_spec_;
   std::optional<PathRun> evidence_reference_;
   at::Generator sample_generator_;
+  /// FP8 quantization of the reference (ops/quantization.h): the case's recipe, parsed, and
+  /// whether any reference evaluation quantizes (a recipe, or an activation caching its
+  /// input in FP8).
+  std::optional<ops::QuantRecipe> recipe_;
+  bool quantizes_ = false;
+  /// The quantization state of the reference's calls in order (delayed scaling: call k's
+  /// scales come from calls 1..k-1), and per repeat call its own reference run.
+  std::unique_ptr<ops::ReferenceQuantization> call_quantization_;
+  std::vector<PathRun> repeat_references_;
   oracle::RoundingEvidence evidence_;
   std::vector<std::string> notes_;
 };
@@ -891,9 +980,13 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
 
 }  // namespace
 
+Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options) {
+  thread_local ModelBackend model;  // not run: the expectation needs only the reference
+  return CaseRun(spec, model, options).expectation();
+}
+
 std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options) {
-  thread_local ModelBackend model;  // not run: the bounds need only the reference
-  return CaseRun(spec, model, options).bounds();
+  return judging_expectation(spec, options).bounds;
 }
 
 }  // namespace gradfuzz::runner

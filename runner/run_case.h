@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +80,20 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options = {});
 /// baseline, input sensitivity, kinks) otherwise, for every tensor the reference computes.
 /// nullopt when the case cannot be built or its reference raises.
 std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options = {});
+
+/// What the oracle expects of every path of a case: its bounds and, where the reference
+/// quantizes (an FP8 recipe, an activation caching its input in FP8), the float64
+/// quantize-dequantize reference's own values, which a script cannot recompute from the
+/// catalog's high-precision math (exported scripts ship them).
+struct Expectation {
+  std::optional<oracle::CaseBounds> bounds;
+  bool quantized = false;
+  /// With `quantized`: the first call's expected tensors by name, then each repeat call's
+  /// (delayed scaling: the scales the calls before it left), on the CPU.
+  std::map<std::string, at::Tensor> expected;
+  std::vector<std::map<std::string, at::Tensor>> repeat_expected;
+};
+Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options = {});
 
 /// A case's plan, drawn values and float64 reference ops (holding those values), exactly as
 /// run_case makes them.

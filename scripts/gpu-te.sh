@@ -10,8 +10,12 @@
 #   STAGES    space-separated, run in this order (default: all of call A):
 #             caps te32 te16 export          call A: TE campaigns with the known file, every
 #                                            finding replayed, exported and run under pytest
-#             selftest recipes delayed tput  call B: planted TE faults, per-recipe campaigns,
-#                                            DelayedScaling repeat calls, throughput tables
+#             selftest recipes delayed quick tput
+#                                            call B: planted TE faults, per-recipe campaigns,
+#                                            DelayedScaling repeat calls, the README's TE quick
+#                                            start (scripts/fuzz.sh --backend te), throughput
+#   TE32_S TE16_S RECIPE_S  seconds of the te32, te16 and each recipe campaign (70, 70, 35)
+#   TPUT_WORKERS            worker counts of the te throughput table (default "1 12")
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
@@ -22,7 +26,6 @@ out="${OUT:-/tmp/gradfuzz-te}"
 stages="${STAGES:-caps te32 te16 export}"
 tag="${TAG:-${stages%% *}}"
 budget="${BUDGET_S:-540}"
-cases="${CASES:-2000}"
 seed="${SEED:-11}"
 workers="${WORKERS:-12}"
 start=$(date +%s)
@@ -90,10 +93,13 @@ print(f"cases {s['cases_run']} failed {s['failed']} known_failed {s.get('known_f
       f"new {s.get('new_findings')} known {s.get('known_findings')} {s['cases_per_s']:.1f} cases/s regimes {s.get('regimes')}")
 PY
 }
-campaign() {  # campaign NAME SECONDS ARGS...: a te fuzz campaign into $work/NAME
-  local name="$1" limit="$2"; shift 2
-  stage "$name" "$limit" "$gf" fuzz --backend "$backend" --device "$device" --workers "$workers" --corpus "$work/$name" \
-    --report "$work/$name.json" --case-log "$work/$name.cases.jsonl" --quiet "$@"
+campaign() {  # campaign NAME SECONDS ARGS...: a fuzz campaign of SECONDS (--time: it writes its report) into $work/NAME
+  local name="$1" seconds="$2"; shift 2
+  local remaining; remaining=$(left)
+  [ "$seconds" -gt $((remaining - 35)) ] && seconds=$((remaining - 35))
+  if [ "$seconds" -lt 10 ]; then say "$name: skipped (budget)"; return 0; fi
+  stage "$name" $((seconds + 30)) "$gf" fuzz --backend "$backend" --device "$device" --workers "$workers" \
+    --corpus "$work/$name" --report "$work/$name.json" --case-log "$work/$name.cases.jsonl" --quiet --time "$seconds" "$@"
   say "  $name: $(report_line "$work/$name.json")"
 }
 
@@ -107,21 +113,26 @@ fi
 cp "$state/te-capabilities.json" "$work/te-capabilities.json" 2>/dev/null
 # Issue 13 and 12: the known causes as known clusters, what is new explained; bfloat16 judged
 # in its own dtype. Tiny shapes, seeds other than 21 and 11 of the issue's measurements.
-has te32 && campaign te32 150 --cases "$cases" --seed 31 --dtypes float32 --shapes tiny --known "$known" \
+has te32 && campaign te32 "${TE32_S:-70}" --seed 31 --dtypes float32 --shapes tiny --known "$known" \
   --max-shrink-calls 60
-has te16 && campaign te16 150 --cases "$cases" --seed 32 --dtypes bfloat16 --shapes tiny --known "$known" \
+has te16 && campaign te16 "${TE16_S:-70}" --seed 32 --dtypes bfloat16 --shapes tiny --known "$known" \
   --max-shrink-calls 60
 if has export; then
   # Issue 15: every finding (new clusters and known ones) replayed and exported; the scripts
   # run under one pytest (TE imports once); outcomes compared in the summary.
   mkdir -p "$work/export"
-  for dir in te32 te16; do
-    for f in "$work/$dir"/findings/*.json "$work/$dir"/findings/known/*.json "$work/$dir"/crashing/*.json; do
-      [ -f "$f" ] || continue
-      id="${dir}_$(basename "$f" .json)"
-      cp "$f" "$work/export/$id.json"
+  # New clusters first, then crashes, then one case per known cluster: at most EXPORT_MAX.
+  copied=0
+  for sub in findings crashing findings/known; do
+    for dir in te32 te16; do
+      for f in "$work/$dir/$sub"/*.json; do
+        [ -f "$f" ] && [ "$copied" -lt "${EXPORT_MAX:-30}" ] || continue
+        cp "$f" "$work/export/${dir}_${sub//\//-}_$(basename "$f")"
+        copied=$((copied + 1))
+      done
     done
   done
+  say "export: $copied case files"
   stage replay 90 "$gf" replay "$work/export" --backend "$backend" --workers "$workers" --report "$work/replay.json"
   n=0
   for f in "$work"/export/*.json; do
@@ -164,19 +175,40 @@ PY
 fi
 # Issue 13 item 5 and issue 14 item 5: every planted TE fault found as a new finding with the
 # known file loaded, and passing without it.
-has selftest && stage selftest 200 "$gf" selftest --backend "$backend" --device "$device" --faults all --known "$known" \
-  --cases 1000 --workers "$workers" --max-shrink-calls 40 --corpus "$work/selftest" --report "$work/selftest.json"
+if has selftest; then
+  # The high-precision faults without recipes; the FP8 ones in bfloat16 under the recipes
+  # (DelayedScaling's scale update under that recipe alone: it shows from the second call).
+  faults=$("$gf" list faults --backend "$backend" 2>/dev/null | cut -f1)
+  plain=$(echo "$faults" | grep -v -E 'fp8|delayed' | paste -sd, -)
+  fp8=$(echo "$faults" | grep -E 'fp8' | paste -sd, -)
+  delayed=$(echo "$faults" | grep -E 'delayed' | paste -sd, -)
+  selftest() {  # selftest NAME SECONDS FAULTS ARGS...
+    local name="$1" limit="$2" list="$3"; shift 3
+    [ -n "$list" ] || { say "$name: no faults"; return 0; }
+    stage "$name" "$limit" "$gf" selftest --backend "$backend" --device "$device" --faults "$list" --known "$known" \
+      --workers "$workers" --shapes tiny --corpus "$work/$name" --report "$work/$name.json" "$@"
+  }
+  selftest selftest "${SELFTEST_S:-90}" "$plain" --cases 800 --dtypes float32,bfloat16 --recipe none
+  selftest selftest-fp8 "${SELFTEST_S:-90}" "$fp8" --cases 800 --dtypes bfloat16 --recipe any
+  selftest selftest-delayed 60 "$delayed" --cases 800 --dtypes bfloat16 --recipe DelayedScaling
+fi
 if has recipes; then
   # Issue 14: each recipe TE has here, bfloat16, every case under it.
   recipes=$(python3 -c "import json; print(' '.join(r['name'] for r in json.load(open('$work/te-capabilities.json'))['recipes'] if r['available']))" 2>/dev/null)
   say "recipes available: ${recipes:-none}"
   for r in $recipes; do
-    campaign "recipe-$r" 60 --cases 800 --seed 41 --dtypes bfloat16 --shapes tiny --recipe "$r" --known "$known" \
+    campaign "recipe-$r" "${RECIPE_S:-35}" --seed 41 --dtypes bfloat16 --shapes tiny --recipe "$r" --known "$known" \
       --max-shrink-calls 30
   done
 fi
-has delayed && campaign delayed 60 --cases 600 --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
+has delayed && campaign delayed 30 --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
   --known "$known" --max-shrink-calls 30
+if has quick; then
+  # Issue 15: the README's TE quick start as a TE maintainer types it (the build exists here).
+  stage quick 60 env GRADFUZZ_NO_SETUP=1 GRADFUZZ_BUILD="$(dirname "$(dirname "$gf")")" bash scripts/fuzz.sh \
+    --backend te --time 30 --corpus "$work/quick" --report "$work/quick.json" --quiet
+  say "  quick: $(report_line "$work/quick.json")"
+fi
 if has tput; then
   # Issue 15: a default (mixed-shape) campaign's rate per regime, model and te, and the te
   # worker table on tiny float32 cases without shrinking.
@@ -186,8 +218,8 @@ if has tput; then
   stage tput-model-tiny 30 "$gf" fuzz --backend model --device "$device" --time 20 --seed 5 --workers 8 --shapes tiny \
     --corpus "$work/tput-model-tiny" --report "$work/tput-model-tiny.json" --quiet
   say "  tput-model-tiny: $(report_line "$work/tput-model-tiny.json")"
-  campaign tput-te-mix 50 --time 40 --seed 6 --dtypes float32 --known "$known" --max-shrink-calls 20
-  for w in 1 4 8 12; do
+  campaign tput-te-mix 30 --seed 6 --dtypes float32 --known "$known" --max-shrink-calls 20
+  for w in ${TPUT_WORKERS:-1 12}; do
     stage "tput-te-w$w" 30 "$gf" fuzz --backend "$backend" --device "$device" --time 20 --seed 7 --dtypes float32 --shapes tiny \
       --workers "$w" --max-shrink-calls 0 --known "$known" --corpus "$work/tput-te-w$w" \
       --report "$work/tput-te-w$w.json" --quiet

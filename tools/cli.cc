@@ -873,7 +873,8 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   // The oracle's own bound of every tensor, computed here from the reference and its evidence,
   // so the script judges exactly as replay does (docs/BACKENDS.md "export").
   if (request.expect.at("kind") == "pass") {
-    if (const auto bounds = runner::judging_bounds(spec)) {
+    const runner::Expectation expectation = runner::judging_expectation(spec);
+    if (const auto& bounds = expectation.bounds) {
       nlohmann::json tensors = nlohmann::json::object();
       for (const auto& [name, b] : bounds->tensors) {
         nlohmann::json t{{"atol", b.atol}, {"rtol", b.rtol}};
@@ -888,6 +889,23 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
         tensors[name] = std::move(t);
       }
       request.expect["tensors"] = std::move(tensors);
+    }
+    if (expectation.quantized) {
+      // The FP8 reference's values: the script compares with these, not with the catalog's
+      // unquantized math (docs/BACKENDS.md "export").
+      auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {
+        nlohmann::json refs = nlohmann::json::object();
+        for (const auto& [name, t] : tensors) {
+          if (!t.defined()) continue;
+          request.expect_tensors.push_back(t);
+          refs[name] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
+        }
+        return refs;
+      };
+      request.expect["expected"] = ship(expectation.expected);
+      nlohmann::json repeats = nlohmann::json::array();
+      for (const auto& call : expectation.repeat_expected) repeats.push_back(ship(call));
+      request.expect["repeat_expected"] = std::move(repeats);
     }
   }
   // Generating a script is plain code generation: the torch adapter does it for both

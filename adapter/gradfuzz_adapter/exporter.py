@@ -45,7 +45,11 @@ def export_reply(case, request, default_backend, tensors=()):
     data_file = request.get("data_file") or None
     expect = request.get("expect") or {"kind": "pass"}
     allowances = _allowances(expect, tensors)
-    values = ScriptValues(case, data_file=data_file, extra=allowances)
+    expected = _shipped_expectation(expect, tensors)
+    extra = dict(allowances)
+    for k, call in enumerate(expected or []):
+        extra.update({f"expected call[{k}] {name}": t for name, t in call.items()})
+    values = ScriptValues(case, data_file=data_file, extra=extra)
     script = export_script(
         case,
         backend=request.get("backend", default_backend),
@@ -55,12 +59,38 @@ def export_reply(case, request, default_backend, tensors=()):
         values=values,
         full=bool(request.get("full", False)),
         allowances=allowances,
+        expected=expected,
     )
     values.save()
     reply = {"ok": True, "script": script, "notes": values.notes}
     if values.data:
         reply["data_file"] = data_file
     return reply
+
+
+def _shipped_expectation(expect, tensors):
+    """[{tensor name: expected value}] per call from expect.expected and
+    expect.repeat_expected (the float64 FP8 reference's values of a quantizing case), or
+    None when the request ships none (the script then recomputes its reference)."""
+    if "expected" not in expect:
+        return None
+
+    def one(refs, where):
+        if not isinstance(refs, dict):
+            raise ValueError(f"{where}: expected an object of tensor names")
+        out = {}
+        for name, index in refs.items():  # frame indices, as the allowances'
+            if not isinstance(index, int) or not 0 <= index < len(tensors):
+                raise ValueError(f"{where}[{name!r}]: no tensor {index!r}")
+            out[name] = tensors[index]
+        return out
+
+    calls = [one(expect["expected"], "expect.expected")]
+    repeats = expect.get("repeat_expected") or []
+    if not isinstance(repeats, list):
+        raise ValueError("expect.repeat_expected: expected a list, one object per repeat call")
+    calls += [one(r, f"expect.repeat_expected[{k}]") for k, r in enumerate(repeats)]
+    return calls
 
 
 def _allowances(expect, tensors):
@@ -85,11 +115,19 @@ def export_script(
     values=None,
     full=False,
     allowances=None,
+    expected=None,
 ):
     """The pytest file for `case` on `backend` ("te" or "torch"): the compact form, or with
-    `full` the self-contained one."""
+    `full` the self-contained one. `expected` ([{name: tensor}] per call): values the
+    script compares with instead of its own reference (a quantizing case's)."""
     if backend not in ("te", "torch"):
         raise ValueError(f"export writes te or torch scripts, got '{backend}'")
+    if full and expected:
+        raise ValueError(
+            "the self-contained form (--full) computes its reference from the catalog's "
+            "high-precision math, which cannot judge an FP8-quantized case: export it "
+            "without --full (that script ships the FP8 reference's values)"
+        )
     paths = paths or [{"name": "fused", "fusions": list(case.spec.get("fusions") or [])}]
     if full:
         return full_script(
@@ -97,7 +135,9 @@ def export_script(
         )
     allowances = allowances or {}
     values = values or ScriptValues(case, extra=allowances)
-    return _Writer(case, backend, paths, expect or {}, case_file, values, allowances).script()
+    return _Writer(
+        case, backend, paths, expect or {}, case_file, values, allowances, expected
+    ).script()
 
 
 def _identifier(text):
@@ -113,8 +153,9 @@ def _channel_label(fuser, channel):
 class _Writer:
     """Writes one compact script; each method returns a list of source lines."""
 
-    def __init__(self, case, backend, paths, expect, case_file, values, allowances):
+    def __init__(self, case, backend, paths, expect, case_file, values, allowances, expected=None):
         self.case = case
+        self.expected = expected  # [{name: tensor}] per call, or None
         self.te = backend == "te"
         self.backend = backend
         self.paths = paths
@@ -233,7 +274,18 @@ class _Writer:
                 + "."
             )
         lines += [f"NOTE: {note}" for note in self.values.notes]
-        if self.recipe is not None:
+        if self.expected:
+            what = (
+                f"recipe {self.recipe.name} ({self.recipe.fp8_format})"
+                if self.recipe is not None
+                else "an activation's cache_quantized_input"
+            )
+            lines.append(
+                f"Quantized by {what}: the expected values (EXPECTED) are gradfuzz's float64 "
+                "reference with TE's quantize-dequantize (ops/quantization.cc), shipped with "
+                "the script; reference() is the unquantized math, for reading."
+            )
+        elif self.recipe is not None:
             lines.append(
                 f"Recipe {self.recipe.name} ({self.recipe.fp8_format}): the reference is "
                 "unquantized; the bounds are the oracle's for the quantized path."
@@ -306,7 +358,19 @@ class _Writer:
             )
         if not self.expects_error:
             lines += self.bounds()
+            lines += self.shipped_expected()
         return lines
+
+    def shipped_expected(self):
+        """EXPECTED: per call, the tensors the quantized reference computed."""
+        if not self.expected:
+            return []
+        lines = ["EXPECTED = [  # per call: tensor -> the float64 FP8 reference's value"]
+        for call in self.expected:
+            lines.append("    {")
+            lines += [f"        {name!r}: {self.values.expr(t)}," for name, t in call.items()]
+            lines.append("    },")
+        return lines + ["]"]
 
     def bounds(self):
         """BOUNDS (expect.tensors: per tensor name atol, rtol, allowance, norm bound) and
@@ -643,8 +707,15 @@ class _Writer:
             )
         else:
             lines.append("    with torch.set_grad_enabled(not no_grad):")
+        # DelayedScaling's updates, as TE's autocast exit and first-module backward do them.
+        delayed = self.recipe is not None and not self.te
+        if delayed:
+            self.picker.add("recipes.update_after_forward")
+            self.picker.add("recipes.update_after_backward")
+        quantizations = "[op.quantization for op in ops if getattr(op, 'quantization', None)]"
         lines += [
             "        out = model(x, *extras)",
+            *([f"        update_after_forward({quantizations})"] if delayed else []),
             "    outputs = list(out) if isinstance(out, tuple) else [out]",
             "    leaves = []",
             "    if not no_grad:",
@@ -684,6 +755,8 @@ class _Writer:
         lines.append(
             "    got = results(outputs, [] if no_grad else cotangents, leaves, zeros=False)"
         )
+        if delayed:
+            lines.append(f"    update_after_backward({quantizations})")
         if finish:
             lines.append("    if not no_grad:")
             lines += [line.replace("grads", "got") for line in finish]
@@ -727,7 +800,7 @@ class _Writer:
         lines += [
             '@pytest.mark.parametrize("fusions", PATHS, ids=PATH_NAMES)',
             "def test_case(fusions):",
-            "    expected = reference()",
+            "    expected = EXPECTED[0]" if self.expected else "    expected = reference()",
             *(
                 ["    baseline = reference(DTYPE)  # the rounding baseline"]
                 if self.baseline
@@ -752,7 +825,11 @@ class _Writer:
             "    # Repeat calls of the same Sequential (same values), against the reference and",
             "    # against the plans a fresh Sequential makes at its first call with that pattern.",
             f"    for k, (no_grad, input_requires_grad) in enumerate({self.repeats!r}, start=1):",
-            "        wanted = reference(input_requires_grad=input_requires_grad)",
+            (
+                "        wanted = EXPECTED[k]"
+                if self.expected
+                else "        wanted = reference(input_requires_grad=input_requires_grad)"
+            ),
             *(
                 ["        baseline = reference(DTYPE, input_requires_grad)"]
                 if self.baseline
@@ -919,7 +996,7 @@ def check_all(got, expected, baseline):
         if n not in expected and n.startswith("grad_channel"):
             continue
         allowance = None
-        if e is not None and b is not None:
+        if e is not None and b is not None and e.is_floating_point():  # integers: exact
             rms = torch.where(e.isfinite(), e, 0).square().mean().sqrt()
             rounding = torch.nan_to_num((b.double() - e).abs(), 0.0, 0.0, 0.0)
             allowance = torch.minimum(factor * rounding, cap * torch.clamp(e.abs(), min=rms))

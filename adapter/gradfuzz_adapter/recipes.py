@@ -509,6 +509,18 @@ class OpQuantization:
     def active(self):
         return bool(self.linear) or self.cache_input
 
+    def outside_autocast(self):
+        """The op's quantization in a call outside the case's FP8 autocast (a standalone
+        call before binding: the te backend enters te.autocast around the Sequential's
+        calls only): no recipe GEMMs, so no delayed-scaling amax recorded; an activation's
+        cache_quantized_input stays, TE applies it whatever the recipe. None when nothing
+        is left."""
+        if not self.cache_input:
+            return None
+        alone = OpQuantization.__new__(OpQuantization)
+        alone.name, alone.linear, alone.cache_input = self.name, [], True
+        return alone
+
     def quantizers(self, backward):
         """Every delayed-scaling quantizer of the op for one pass."""
         out = []

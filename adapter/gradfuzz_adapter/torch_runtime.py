@@ -110,7 +110,14 @@ class BasicOp:
     # -- runtime.md section 2, "Locking": a standalone call validates and never locks
 
     def __call__(self, x, *extra_inputs):
-        outs = Fuser([self], persistent=False).forward(x, list(extra_inputs))
+        # A standalone call runs outside the case's FP8 autocast: recipes.OpQuantization.
+        quantization = self.quantization
+        if quantization is not None:
+            self.quantization = quantization.outside_autocast()
+        try:
+            outs = Fuser([self], persistent=False).forward(x, list(extra_inputs))
+        finally:
+            self.quantization = quantization
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -116,5 +116,43 @@ TEST_F(TorchBackend, TheExportedScriptOfARegressionCaseRunsUnderPytest) {
   EXPECT_THAT(log_text.str(), HasSubstr("passed"));
 }
 
+// A Linear under DelayedScaling, called once on its own before the Sequential and then twice
+// in it (found by a float64 torch campaign: the standalone call quantized and moved the amax
+// history, which TE's, outside the autocast, does not). Replay passes; the exported script
+// compares each call with the FP8 reference gradfuzz computed for it, so a script that
+// judged the second call by the first call's values (the scale the first forward left
+// unused) fails.
+TEST_F(TorchBackend, AnFP8CaseReplaysAndItsScriptShipsEachCallsReference) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  const std::string source = root ? root : ".";
+  const std::string file = source + "/tests/backends/data/delayed-scaling-call-then-bind.json";
+  const CliRun replay = cli({"replay", file, "--backend", "torch", "--workers", "0"});
+  EXPECT_EQ(replay.exit, 0) << replay.out << replay.err;
+  const std::string script = (dir_ / "test_fp8_case.py").string();
+  const CliRun r = cli({"export", "--python", file, "--backend", "torch", "-o", script});
+  ASSERT_EQ(r.exit, 0) << r.err;
+  std::stringstream text;
+  text << std::ifstream(script).rdbuf();
+  ASSERT_THAT(text.str(), HasSubstr("wanted = EXPECTED[k]"));
+  std::string stale = text.str();
+  stale.replace(stale.find("wanted = EXPECTED[k]"), std::string("wanted = EXPECTED[k]").size(), "wanted = EXPECTED[0]");
+  const std::string stale_script = (dir_ / "test_fp8_stale.py").string();
+  std::ofstream(stale_script) << stale;
+  const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
+  const std::string py = python ? python : source + "/.venv/bin/python";
+  auto pytest = [&](const std::string& path, const std::string& log) {
+    const std::string command = py + " -m pytest -q -p no:cacheprovider " + path + " > " + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    std::stringstream out;
+    out << std::ifstream(log).rdbuf();
+    return std::make_pair(status, out.str());
+  };
+  const auto [good, good_log] = pytest(script, (dir_ / "good.log").string());
+  EXPECT_EQ(good, 0) << good_log;
+  const auto [bad, bad_log] = pytest(stale_script, (dir_ / "stale.log").string());
+  EXPECT_NE(bad, 0) << bad_log;
+  EXPECT_THAT(bad_log, HasSubstr("call[1] output"));
+}
+
 }  // namespace
 }  // namespace gradfuzz::tools

@@ -202,6 +202,24 @@ TEST_F(CaseFileTest, AcceptsDeclaredInvalidWiring) {
   EXPECT_EQ(load_error(valid).json_path(), "/wiring_error");
 }
 
+// A te or torch case's fault is one its backend plants (checked when it runs): a selftest of
+// the te backend saves cases under `te-...` faults that replay must load.
+TEST_F(CaseFileTest, ABackendsPlantedFaultLoadsAndAMisspelledOneDoesNot) {
+  nlohmann::json j = sample_json();
+  j["backend"] = "te";
+  j["verdict"]["fault"] = "te-fp8-scale-inv-applied-twice";
+  j["provenance"]["fault"] = "te-fp8-scale-inv-applied-twice";
+  const std::filesystem::path path = dir_ / "te_fault.json";
+  std::ofstream(path) << j.dump();
+  const CaseFile file = load_case_file(path);
+  EXPECT_EQ(file.verdict.fault, std::optional<std::string>("te-fp8-scale-inv-applied-twice"));
+  j["verdict"]["fault"] = "Te Fault";
+  EXPECT_EQ(load_error(j).json_path(), "/verdict/fault");
+  j = sample_json();  // the model's faults are checked against its list
+  j["verdict"]["fault"] = "te-fp8-scale-inv-applied-twice";
+  EXPECT_THAT(load_error(j).what(), HasSubstr("unknown fault"));
+}
+
 TEST_F(CaseFileTest, RejectsBadVerdictProvenanceAndUnknownKeys) {
   nlohmann::json j = sample_json();
   j["verdict"]["kind"] = "bad";
