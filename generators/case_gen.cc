@@ -58,7 +58,8 @@
 //   2/5, backward 2/5) (3/5). dtype uniform over options; seed uniform u64.
 // - a recipe (backends with available ones, drawn before the shapes) with chance 1/2: uniform
 //   over the available recipes, their formats and option values; GEMM dimensions then
-//   multiples of 16 (tiny: rows 16 or 32, features 16..64);
+//   multiples of 16 (tiny: rows 16 or 32, features 16..64), and kept so at every GEMM: a
+//   GEMM only on aligned features, SwiGLU only where its half is, no Reshape (fits());
 // - steering (GenOptions::feature_weights, drawn first when given): a case may draw
 //   generator styles, call-then-bind steps or in_place=1 only with its feature's weight;
 // - with chance 1/4, one or two repeat calls (where the backend runs them): no_grad with
@@ -288,8 +289,21 @@ bool needs_even_features(const std::string& name) { return name == "SwiGLU" || n
 constexpr int64_t kMinNormFeatures = 4;
 bool is_norm(const std::string& name) { return name == "RMSNorm" || name == "LayerNorm"; }
 
-/// Whether op `name` may follow the draft's current shape.
+bool is_gemm(const std::string& name) { return name == "Linear" || name == "GroupedLinear"; }
+
+/// FP8 GEMMs take dimensions that are multiples of this (te.autocast: TE's
+/// assert_dim_for_fp8_exec, cuBLASLt's FP8 alignment).
+constexpr int64_t kFp8Multiple = 16;
+
+/// Whether op `name` may follow the draft's current shape. Under a recipe every GEMM's input
+/// features stay multiples of 16: a GEMM only on aligned features, SwiGLU only where its half
+/// is aligned, no Reshape (its features are at most 8).
 bool fits(const std::string& name, const Draft& d) {
+  if (d.quantized) {
+    if (is_gemm(name) && d.features() % kFp8Multiple != 0) return false;
+    if (needs_even_features(name) && d.features() % (2 * kFp8Multiple) != 0) return false;
+    if (name == "Reshape") return false;
+  }
   if (needs_even_features(name) && d.features() % 2 != 0) return false;
   return !is_norm(name) || d.features() >= kMinNormFeatures;
 }
@@ -345,8 +359,14 @@ void moe_block(Draft& d) {
     if (scale_bias) suggest(d, dispatch, 1, idx, 1);  // probs as bias scales
     return idx;
   };
-  grouped(swiglu ? 2 * (d.regime == ShapeRegime::kTiny ? pick(1, 4) : std::max<int64_t>(1, draw_features(d) / 2))
-                 : draw_features(d));
+  if (swiglu) {
+    const int64_t half = d.quantized ? kFp8Multiple * std::max<int64_t>(1, draw_features(d) / (2 * kFp8Multiple))
+                         : d.regime == ShapeRegime::kTiny ? pick(1, 4)
+                                                          : std::max<int64_t>(1, draw_features(d) / 2);
+    grouped(2 * half);
+  } else {
+    grouped(draw_features(d));
+  }
   const std::string act = swiglu ? "ScaledSwiGLU" : "ScaledSReLU";
   const int64_t act_idx = append(d, act, choose_attrs(act, d));
   suggest(d, dispatch, 1, act_idx, 0);  // probs as activation scales
@@ -365,12 +385,16 @@ void residual_block(Draft& d) {
                                        "SReLU",  "RMSNorm", "LayerNorm",     "Identity"};
   const std::vector<const char*> with_extras{"ScaledSReLU",     "MakeExtraOutput", "AddExtraInput", "RowStat",
                                              "DualExtraOutput", "Dispatch",        "Combine",       "GroupedLinear"};
+  // A GEMM in the middle keeps the features (out = f): its weight [f, f] must fit the budget.
+  auto middle_fits = [&](const char* name) {
+    return fits(name, d) && d.has(name) && (!is_gemm(name) || f * f <= d.max_tensor_elements);
+  };
   for (const char* name : chance(1, 4) ? with_extras : plain) {
-    if (fits(name, d) && d.has(name)) middles.emplace_back(name);
+    if (middle_fits(name)) middles.emplace_back(name);
   }
   if (middles.empty()) {
     for (const char* name : plain) {
-      if (fits(name, d) && d.has(name)) middles.emplace_back(name);
+      if (middle_fits(name)) middles.emplace_back(name);
     }
   }
   const std::string middle = pick_of(middles);
@@ -385,8 +409,10 @@ void fresh_scale_block(Draft& d) {
   const bool dispatch = chance(1, 2);
   const int64_t producer = dispatch ? append(d, "Dispatch", choose_attrs("Dispatch", d)) : append(d, "RowStat", {});
   const int64_t fresh_slot = dispatch ? 1 : 0;
-  std::vector<std::string> consumers{"ScaledSReLU", "GroupedLinear"};
-  if (d.features() % 2 == 0) consumers.push_back("ScaledSwiGLU");
+  std::vector<std::string> consumers{"ScaledSReLU"};
+  for (const char* name : {"GroupedLinear", "ScaledSwiGLU"}) {
+    if (fits(name, d)) consumers.emplace_back(name);
+  }
   const auto name = pick_of(consumers);
   OpAttrs attrs = choose_attrs(name, d);
   if (name == "GroupedLinear") {
@@ -426,6 +452,9 @@ void motif_block(Draft& d, int64_t remaining) {
   for (const auto& m : kMotifs) {
     if (m.max_ops > remaining) continue;
     if (std::string(m.name) == "extra_rmsnorm" && !fits("RMSNorm", d)) continue;
+    // The motifs that start with a GEMM (moe: GroupedLinear after Dispatch).
+    const std::string n = m.name;
+    if ((n.rfind("linear", 0) == 0 || n == "extra_linear" || n == "moe") && !fits("Linear", d)) continue;
     if (!motif_available(m.name, d)) continue;
     for (int64_t w = 0; w < m.weight; ++w) eligible.emplace_back(m.name);
   }

@@ -464,6 +464,7 @@ class CaseRun {
     if (reference_.ok()) judge_values();
     check_finite_differences_stage();
     confirm_in_wide_dtype();
+    attribute_in_place_stage();
     return finish();
   }
 
@@ -932,9 +933,74 @@ class CaseRun {
     if (precision_only) result_.features.emplace_back("precision_only_finding");
   }
 
+  // ---- root cause by ablation (RunOptions::attribute_in_place).
+  static std::string base_path(const Finding& f) {
+    const std::string path = f.path_pair.substr(0, f.path_pair.find('~'));
+    return path.substr(0, path.find('.'));
+  }
+  static bool is_value_kind(const Finding& f) {
+    return f.kind == VerdictKind::kMismatch || f.kind == VerdictKind::kMissingGradient ||
+           f.kind == VerdictKind::kModifiedInput;
+  }
+  void attribute_in_place_stage() {
+    if (!options_.attribute_in_place) return;
+    std::vector<std::string> writers;
+    CaseSpec ablated = spec_;
+    for (auto& op : ablated.ops) {
+      auto it = op.attrs.find("in_place");
+      if (it == op.attrs.end() || it->second != 1) continue;
+      it->second = 0;
+      if (std::find(writers.begin(), writers.end(), op.name) == writers.end()) writers.push_back(op.name);
+    }
+    if (writers.empty()) return;
+    std::sort(writers.begin(), writers.end());  // one cluster whatever the ops' order
+    // A tensor the unfused path gets wrong (or writes) too is not a fusion's doing.
+    const bool unfused_ran = run_named("unfused") != nullptr && run_named("unfused")->ok();
+    std::set<std::string> unfused_wrong;
+    for (const auto& f : result_.findings) {
+      if (is_value_kind(f) && base_path(f) == "unfused") unfused_wrong.insert(f.tensor);
+    }
+    std::vector<size_t> candidates;
+    for (size_t k = 0; k < result_.findings.size(); ++k) {
+      const Finding& f = result_.findings[k];
+      if (!is_value_kind(f)) continue;
+      const bool fusion_specific = base_path(f) != "unfused" && unfused_ran && !unfused_wrong.count(f.tensor);
+      if (!fusion_specific) candidates.push_back(k);
+    }
+    if (candidates.empty()) return;
+    RunOptions o = options_;
+    o.attribute_in_place = false;
+    o.confirm_in_wide_dtype = false;
+    o.finite_differences = false;
+    CaseResult without;
+    try {
+      without = run_case_impl(ablated, backend_, o);
+    } catch (const std::exception& e) {
+      notes_.push_back(std::string("in-place ablation not run: ") + e.what());
+      return;
+    }
+    if (without.verdict == VerdictKind::kUnsupported) return;
+    std::set<std::pair<VerdictKind, std::string>> still;
+    for (const auto& f : without.findings) still.insert({f.kind, f.tensor});
+    std::string joined;
+    for (const auto& w : writers) joined += (joined.empty() ? "" : ",") + w;
+    for (size_t k : candidates) {
+      if (!still.count({result_.findings[k].kind, result_.findings[k].tensor})) in_place_caused_.push_back(k);
+    }
+    in_place_writers_ = joined;
+  }
+
   CaseResult finish() {
     std::vector<const PathRun*> runs = active_;
     oracle::assign_signatures(spec_, prepared_.plan, runs, result_);
+    for (size_t k : in_place_caused_) {
+      Finding& f = result_.findings[k];
+      f.op = "in_place:" + in_place_writers_;
+      f.option = "in_place=1";
+      f.signature = std::string(harness::verdict_name(f.kind)) + "|" + f.op + "|in_place=1|" + f.role;
+      const std::string why = "gone when every op runs with in_place=0 on the same values: caused by writing in place";
+      f.note = f.note.empty() ? why : f.note + "; " + why;
+    }
     for (const auto& note : notes_) result_.notes += (result_.notes.empty() ? "" : "; ") + note;
     result_.summarize();
     return std::move(result_);
@@ -956,6 +1022,9 @@ class CaseRun {
   ops::KinkProbe reference_kinks_;
   std::vector<ops::KinkProbe::Site> baseline_kinks_;
   at::Tensor repeat_grad_input_;
+  /// Findings the in-place ablation attributes to the in-place ops (their types, joined).
+  std::vector<size_t> in_place_caused_;
+  std::string in_place_writers_;
   /// The spec and float64 reference the low-precision evidence is measured against: the
   /// case's, or with the input requiring grad when a repeat call takes its gradient.
   CaseSpec evidence_spec_;

@@ -52,6 +52,12 @@ struct RunOptions {
   /// values, and note on each finding whether it persists there: evidence for the reader,
   /// never an excuse (a kernel or a fusion chosen by dtype runs other code there).
   bool confirm_in_wide_dtype = true;
+  /// Root cause by ablation: a case with in-place ops (in_place=1) that has findings not
+  /// specific to a fusion is run again with every in_place=0 on the same values; a finding
+  /// that is then gone is signed as caused by the in-place writes ("<kind>|in_place:<ops>|
+  /// in_place=1|<role>"), so aliasing's many symptoms are one cluster and a fused kernel's
+  /// own defect (fused path wrong, unfused right) stays its own.
+  bool attribute_in_place = true;
 };
 
 /// Whether the case asks for an error (invalid-configuration knobs or a static wiring

@@ -155,3 +155,48 @@ TEST(CaseGen, ABackendsDocumentedOptionValuesNarrowTheDraw) {
 
 }  // namespace
 }  // namespace gradfuzz::generators
+
+namespace gradfuzz::generators {
+namespace {
+
+// Under an FP8 recipe TE's GEMMs take dimensions that are multiples of 16 only (seen on the
+// H200: 'CanonicalizeGemmInput: Assertion failed: ret.lda % 16 == 0' after a SwiGLU halved 16
+// features to 8). Every GEMM of a recipe case must see aligned rows and features and make
+// aligned outputs, whatever ops come before it; without a recipe the generator draws as before.
+TEST(CaseGen, UnderARecipeEveryGemmSeesDimensionsThatAreMultiplesOf16) {
+  auto caps = std::make_shared<harness::BackendCapabilities>(harness::model_capabilities());
+  harness::RecipeCapability recipe;
+  recipe.name = "Float8CurrentScaling";
+  recipe.available = true;
+  recipe.fp8_formats = {"E4M3", "HYBRID"};
+  caps->recipes.push_back(recipe);
+  GenOptions options;
+  options.set_capabilities(caps);
+  options.recipe = "Float8CurrentScaling";
+  int64_t gemms = 0;
+  int64_t swiglu = 0;
+  for (uint64_t seed = 0; seed < 2000; ++seed) {
+    const CaseSpec spec = generate_case(seed, 100, options);
+    ASSERT_TRUE(spec.recipe.has_value());
+    const harness::CasePlan plan = harness::plan_case(spec);
+    for (size_t i = 0; i < spec.ops.size(); ++i) {
+      const auto& op = spec.ops[i];
+      EXPECT_NE(op.name, "Reshape") << "seed " << seed;
+      const auto& in = plan.ops[i].input_shape;
+      if (op.name == "SwiGLU" || op.name == "ScaledSwiGLU") {
+        ++swiglu;
+        EXPECT_EQ(in.back() % 32, 0) << "seed " << seed << " op " << i;
+      }
+      if (op.name != "Linear" && op.name != "GroupedLinear") continue;
+      ++gemms;
+      EXPECT_EQ(in.front() % 16, 0) << "seed " << seed << " op " << i << " rows";
+      EXPECT_EQ(in.back() % 16, 0) << "seed " << seed << " op " << i << " features";
+      EXPECT_EQ(static_cast<int64_t>(op.attrs.at("out")) % 16, 0) << "seed " << seed << " op " << i << " out";
+    }
+  }
+  EXPECT_GT(gemms, 1000);
+  EXPECT_GT(swiglu, 50);  // the SwiGLUs are still drawn, on aligned halves
+}
+
+}  // namespace
+}  // namespace gradfuzz::generators

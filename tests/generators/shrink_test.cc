@@ -154,3 +154,38 @@ TEST(Shrink, InvalidCasesShrinkByThePredicateAlone) {
 
 }  // namespace
 }  // namespace gradfuzz::generators
+
+namespace gradfuzz::generators {
+namespace {
+
+bool has_linear_under_a_recipe(const harness::CaseSpec& spec) {
+  if (!spec.recipe) return false;
+  for (const auto& o : spec.ops) {
+    if (o.name == "Linear") return true;
+  }
+  return false;
+}
+
+// A recipe case shrinks to FP8-aligned GEMMs (TE's FP8 GEMMs refuse dimensions that are not
+// multiples of 16: a [1, 1] case would fail for that instead of the defect seen), and drops
+// the recipe when the finding does not need it.
+TEST(Shrink, ARecipeCaseKeepsItsGemmsAlignedAndDropsARecipeItDoesNotNeed) {
+  harness::CaseSpec failing = testing::make_case(
+      {testing::op("Linear", {{"out", 64}}), testing::op("ReLU"), testing::op("Linear", {{"out", 32}})}, {64, 64});
+  failing.recipe = harness::RecipeSpec{"Float8CurrentScaling", "HYBRID", {}};
+  const auto result = shrink(failing, has_linear_under_a_recipe);
+  ASSERT_TRUE(result.minimal.recipe.has_value()) << result.minimal;
+  ASSERT_EQ(result.minimal.ops.size(), 1u) << result.minimal;
+  EXPECT_EQ(result.minimal.input_shape, (std::vector<int64_t>{16, 16})) << result.minimal;
+  EXPECT_EQ(attr_or_default(result.minimal.ops[0], "out"), 16);
+
+  const auto any_linear = [](const harness::CaseSpec& spec) {
+    return std::any_of(spec.ops.begin(), spec.ops.end(), [](const harness::OpSpec& o) { return o.name == "Linear"; });
+  };
+  const auto plain = shrink(failing, any_linear);
+  EXPECT_FALSE(plain.minimal.recipe.has_value()) << plain.minimal;
+  EXPECT_EQ(plain.minimal.input_shape, (std::vector<int64_t>{1, 1})) << plain.minimal;
+}
+
+}  // namespace
+}  // namespace gradfuzz::generators

@@ -411,3 +411,56 @@ TEST(RunCase, HalfPrecisionFaultsAreFoundInTheirOwnDtypeAndNotInFloat32) {
 
 }  // namespace
 }  // namespace gradfuzz::runner
+
+namespace gradfuzz::runner {
+namespace {
+
+using harness::testing::op;
+
+/// AddExtraInput(in_place=1) on a public extra input.
+CaseSpec in_place_add() {
+  CaseSpec spec;
+  spec.ops = {op("AddExtraInput", {{"in_place", 1}})};
+  spec.seed = 7;
+  return spec;
+}
+
+// Root cause by ablation: the planted in-place defect (AddExtraInput(in_place) adds into the
+// caller's extra input) is gone when the op runs with in_place=0, so its finding is signed as
+// caused by the in-place write; a defect that stays without in_place (a fused residual that
+// drops a gradient) keeps its op; without the option nothing is re-signed.
+TEST(RunCase, AFindingThatIsGoneWithoutInPlaceIsSignedAsTheInPlaceWrites) {
+  ASSERT_EQ(run_case(in_place_add()).verdict, VerdictKind::kPass);
+  ops::FaultScope fault(ops::Fault::kInPlaceExtraInput);
+  const CaseResult r = run_case(in_place_add());
+  ASSERT_FALSE(r.findings.empty()) << describe(r);
+  bool signed_in_place = false;
+  for (const Finding& f : r.findings) {
+    if (f.kind != VerdictKind::kModifiedInput) continue;
+    EXPECT_EQ(f.signature, "modified_input|in_place:AddExtraInput|in_place=1|extra_input") << describe(r);
+    EXPECT_THAT(f.note, HasSubstr("caused by writing in place"));
+    signed_in_place = true;
+  }
+  EXPECT_TRUE(signed_in_place) << describe(r);
+
+  RunOptions plain;
+  plain.attribute_in_place = false;
+  for (const Finding& f : run_case(in_place_add(), plain).findings) {
+    EXPECT_EQ(f.signature.find("in_place:"), std::string::npos) << f.signature;
+  }
+
+  ops::FaultScope off(ops::Fault::kInPlaceExtraInput, false);
+  ops::FaultScope drop(ops::Fault::kSameFusionGradDrop);
+  CaseSpec spec = residual("FusedResidual.joint");
+  spec.ops[2].attrs["in_place"] = 1;
+  const CaseResult fused = run_case(spec);
+  ASSERT_EQ(fused.verdict, VerdictKind::kMismatch) << describe(fused);
+  for (const Finding& f : fused.findings) {
+    if (f.kind == VerdictKind::kMismatch) {
+      EXPECT_EQ(f.signature.find("in_place:"), std::string::npos) << f.signature;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradfuzz::runner

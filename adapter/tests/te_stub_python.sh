@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A "python" for `gradfuzz --backend te --python-exe adapter/tests/te_stub_python.sh` on a
+# machine without TE or a GPU: the adapter runs TE 2.20.2's own Python (te.ops' fuser,
+# Sequential and the plain-torch ops: MakeExtraOutput, AddExtraInput, ConstantScale, Bias,
+# Identity, Reshape) over the stubbed extension of te_stub.py, on the CPU. Ops that need TE's
+# kernels (BasicLinear, activations, norms, GroupedLinear) fail there. For replaying TE
+# findings of those ops on a CPU (docs/TE.md), not for campaigns.
+#   called as: te_stub_python.sh -m gradfuzz_adapter --backend te
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${GRADFUZZ_STUB_PYTHON:-$here/../../.venv/bin/python}"
+[ "$1" = "-m" ] && [ "$2" = "gradfuzz_adapter" ] && shift 2
+exec "$python" -c "
+import sys
+sys.path.insert(0, '$here')
+import te_stub
+reason = te_stub.available()
+if reason:
+    sys.exit('te_stub_python.sh: ' + reason)
+te_stub.install()
+from gradfuzz_adapter import __main__ as adapter
+from gradfuzz_adapter.te.backend import TEBackend
+adapter.make_backend = lambda name: TEBackend(device='cpu')
+sys.exit(adapter.main(sys.argv[1:]))
+" "$@"
