@@ -270,6 +270,21 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scale, at::Scal
   return (q.to(at::kDouble) * scale_inv.to(at::kDouble)).to(dtype);
 }
 
+at::Tensor fp8_rounding_margin(const at::Tensor& scaled, Fp8Format format) {
+  const at::Tensor s = scaled.detach().to(at::kDouble);
+  const double max = fp8_max(format);
+  const at::Tensor q = at::clamp(s, -max, max).to(fp8_scalar_type(format)).to(at::kDouble);
+  // The spacing on s's side of q: that of the smaller magnitude of the two (just below a
+  // power of two the spacing is half the one above it), subnormals at the smallest exponent.
+  const int mantissa_bits = format == Fp8Format::kE4M3 ? 3 : 2;
+  const int min_exponent = format == Fp8Format::kE4M3 ? -6 : -14;
+  const at::Tensor smaller = at::clamp_min(at::minimum(s.abs(), q.abs()), std::ldexp(1.0, min_exponent));
+  const at::Tensor spacing = at::exp2(at::floor(at::log2(smaller)) - mantissa_bits);
+  at::Tensor margin = spacing / 2 - (s - q).abs();
+  const at::Tensor none = at::logical_or(at::logical_or(s == 0, s.abs() > max), at::isnan(s));
+  return at::where(none, at::full_like(margin, std::numeric_limits<double>::infinity()), margin);
+}
+
 at::Tensor jitter_fp8(const at::Tensor& q, const at::Tensor& eligible, double probability, at::Generator& generator) {
   GRADFUZZ_INTERNAL_ASSERT(q.scalar_type() == at::kFloat8_e4m3fn || q.scalar_type() == at::kFloat8_e5m2,
                            "jitter_fp8 takes an FP8 tensor");
@@ -350,6 +365,13 @@ struct QuantizationState {
   bool gradient_quantized = false;
   std::optional<at::Generator> jitter_generator;
   double jitter_probability = 0.0;
+  /// Per quantization of the evaluation (in order): how close to a rounding boundary an
+  /// element must lie to be jittered; empty: every element.
+  std::vector<at::Tensor> jitter_windows;
+  std::vector<at::Tensor> jitter_reference;
+  /// Quantizations so far (the index into jitter_windows).
+  size_t quantizations = 0;
+  std::vector<at::Tensor>* record = nullptr;
 };
 
 }  // namespace detail
@@ -385,10 +407,40 @@ DelayedQuantizer& delayed_quantizer(QuantizationState& state, const QuantKey& ke
 at::Tensor quantize_dequantize(QuantizationState* state, const at::Tensor& x, const at::Tensor& scale,
                                Fp8Format format) {
   at::Tensor q = cast_to_fp8(x, scale, format);
-  if (state != nullptr && state->jitter_generator) {
-    // An element whose input is exactly zero is zero in every implementation: it stays.
-    const at::Tensor eligible = x.detach().to(at::kFloat) != 0;
-    q = jitter_fp8(q, eligible, state->jitter_probability, *state->jitter_generator);
+  if (state == nullptr) return dequantize_fp8(q, scale, x.scalar_type());
+  const size_t index = state->quantizations++;
+  if (state->record) {
+    // The fp32 product the cast rounds (cast_to_fp8), exactly in float64.
+    state->record->push_back(
+        (x.detach().to(at::kFloat) * scale.to(x.device(), at::kFloat)).to(at::kDouble).expand(x.sizes()).contiguous());
+  }
+  if (state->jitter_generator) {
+    const bool matched = index < state->jitter_windows.size() && index < state->jitter_reference.size() &&
+                         state->jitter_reference[index].defined() &&
+                         state->jitter_reference[index].sizes() == x.sizes() &&
+                         state->jitter_windows[index].sizes() == x.sizes();
+    if (matched) {
+      // The reference's codes; only elements near a rounding boundary may move.
+      const at::Tensor reference = state->jitter_reference[index].to(x.device());
+      const double max = fp8_max(format);
+      const at::Tensor own = q;
+      q = at::clamp(reference, -max, max).to(fp8_scalar_type(format));
+      // Where this evaluation's scale differs from the reference's by more than a rounding
+      // (a power-of-2 scale one step away), its own codes are the ones a correct
+      // implementation with that scale gives; within one code, the reference's.
+      const auto codes = [](const at::Tensor& t) {
+        const at::Tensor c = t.contiguous().view(at::kByte).to(at::kShort);
+        const at::Tensor magnitude = at::bitwise_and(c, 0x7F);
+        return at::where(at::bitwise_and(c, 0x80) != 0, -magnitude, magnitude);
+      };
+      q = at::where((codes(q) - codes(own)).abs() <= 1, q, own);
+      const at::Tensor eligible = fp8_rounding_margin(reference, format) < state->jitter_windows[index].to(x.device());
+      q = jitter_fp8(q, eligible, state->jitter_probability, *state->jitter_generator);
+    } else {
+      // An element whose input is exactly zero is zero in every implementation: it stays.
+      const at::Tensor eligible = x.detach().to(at::kFloat) != 0;
+      q = jitter_fp8(q, eligible, state->jitter_probability, *state->jitter_generator);
+    }
   }
   return dequantize_fp8(q, scale, x.scalar_type());
 }
@@ -475,7 +527,8 @@ ReferenceQuantization& ReferenceQuantization::operator=(ReferenceQuantization&&)
 
 const QuantRecipe* ReferenceQuantization::recipe() const { return state_->recipe ? &*state_->recipe : nullptr; }
 
-void ReferenceQuantization::set_jitter(double probability, at::Generator generator) {
+void ReferenceQuantization::set_jitter(double probability, at::Generator generator, std::vector<at::Tensor> reference,
+                                       std::vector<at::Tensor> windows) {
   if (!(probability >= 0.0 && probability <= 1.0)) {
     throw InvalidArgumentError("ReferenceQuantization jitter: probability must be in [0, 1], got " +
                                std::to_string(probability));
@@ -485,12 +538,18 @@ void ReferenceQuantization::set_jitter(double probability, at::Generator generat
   }
   state_->jitter_probability = probability;
   state_->jitter_generator = std::move(generator);
+  state_->jitter_reference = std::move(reference);
+  state_->jitter_windows = std::move(windows);
 }
 
 void ReferenceQuantization::clear_jitter() {
   state_->jitter_generator.reset();
   state_->jitter_probability = 0.0;
+  state_->jitter_windows.clear();
+  state_->jitter_reference.clear();
 }
+
+void ReferenceQuantization::record_scaled(std::vector<at::Tensor>* into) { state_->record = into; }
 
 void ReferenceQuantization::set_current_op(int64_t op) { state_->current_op = op; }
 

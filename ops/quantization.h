@@ -119,6 +119,12 @@ at::Tensor dequantize_fp8(const at::Tensor& q, const at::Tensor& scale, at::Scal
 /// uniform numbers per element, in order, from the CPU `generator`.
 at::Tensor jitter_fp8(const at::Tensor& q, const at::Tensor& eligible, double probability, at::Generator& generator);
 
+/// The distance from each scaled value `scaled` (float(x) · scale, any floating dtype) to the
+/// nearest boundary between two FP8 values of `format` that it could round to (half the
+/// spacing on its side of its rounded value, minus its distance to that value), float64,
+/// `scaled`'s shape; +inf where no other rounding exists (a zero, beyond +-fp8_max, NaN).
+at::Tensor fp8_rounding_margin(const at::Tensor& scaled, Fp8Format format);
+
 /// The float32 scale of every element of `x` viewed as [rows, last dim] under block scaling
 /// (compute_scale_from_amax per block of `shape`, partial blocks at the edges covering what is
 /// there), x's shape. Throws InvalidArgumentError for a 0-D x.
@@ -166,9 +172,22 @@ class ReferenceQuantization {
 
   /// Turns jitter on for every later quantization: `probability` in [0, 1], draws from
   /// `generator` (a CPU generator, held, not copied). Throws InvalidArgumentError otherwise.
-  void set_jitter(double probability, at::Generator generator);
+  /// With `reference` and `windows` (one each per quantization of the evaluation, in order:
+  /// the float64 reference's scaled values, see record_scaled, and how close to a rounding
+  /// boundary such a value must lie to round the other way in a correct implementation),
+  /// quantization i starts from the reference's FP8 codes (what a correct implementation
+  /// rounds to wherever nothing can carry a value across a boundary; the evaluation's own
+  /// scale still dequantizes them) and moves only the elements whose reference value has an
+  /// fp8_rounding_margin below windows[i]. A quantization past their end, or whose shape
+  /// differs, rounds its own values and may move every element (the conservative estimate).
+  void set_jitter(double probability, at::Generator generator, std::vector<at::Tensor> reference = {},
+                  std::vector<at::Tensor> windows = {});
   /// Turns jitter off.
   void clear_jitter();
+  /// Appends the scaled values float(x) · scale (float64, before the cast) of every later
+  /// quantization to `into`, in order (nullptr stops); the oracle compares two evaluations'
+  /// records to find the elements a rounding difference can move across a boundary.
+  void record_scaled(std::vector<at::Tensor>* into);
 
   /// Set by the evaluator before each module: the module index the next quantizations use.
   void set_current_op(int64_t op);

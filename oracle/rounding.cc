@@ -116,6 +116,10 @@ CaseBounds evidence_bounds(at::ScalarType dtype, const ToleranceContext& context
     b.atol = floor.atol;
     b.rtol = floor.rtol;
     b.allowance = rule.element_factor * rho + kink;
+    if (evidence.quantized && rho.numel() > 0) {
+      const double largest = at::where(rho.isfinite(), rho, at::zeros_like(rho)).max().item<double>();
+      b.allowance = b.allowance + rule.element_factor * largest;
+    }
     const double e_norm = finite_norm(e);
     b.norm_bound = floor.rtol * e_norm + rule.norm_factor * finite_norm(rho) + finite_norm(kink) +
                    floor.atol * std::sqrt(static_cast<double>(e.numel()));

@@ -29,6 +29,11 @@ struct RoundingRule {
   /// An element is near a kink when |distance| <= kink_factor * (the rounding baseline's error
   /// of that distance + u * rms(distance)).
   double kink_factor = 8;
+  /// FP8 rounding boundaries (runner: set_fp8_windows): an element of a quantized operand may
+  /// round the other way when its reference value lies closer than fp8_window_factor * |its
+  /// value in the rounding baseline - in the reference| to a boundary between two FP8 values:
+  /// twice what the baseline's own rounding moved it by.
+  double fp8_window_factor = 2;
   /// At most this many flipped reference runs per case (kink elements grouped per op and chunk).
   int64_t max_kink_groups = 8;
   /// A tensor whose input sensitivity exceeds cancellation_ratio * u * ||e|| is a small
@@ -51,6 +56,12 @@ struct RoundingEvidence {
   std::map<std::string, at::Tensor> kink_effect;
   /// Elements near a kink, over all ops.
   int64_t kink_elements = 0;
+  /// The case quantizes (FP8): which element of an operand rounds the other way in a
+  /// correct implementation is not predictable element by element, and one flip moves
+  /// every output it feeds by up to the rounding evidence's largest, so each element is
+  /// also allowed element_factor * max(evidence) of its tensor. The norm-wise bound is
+  /// unchanged: it is what holds a quantized case to its FP8 rounding.
+  bool quantized = false;
 };
 
 /// The bounds of a case's first, cheap check: float64 and float32 their static

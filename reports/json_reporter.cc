@@ -143,6 +143,13 @@ void JsonReporter::report_case(const CaseRecord& record) {
   kink_elements_ += record.result.kink_elements;
   cancellation_tensors_ += record.result.cancellation_tensors;
   if (record.result.failed() && !record.result.has_new_findings()) ++known_failed_;
+  std::set<std::string> entries;
+  for (const auto& f : record.result.findings) {
+    if (!f.is_known()) continue;
+    known_tallies_[f.known].signatures.insert(f.signature);
+    entries.insert(f.known);
+  }
+  for (const auto& id : entries) ++known_tallies_[id].cases;
   if (!record.regime.empty()) {
     auto& [count, seconds] = regimes_[record.regime];
     ++count;
@@ -189,6 +196,7 @@ Json JsonReporter::document(const RunSummary& summary) const {
                         {"findings", findings_.size()},
                         {"new_findings", static_cast<int64_t>(findings_.size()) - known_clusters},
                         {"known_findings", known_clusters},
+                        {"known_causes", static_cast<int64_t>(known_tallies_.size())},
                         {"wall_s", summary.wall_s},
                         {"cases_per_s", cases_per_s},
                         {"complete", summary.complete}};
@@ -224,6 +232,13 @@ Json JsonReporter::document(const RunSummary& summary) const {
                         examples == cluster_examples_.end() ? std::vector<std::string>{} : examples->second));
   }
   doc["findings"] = std::move(findings);
+  // The known findings by cause: one row per known-issue entry that matched.
+  Json known = Json::array();
+  for (const auto& [id, tally] : known_tallies_) {
+    known.push_back(
+        Json{{"id", id}, {"cases", tally.cases}, {"signatures", static_cast<int64_t>(tally.signatures.size())}});
+  }
+  doc["known"] = std::move(known);
   if (summary.selftest) {
     Json entries = Json::array();
     for (const auto& e : *summary.selftest) entries.push_back(selftest_entry_to_json(e));

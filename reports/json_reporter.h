@@ -53,6 +53,13 @@ class JsonReporter final : public Reporter {
   /// Per shape regime: cases and seconds.
   std::map<std::string, std::pair<int64_t, double>> regimes_;
   std::vector<Finding> findings_;
+  /// Per known-issue id (campaign/known_issues.h): the cases with a finding it matched, and
+  /// the distinct signatures it matched (the known findings by cause, not by signature).
+  struct KnownTally {
+    int64_t cases = 0;
+    std::set<std::string> signatures;
+  };
+  std::map<std::string, KnownTally> known_tallies_;
   /// Per cluster key: failing cases counted in it, and example case files.
   std::map<std::string, int64_t> cluster_counts_;
   std::map<std::string, std::vector<std::string>> cluster_examples_;

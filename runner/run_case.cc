@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -505,11 +506,15 @@ class CaseRun {
   /// A fresh quantization state for one reference evaluation (null when the case quantizes
   /// nothing); with `jitter`, each quantized element moved by one FP8 value with
   /// probability 1/2 (the oracle's estimate of what one FP8 ulp per element costs).
-  std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(at::Generator* jitter = nullptr) const {
+  std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(at::Generator* jitter = nullptr,
+                                                                 std::vector<at::Tensor>* record = nullptr) const {
     if (!quantizes_) return nullptr;
     auto q = recipe_ ? std::make_unique<ops::ReferenceQuantization>(*recipe_)
                      : std::make_unique<ops::ReferenceQuantization>();
-    if (jitter) q->set_jitter(0.5, *jitter);
+    // Windowed (gather_evidence): only elements that a rounding difference can carry across
+    // an FP8 rounding boundary move.
+    if (jitter) q->set_jitter(0.5, *jitter, fp8_reference_, fp8_windows_);
+    if (record) q->record_scaled(record);
     return q;
   }
 
@@ -710,10 +715,16 @@ class CaseRun {
   // case that fails the first check is judged again with the low-precision rule's evidence.
   bool all_channels() const { return backend_.capabilities().exposes_all_channels; }
 
-  std::vector<Finding> compare_all(const oracle::CaseBounds& bounds, const oracle::RoundingEvidence* evidence) {
+  std::vector<Finding> compare_all(const oracle::CaseBounds& bounds, const oracle::RoundingEvidence* evidence,
+                                   const oracle::CaseBounds* repeats = nullptr) {
     std::vector<Finding> findings;
     std::vector<std::string> notes;
     oracle::Comparer comparer(findings, notes);
+    // A repeat call of a quantizing case rounds other values than call 1, whose evidence the
+    // bounds hold, near other FP8 rounding boundaries: its elements get the largest allowance
+    // of their tensor, and with evidence `repeats` holds the coarse FP8 estimate (every
+    // element jittered, repeat_call_bounds).
+    const oracle::CaseBounds repeat_bounds = repeats ? *repeats : quantizes_ ? uniform_allowance(bounds) : bounds;
     for (const PathRun* run : active_) {
       if (run->ok()) {
         compare_paths(run->name + "~reference", spec_, reference_, *run, bounds, comparer, all_channels());
@@ -726,7 +737,7 @@ class CaseRun {
             repeat.name + "~reference", spec_,
             own ? expected_for_call(repeat_references_[k], repeat_references_[k].grad_input, spec_.repeat_calls[k])
                 : expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]),
-            repeat, bounds, comparer, all_channels());
+            repeat, repeat_bounds, comparer, all_channels());
         compare_plans(repeat, findings);
       }
     }
@@ -743,6 +754,15 @@ class CaseRun {
     }
     for (auto& note : notes) notes_.push_back(std::move(note));
     return findings;
+  }
+
+  static oracle::CaseBounds uniform_allowance(oracle::CaseBounds bounds) {
+    for (auto& [name, b] : bounds.tensors) {
+      if (b.allowance.defined() && b.allowance.numel() > 0) {
+        b.allowance = at::full_like(b.allowance, b.allowance.max().item<double>());
+      }
+    }
+    return bounds;
   }
 
   const PathRun& evidence_reference() const { return evidence_reference_ ? *evidence_reference_ : reference_; }
@@ -770,9 +790,10 @@ class CaseRun {
           }
           notes_.clear();
           int64_t cancellation = 0;
+          const std::optional<oracle::CaseBounds> repeats = repeat_call_bounds(expected);
           values = compare_all(
               oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding, &cancellation),
-              &evidence_);
+              &evidence_, repeats ? &*repeats : nullptr);
           result_.cancellation_tensors = cancellation;
         }
         result_.kink_elements = evidence_.kink_elements;
@@ -815,13 +836,13 @@ class CaseRun {
 
   /// A run of the reference ops on `values` in `dtype` (kinks into `probe`, when given).
   PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr,
-                        at::Generator* jitter = nullptr) {
+                        at::Generator* jitter = nullptr, std::vector<at::Tensor>* record = nullptr) {
     BuiltCase ops;
     PathRun creation;
     run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, values); });
     if (!creation.ok()) return creation;
     // Every evaluation its own quantization state: each moves delayed-scaling histories.
-    const auto quantization = fresh_quantization(jitter);
+    const auto quantization = fresh_quantization(jitter, record);
     return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe,
                               quantization.get());
   }
@@ -845,8 +866,11 @@ class CaseRun {
     const double u = harness::unit_roundoff(dtype_);
     // The rounding baseline: the plain reference in the case's dtype, kinks recorded.
     ops::KinkProbe probe;
-    const PathRun baseline = reference_run(prepared_.tensors, dtype_, &probe);
+    std::vector<at::Tensor> baseline_scaled;
+    const PathRun baseline = reference_run(prepared_.tensors, dtype_, &probe, nullptr, &baseline_scaled);
     if (!baseline.ok()) return false;
+    evidence_.quantized = quantizes_;
+    if (quantizes_) set_fp8_windows(baseline_scaled);
     evidence_.baseline_error = oracle::abs_differences(spec_, evidence_reference(), baseline);
     baseline_kinks_ = probe.sites();
     // The input sensitivity, two samples to start with (add_rounding_samples adds more).
@@ -865,6 +889,62 @@ class CaseRun {
       }
     }
     return true;
+  }
+
+  /// The bounds of a quantizing case's repeat calls: the windows of set_fp8_windows hold for
+  /// call 1's values only, so the rounding samples of these bounds jitter every quantized
+  /// element (the coarse estimate: one FP8 ulp anywhere), four of them, drawn once.
+  std::optional<oracle::CaseBounds> repeat_call_bounds(const std::map<std::string, at::Tensor>& expected) {
+    if (!quantizes_ || spec_.repeat_calls.empty()) return std::nullopt;
+    if (!coarse_evidence_) {
+      coarse_evidence_ = evidence_;
+      coarse_evidence_->sensitivity.clear();
+      std::vector<at::Tensor> windows;
+      std::vector<at::Tensor> reference;
+      std::swap(windows, fp8_windows_);
+      std::swap(reference, fp8_reference_);
+      const double u = harness::unit_roundoff(dtype_);
+      for (int k = 0; k < 4; ++k) {
+        const PathRun run = reference_run(perturbed(u, sample_generator_), dtype_, nullptr, &sample_generator_);
+        if (run.ok()) {
+          oracle::accumulate_max(coarse_evidence_->sensitivity,
+                                 oracle::abs_differences(spec_, evidence_reference(), run));
+        }
+      }
+      std::swap(windows, fp8_windows_);
+      std::swap(reference, fp8_reference_);
+    }
+    return uniform_allowance(oracle::evidence_bounds(dtype_, context_, expected, *coarse_evidence_, options_.rounding));
+  }
+
+  /// FP8 rounding boundaries are the quantizer's kinks. The scaled values of the float64
+  /// reference (a run of its own, recorded) and of the rounding baseline, quantization by
+  /// quantization, give each element's window, fp8_window_factor * |baseline - reference|:
+  /// what this dtype's rounding of the operand and of its scale moves it by, with room. An
+  /// element whose reference value lies closer than its window to a rounding boundary can
+  /// round the other way in a correct implementation; elsewhere a correct implementation
+  /// rounds as the reference does (a leaf tensor's values are the reference's, bit for bit,
+  /// and the cast rounds a tie to even in every implementation). The rounding samples start from
+  /// the reference's codes and move only the elements within their window. Without a match
+  /// (another number of quantizations, a shape that differs) samples round their own values
+  /// and move every element (fp8_windows_ empty).
+  void set_fp8_windows(const std::vector<at::Tensor>& baseline_scaled) {
+    fp8_windows_.clear();
+    fp8_reference_.clear();
+    std::vector<at::Tensor> reference_scaled;
+    const PathRun reference = reference_run(prepared_.tensors, at::kDouble, nullptr, nullptr, &reference_scaled);
+    if (!reference.ok() || reference_scaled.size() != baseline_scaled.size()) return;
+    const double factor = options_.rounding.fp8_window_factor;
+    std::vector<at::Tensor> windows;
+    for (size_t i = 0; i < reference_scaled.size(); ++i) {
+      const at::Tensor& r = reference_scaled[i];
+      const at::Tensor& b = baseline_scaled[i];
+      if (!r.defined() || !b.defined() || r.sizes() != b.sizes()) return;
+      windows.push_back((factor * (b.to(r.device()) - r).abs()).cpu());
+      reference_scaled[i] = r.cpu();
+    }
+    fp8_windows_ = std::move(windows);
+    fp8_reference_ = std::move(reference_scaled);
   }
 
   // ---- finite differences: the reference itself against central differences (float64).
@@ -1038,6 +1118,11 @@ class CaseRun {
   /// The quantization state of the reference's calls in order (delayed scaling: call k's
   /// scales come from calls 1..k-1), and per repeat call its own reference run.
   std::unique_ptr<ops::ReferenceQuantization> call_quantization_;
+  /// Per quantization of a reference evaluation: the jitter window (set_fp8_windows).
+  std::vector<at::Tensor> fp8_windows_;
+  std::vector<at::Tensor> fp8_reference_;
+  /// The evidence of repeat_call_bounds, once drawn.
+  std::optional<oracle::RoundingEvidence> coarse_evidence_;
   std::vector<PathRun> repeat_references_;
   oracle::RoundingEvidence evidence_;
   std::vector<std::string> notes_;

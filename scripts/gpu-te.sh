@@ -14,8 +14,11 @@
 #                                            call B: planted TE faults, per-recipe campaigns,
 #                                            DelayedScaling repeat calls, the README's TE quick
 #                                            start (scripts/fuzz.sh --backend te), throughput
-#   TE32_S TE16_S RECIPE_S  seconds of the te32, te16 and each recipe campaign (70, 70, 35)
-#   TPUT_WORKERS            worker counts of the te throughput table (default "1 12")
+#   CASES     cases of the te32, te16 and each recipe campaign (default 2000)
+#   TE32_S TE16_S RECIPE_S  the most seconds each of them may take (100, 100, 80)
+#   RECIPE_EDGE=1           also each recipe in float32 on edge shapes (RECIPE_EDGE_S, 45 s)
+#   EXPORT_MAX EXPORT_JOBS  case files exported (80) and exports run at a time (8)
+#   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12")
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
@@ -90,7 +93,15 @@ report_line() {  # report_line FILE: the summary of a report
 import json, sys
 r = json.load(open(sys.argv[1])); s = r["summary"]
 print(f"cases {s['cases_run']} failed {s['failed']} known_failed {s.get('known_failed')} unsupported {s['unsupported']} "
-      f"new {s.get('new_findings')} known {s.get('known_findings')} {s['cases_per_s']:.1f} cases/s regimes {s.get('regimes')}")
+      f"new {s.get('new_findings')} known {s.get('known_findings')} causes {s.get('known_causes')} "
+      f"{s['cases_per_s']:.1f} cases/s regimes {s.get('regimes')}")
+known = ", ".join(f"{k['id']} {k['cases']}/{k['signatures']}" for k in r.get("known", []))
+if known:
+    print(f"    known (cases/signatures): {known}")
+compared = r.get("coverage", {}).get("fused_ops", {}).get("compared", {})
+fired = r.get("coverage", {}).get("fusions", {})
+if compared or fired:
+    print(f"    fusions fired {fired}; fused ops compared {compared}")
 PY
 }
 campaign() {  # campaign NAME SECONDS ARGS...: a fuzz campaign of SECONDS (--time: it writes its report) into $work/NAME
@@ -100,6 +111,13 @@ campaign() {  # campaign NAME SECONDS ARGS...: a fuzz campaign of SECONDS (--tim
   if [ "$seconds" -lt 10 ]; then say "$name: skipped (budget)"; return 0; fi
   stage "$name" $((seconds + 30)) "$gf" fuzz --backend "$backend" --device "$device" --workers "$workers" \
     --corpus "$work/$name" --report "$work/$name.json" --case-log "$work/$name.cases.jsonl" --quiet --time "$seconds" "$@"
+  say "  $name: $(report_line "$work/$name.json")"
+}
+
+campaign_cases() {  # campaign_cases NAME CASES LIMIT ARGS...: a fuzz campaign of CASES cases, stopped at LIMIT s
+  local name="$1" cases="$2" limit="$3"; shift 3
+  stage "$name" "$limit" "$gf" fuzz --backend "$backend" --device "$device" --workers "$workers" \
+    --corpus "$work/$name" --report "$work/$name.json" --case-log "$work/$name.cases.jsonl" --quiet --cases "$cases" "$@"
   say "  $name: $(report_line "$work/$name.json")"
 }
 
@@ -113,20 +131,22 @@ fi
 cp "$state/te-capabilities.json" "$work/te-capabilities.json" 2>/dev/null
 # Issue 13 and 12: the known causes as known clusters, what is new explained; bfloat16 judged
 # in its own dtype. Tiny shapes, seeds other than 21 and 11 of the issue's measurements.
-has te32 && campaign te32 "${TE32_S:-70}" --seed 31 --dtypes float32 --shapes tiny --known "$known" \
-  --max-shrink-calls 60
-has te16 && campaign te16 "${TE16_S:-70}" --seed 32 --dtypes bfloat16 --shapes tiny --known "$known" \
-  --max-shrink-calls 60
+# CASES cases each (default 2000, the issues' size), stopped at TE32_S / TE16_S seconds.
+has te32 && campaign_cases te32 "${CASES:-2000}" "${TE32_S:-100}" --seed "${TE32_SEED:-51}" --dtypes float32 \
+  --shapes tiny --known "$known" --max-shrink-calls 60
+has te16 && campaign_cases te16 "${CASES:-2000}" "${TE16_S:-100}" --seed "${TE16_SEED:-52}" --dtypes bfloat16 \
+  --shapes tiny --known "$known" --max-shrink-calls 60
 if has export; then
   # Issue 15: every finding (new clusters and known ones) replayed and exported; the scripts
   # run under one pytest (TE imports once); outcomes compared in the summary.
   mkdir -p "$work/export"
-  # New clusters first, then crashes, then one case per known cluster: at most EXPORT_MAX.
+  # Every cluster of te32 (new, crashing, then one case per known cluster), then te16's:
+  # at most EXPORT_MAX.
   copied=0
-  for sub in findings crashing findings/known; do
-    for dir in te32 te16; do
+  for dir in te32 te16; do
+    for sub in findings crashing findings/known; do
       for f in "$work/$dir/$sub"/*.json; do
-        [ -f "$f" ] && [ "$copied" -lt "${EXPORT_MAX:-30}" ] || continue
+        [ -f "$f" ] && [ "$copied" -lt "${EXPORT_MAX:-80}" ] || continue
         cp "$f" "$work/export/${dir}_${sub//\//-}_$(basename "$f")"
         copied=$((copied + 1))
       done
@@ -134,16 +154,15 @@ if has export; then
   done
   say "export: $copied case files"
   stage replay 90 "$gf" replay "$work/export" --backend "$backend" --workers "$workers" --report "$work/replay.json"
-  n=0
-  for f in "$work"/export/*.json; do
-    [ -f "$f" ] || continue
-    [ "$(left)" -lt 60 ] && { say "export: budget reached after $n scripts"; break; }
-    id="$(basename "$f" .json)"
-    timeout 60 "$gf" export --python "$f" --backend "$backend" -o "$work/export/test_$id.py" >/dev/null \
-      2>"$work/export/$id.export.log" || say "export $id failed: $(tail -1 "$work/export/$id.export.log")"
-    n=$((n + 1))
-  done
-  stage pytest 120 bash -c "cd '$work/export' && python3 -m pytest -q -p no:cacheprovider -rA test_*.py"
+  # One export per case file, EXPORT_JOBS at a time (each starts the adapter and imports TE).
+  export gf backend work
+  t=$(date +%s)
+  ls "$work"/export/*.json 2>/dev/null | timeout $(( $(left) > 150 ? 120 : $(left) - 30 )) xargs -P "${EXPORT_JOBS:-8}" -I{} \
+    bash -c 'id=$(basename "{}" .json); timeout 90 "$gf" export --python "{}" --backend "$backend" \
+      -o "$work/export/test_$id.py" >/dev/null 2>"$work/export/$id.export.log" ||
+      echo "export $id failed: $(tail -1 "$work/export/$id.export.log")"' | tee -a "$summary"
+  say "export: $(ls "$work"/export/test_*.py 2>/dev/null | wc -l) scripts in $(( $(date +%s) - t )) s"
+  stage pytest 150 bash -c "cd '$work/export' && python3 -m pytest -q -p no:cacheprovider -rA test_*.py"
   python3 - "$work" <<'PY' | tee -a "$summary"
 import json, os, re, sys
 work = sys.argv[1]
@@ -188,20 +207,28 @@ if has selftest; then
     stage "$name" "$limit" "$gf" selftest --backend "$backend" --device "$device" --faults "$list" --known "$known" \
       --workers "$workers" --shapes tiny --corpus "$work/$name" --report "$work/$name.json" "$@"
   }
-  selftest selftest "${SELFTEST_S:-90}" "$plain" --cases 800 --dtypes float32,bfloat16 --recipe none
-  selftest selftest-fp8 "${SELFTEST_S:-90}" "$fp8" --cases 800 --dtypes bfloat16 --recipe any
-  selftest selftest-delayed 60 "$delayed" --cases 800 --dtypes bfloat16 --recipe DelayedScaling
+  selftest selftest "${SELFTEST_S:-150}" "$plain" --cases 2000 --dtypes float32,bfloat16 --recipe none
+  selftest selftest-fp8 "${SELFTEST_FP8_S:-90}" "$fp8" --cases 2000 --dtypes bfloat16 --recipe any
+  selftest selftest-delayed 60 "$delayed" --cases 2000 --dtypes bfloat16 --recipe DelayedScaling
 fi
 if has recipes; then
   # Issue 14: each recipe TE has here, bfloat16, every case under it.
   recipes=$(python3 -c "import json; print(' '.join(r['name'] for r in json.load(open('$work/te-capabilities.json'))['recipes'] if r['available']))" 2>/dev/null)
   say "recipes available: ${recipes:-none}"
+  # CASES cases per recipe in bfloat16 on tiny shapes; with RECIPE_EDGE=1 also float32 on
+  # edge shapes (stopped at RECIPE_EDGE_S).
   for r in $recipes; do
-    campaign "recipe-$r" "${RECIPE_S:-35}" --seed 41 --dtypes bfloat16 --shapes tiny --recipe "$r" --known "$known" \
-      --max-shrink-calls 30
+    campaign_cases "recipe-$r" "${CASES:-2000}" "${RECIPE_S:-80}" --seed 41 --dtypes bfloat16 --shapes tiny \
+      --recipe "$r" --known "$known" --max-shrink-calls 30
   done
+  if [ "${RECIPE_EDGE:-0}" = 1 ]; then
+    for r in $recipes; do
+      campaign_cases "recipe-edge-$r" "${CASES:-2000}" "${RECIPE_EDGE_S:-45}" --seed 42 --dtypes float32 \
+        --shapes edge --recipe "$r" --known "$known" --max-shrink-calls 20
+    done
+  fi
 fi
-has delayed && campaign delayed 30 --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
+has delayed && campaign delayed "${DELAYED_S:-30}" --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
   --known "$known" --max-shrink-calls 30
 if has quick; then
   # Issue 15: the README's TE quick start as a TE maintainer types it (the build exists here).
@@ -218,8 +245,12 @@ if has tput; then
   stage tput-model-tiny 30 "$gf" fuzz --backend model --device "$device" --time 20 --seed 5 --workers 8 --shapes tiny \
     --corpus "$work/tput-model-tiny" --report "$work/tput-model-tiny.json" --quiet
   say "  tput-model-tiny: $(report_line "$work/tput-model-tiny.json")"
-  campaign tput-te-mix 30 --seed 6 --dtypes float32 --known "$known" --max-shrink-calls 20
-  for w in ${TPUT_WORKERS:-1 12}; do
+  # The te default mix against te tiny, both 12 workers, no shrinking: the 70% target.
+  stage tput-te-mix 40 "$gf" fuzz --backend "$backend" --device "$device" --time 30 --seed 6 --dtypes float32 \
+    --workers 12 --max-shrink-calls 0 --known "$known" --corpus "$work/tput-te-mix" \
+    --report "$work/tput-te-mix.json" --quiet
+  say "  tput-te-mix: $(report_line "$work/tput-te-mix.json")"
+  for w in ${TPUT_WORKERS:-1 4 8 12}; do
     stage "tput-te-w$w" 30 "$gf" fuzz --backend "$backend" --device "$device" --time 20 --seed 7 --dtypes float32 --shapes tiny \
       --workers "$w" --max-shrink-calls 0 --known "$known" --corpus "$work/tput-te-w$w" \
       --report "$work/tput-te-w$w.json" --quiet

@@ -9,6 +9,8 @@ import torch
 from .faults import Fault, wrap
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
+# The size of NVIDIA/TransformerEngine#3342's error: gradients scaled down by up to 2^-7.
+_GRAD_SCALE = 2.0**-7
 
 
 def _e5m2_read_as_e4m3(original):
@@ -37,6 +39,17 @@ def _transposed_copy_rowwise(original):
         return self.data_t.reshape(self.data.shape)
 
     return rowwise
+
+
+def _dgrad_scaled_down(original):
+    def make(backward):
+        def faulty(ctx, grad_output):
+            grad_input, grad_weight, rest = backward(ctx, grad_output)
+            return grad_input * _GRAD_SCALE, grad_weight, rest
+
+        return faulty
+
+    return wrap(original, make)
 
 
 def _forward_scale_with_e5m2_max(original):
@@ -76,6 +89,14 @@ FAULTS = {
             "row-wise one belongs, with the row-wise shape",
             "gradfuzz_adapter.recipes.QuantizedTensor.rowwise",
             _transposed_copy_rowwise,
+        ),
+        Fault(
+            "torch-fp8-dgrad-scaled-down",
+            "The quantized Linear's input gradient (the dgrad GEMM's result) comes back "
+            "scaled by 2^-7 while its weight gradient and the forward stay right (the size "
+            "of NVIDIA/TransformerEngine#3342's error)",
+            "gradfuzz_adapter.recipes.QuantizedLinearFunction.backward",
+            _dgrad_scaled_down,
         ),
         Fault(
             "torch-delayed-forward-scale-e5m2-max",

@@ -107,6 +107,7 @@ def torch_case(recipe, **extra):
         ("torch-fp8-e5m2-grad-read-as-e4m3", HYBRID, False, True),
         ("torch-fp8-scale-inv-applied-twice", HYBRID, True, True),
         ("torch-fp8-transposed-copy-read-rowwise", HYBRID, True, True),
+        ("torch-fp8-dgrad-scaled-down", HYBRID, False, True),
     ],
 )
 def test_a_torch_fault_changes_a_small_case_by_far_more_than_fp8_noise(

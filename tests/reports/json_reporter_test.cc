@@ -225,6 +225,36 @@ TEST(JsonReporter, AKnownClusterCarriesItsEntryAndCountsAsKnown) {
   EXPECT_EQ(doc["summary"]["known_findings"], 1);
 }
 
+// Known findings counted by cause (issue 13: the known causes as a handful of rows however
+// many signatures they take): one row per entry, its cases and its distinct signatures.
+TEST(JsonReporter, KnownFindingsAreCountedPerEntryWithTheirCasesAndSignatures) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(fixed_context("fuzz", std::nullopt));
+  auto known_record = [](const std::vector<std::pair<std::string, std::string>>& findings) {
+    CaseRecord record = finding_record(std::nullopt);
+    const harness::Finding model = record.result.findings.front();
+    record.result.findings.clear();
+    for (const auto& [signature, id] : findings) {
+      harness::Finding f = model;
+      f.signature = signature;
+      f.known = id;
+      record.result.findings.push_back(f);
+    }
+    record.new_findings.clear();
+    return record;
+  };
+  // Entry a: two signatures over two cases (one case has both); entry b: one case.
+  reporter.report_case(known_record({{"s1", "a"}, {"s2", "a"}, {"s3", "b"}}));
+  reporter.report_case(known_record({{"s1", "a"}}));
+  reporter.report_case(known_record({{"s4", ""}}));  // a new finding counts in no entry
+  const auto doc = reporter.document(RunSummary{1.0, std::nullopt});
+  EXPECT_EQ(doc["summary"]["known_causes"], 2);
+  ASSERT_EQ(doc["known"].size(), 2U);
+  EXPECT_EQ(doc["known"][0], (nlohmann::ordered_json{{"id", "a"}, {"cases", 2}, {"signatures", 2}}));
+  EXPECT_EQ(doc["known"][1], (nlohmann::ordered_json{{"id", "b"}, {"cases", 1}, {"signatures", 1}}));
+}
+
 TEST(JsonReporter, AClusterListsOnlyItsOwnFindingsAndNamesTheOthers) {
   Finding f;
   f.result = mismatch_result();

@@ -184,6 +184,25 @@ def _transposed_copy_rowwise(result):
         result._data = transpose.reshape(data.shape)  # same bytes count, wrong layout
 
 
+_GRAD_SCALE = 2.0**-7
+
+
+def _dgrad_scaled_down(original):
+    def make(functional_backward):
+        def backward(*args, **kwargs):
+            grad_input, grad_weight = functional_backward(*args, **kwargs)
+            # A plain tensor only (a dgrad the previous op wants quantized is left alone); in
+            # place, since a fused op that accumulates into its own buffer reads that one.
+            if kwargs.get("with_quantized_compute") and type(grad_input) is torch.Tensor:
+                with torch.no_grad():
+                    grad_input.mul_(_GRAD_SCALE)
+            return grad_input, grad_weight
+
+        return backward
+
+    return wrap(original, make)
+
+
 def _delayed_forward_scale_e5m2_max(original):
     def make(update):
         def reduce_and_update_fp8_tensors(cls, forward=True):
@@ -286,6 +305,14 @@ FAULTS = {
             "(the same bytes with the row-major shape), wherever quantize made both",
             "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
             _after_quantize(_transposed_copy_rowwise),
+        ),
+        Fault(
+            "te-fp8-dgrad-scaled-down",
+            "BasicLinear's quantized backward (with_quantized_compute): the dgrad GEMM's "
+            "result scaled by 2^-7 while the weight gradient and the forward stay right (the "
+            "size of NVIDIA/TransformerEngine#3342's error)",
+            f"{_OPS}.basic.basic_linear.BasicLinear._functional_backward",
+            _dgrad_scaled_down,
         ),
         Fault(
             "te-delayed-forward-scale-e5m2-max",
