@@ -8,11 +8,13 @@
 namespace gradfuzz::campaign {
 
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<std::string>& fault,
-                       CaseRunner& runner) {
+                       CaseRunner& runner, const KnownIssues* known) {
   try {
     const auto cases = load_case_paths({case_file.string()});
-    const ReplayOutcome outcome = replay_cases(cases, fault, runner, nullptr, nullptr);
-    return static_cast<int>(outcome.failed > 0 ? ExitCode::kFindings : ExitCode::kOk);
+    const ReplayOutcome outcome = replay_cases(cases, fault, runner, nullptr, nullptr, known);
+    // As `gradfuzz replay --known`: only new findings fail (a case of an in-place fused op
+    // keeps its known in-place findings with the fault off).
+    return static_cast<int>(outcome.new_failed() > 0 ? ExitCode::kFindings : ExitCode::kOk);
   } catch (const InputError&) {
     return static_cast<int>(ExitCode::kUsage);
   } catch (const std::exception&) {
@@ -80,8 +82,9 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
       entry.seconds_to_detect = found->seconds;
       entry.shrunk_ops = found->shrunk_ops;
       entry.case_file = finding.case_file;
-      entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, runner);
-      entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, runner);
+      const KnownIssues* known = campaign.known.get();
+      entry.replay_with_fault_exit = replay_exit_status(finding.case_file, fault, runner, known);
+      entry.replay_without_fault_exit = replay_exit_status(finding.case_file, std::nullopt, runner, known);
     }
     entries.push_back(entry);
   }

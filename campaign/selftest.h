@@ -47,10 +47,11 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
 std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options, reports::Reporter& reporter,
                                                  std::ostream* progress);
 
-/// Exit status replay would give for `case_file` with `fault` on or off, run on `runner`:
-/// 0 pass, 1 failure, 2 unusable file, 3 internal error.
+/// Exit status replay would give for `case_file` with `fault` on or off, run on `runner`,
+/// with `known` loaded when given (then only new findings fail): 0 pass, 1 failure, 2
+/// unusable file, 3 internal error.
 int replay_exit_status(const std::filesystem::path& case_file, const std::optional<std::string>& fault,
-                       CaseRunner& runner);
+                       CaseRunner& runner, const KnownIssues* known = nullptr);
 
 /// The campaign a fault's selftest runs: `base` with the fault on, and where the fault needs
 /// them (ops::fault_is_half_precision, ops::fault_shapes) the half dtypes of `base` (else

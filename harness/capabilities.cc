@@ -85,6 +85,7 @@ void to_json(json& j, const BackendCapabilities& caps) {
            {"versions", caps.versions}, {"device_name", caps.device_name}};
   if (caps.repeat_calls) j["repeat_calls"] = true;
   j["exposes_all_channels"] = caps.exposes_all_channels;
+  j["fp8_reference_exact"] = caps.fp8_reference_exact;
   json faults = json::array();
   for (const auto& f : caps.faults)
     faults.push_back({{"name", f.name}, {"description", f.description}, {"target", f.target}});
@@ -127,6 +128,7 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
   caps.repeat_calls = j.value("repeat_calls", false);
   caps.exposes_all_channels = j.value("exposes_all_channels", true);
+  caps.fp8_reference_exact = j.value("fp8_reference_exact", false);
   if (j.contains("faults")) {
     for (const auto& f : j["faults"]) {
       caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", "")});
@@ -150,6 +152,8 @@ void from_json(const json& j, BackendCapabilities& caps) {
 BackendCapabilities model_capabilities() {
   BackendCapabilities caps;
   caps.backend = "model";
+  // cache_quantized_input: the model rounds as the reference does (CachedInput tests).
+  caps.fp8_reference_exact = true;
   caps.devices = {"cpu"};
   if (at::hasCUDA()) caps.devices.push_back("cuda");
   caps.dtypes = {"float64", "float32", "bfloat16", "float16"};

@@ -68,6 +68,13 @@ struct BackendCapabilities {
   /// producer's backward group holds none of the channel's consumers); the oracle judges
   /// the channels a backend does not expose only when it says it exposes all.
   bool exposes_all_channels = true;
+  /// Whether the backend's FP8 quantization is the reference's bit for bit wherever a
+  /// rounding difference cannot carry a value across an FP8 rounding boundary (torch: its
+  /// emulation casts as the reference does). Then the oracle holds quantized cases to the
+  /// FP8 rounding a correct implementation can do (runner: set_fp8_windows); otherwise to
+  /// the coarse estimate, one FP8 ulp on any quantized element (te: its kernels' partial
+  /// blocks and FP8 GEMM accumulation are not pinned, docs/TE.md).
+  bool fp8_reference_exact = false;
   /// Planted faults (the model's are ops/faults.h's; te and torch list the adapter's).
   std::vector<FaultCapability> faults;
   /// Recipes; empty: the backend runs none (the model).

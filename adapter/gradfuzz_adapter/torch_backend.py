@@ -178,6 +178,8 @@ class TorchBackend:
                 "fusions": [],
                 "deviations": [],
                 "recipes": recipe_capabilities(),
+                # recipes.py casts and scales as the C++ reference does (ops/quantization.cc).
+                "fp8_reference_exact": True,
                 "faults": faults.capabilities(FAULTS),
             },
         }
