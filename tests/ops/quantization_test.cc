@@ -565,6 +565,60 @@ TEST(Fp8Jitter, ProbabilityZeroChangesNothingAndTheDrawIsSeeded) {
   EXPECT_TRUE(half1.quantize(QuantRole::kInput, 0, x).rowwise.equal(a));
 }
 
+TEST(Fp8RoundingMargin, IsTheDistanceToTheBoundaryOnTheValuesSide) {
+  const auto margins = [](std::vector<double> v, Fp8Format f) {
+    const at::Tensor m = fp8_rounding_margin(at::tensor(v, at::TensorOptions().dtype(at::kDouble)), f);
+    return std::vector<double>(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
+  };
+  // E4M3 around 1 and 2: spacing 1/8 in [1, 2), 1/4 in [2, 4).
+  const auto e4 = margins({1.0625, 1.0, 1.9, 2.05, -1.1, 0.0, 500.0}, Fp8Format::kE4M3);
+  EXPECT_DOUBLE_EQ(e4[0], 0.0);               // a tie: on the boundary
+  EXPECT_DOUBLE_EQ(e4[1], 0.0625);            // an FP8 value: half a spacing from either side
+  EXPECT_NEAR(e4[2], 0.0625 - 0.025, 1e-15);  // 1.9 -> 1.875, the boundary above at 1.9375
+  EXPECT_NEAR(e4[3], 0.125 - 0.05, 1e-15);    // 2.05 -> 2, the boundary above at 2.125
+  EXPECT_NEAR(e4[4], 0.0625 - 0.025, 1e-15);  // -1.1 -> -1.125, the sign does not matter
+  EXPECT_TRUE(std::isinf(e4[5]));             // zero stays zero everywhere
+  EXPECT_TRUE(std::isinf(e4[6]));             // beyond max the cast saturates
+  // E5M2: spacing 1/4 in [1, 2); subnormals at 2^-16 below 2^-14.
+  const auto e5 = margins({1.1, std::ldexp(3.0, -17)}, Fp8Format::kE5M2);
+  EXPECT_NEAR(e5[0], 0.125 - 0.1, 1e-15);
+  EXPECT_NEAR(e5[1], std::ldexp(1.0, -17) - std::ldexp(1.0, -17), 1e-30);  // a subnormal tie
+}
+
+TEST(Fp8Jitter, WindowsMoveOnlyElementsNearABoundaryFromTheReferencesCodes) {
+  at::Generator gen = make_generator(312);
+  const at::Tensor x = at::randn({60, 50}, gen, at::TensorOptions().dtype(at::kDouble));
+  const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
+  // The reference's scaled values, recorded by a plain evaluation.
+  std::vector<at::Tensor> recorded;
+  ReferenceQuantization plain(r);
+  plain.record_scaled(&recorded);
+  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  ASSERT_EQ(recorded.size(), 1U);
+  const at::Tensor margin = fp8_rounding_margin(recorded[0], Fp8Format::kE4M3);
+  // Zero windows: nothing moves, whatever the probability.
+  ReferenceQuantization none(r);
+  none.set_jitter(1.0, make_generator(3), recorded, {at::zeros_like(recorded[0])});
+  EXPECT_TRUE(none.quantize(QuantRole::kInput, 0, x).rowwise.equal(a));
+  // A window of 0.02: exactly the elements closer than that to a boundary move, each by one
+  // code; with a slightly different input (x (1 + 2^-20)) the result is still built on the
+  // reference's codes.
+  const at::Tensor window = at::full_like(recorded[0], 0.02);
+  ReferenceQuantization some(r);
+  some.set_jitter(1.0, make_generator(4), recorded, {window});
+  const at::Tensor b = some.quantize(QuantRole::kInput, 0, x * (1 + std::ldexp(1.0, -20))).rowwise;
+  const at::Tensor near = margin < 0.02;
+  ASSERT_GT(near.sum().item<int64_t>(), 50);
+  ASSERT_LT(near.sum().item<int64_t>(), x.numel() / 2);
+  // b's own scale is a's times (1 - 2^-20) or so: an unmoved element is a's code at that
+  // scale (relatively 2^-20 off a), a moved one is a whole FP8 code away (over 2^-5).
+  const at::Tensor moved = (b - a).abs() > 1e-4 * a.abs();
+  EXPECT_TRUE(moved.equal(near)) << (moved != near).sum().item<int64_t>() << " elements differ";
+  // A quantization past the windows' end rounds its own values and may move every element.
+  const at::Tensor c = some.quantize(QuantRole::kInput, 0, x).rowwise;
+  EXPECT_GT((c != a).sum().item<int64_t>(), x.numel() / 2);
+}
+
 // ---------------------------------------------------------------------------------------
 // Errors
 
