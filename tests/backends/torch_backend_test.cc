@@ -205,5 +205,55 @@ TEST_F(TorchBackend, UnderEachRecipeFp8RoundingPassesAndAGradientScaledBy2ToTheM
   }
 }
 
+// Issue 14's CPU acceptance: every planted fault of the recipe emulation is found by the
+// default selftest within 2000 cases, shrunk, failing on replay with the fault and passing
+// without (the DelayedScaling one under that recipe: it shows from a repeat call on).
+TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
+  struct Stage {
+    std::string faults;
+    std::string recipe;
+  };
+  const std::vector<Stage> stages = {{"torch-fp8-e5m2-grad-read-as-e4m3,torch-fp8-scale-inv-applied-twice,"
+                                      "torch-fp8-transposed-copy-read-rowwise,torch-fp8-dgrad-scaled-down",
+                                      "any"},
+                                     {"torch-delayed-forward-scale-e5m2-max", "DelayedScaling"}};
+  int64_t faults = 0;
+  for (const auto& stage : stages) {
+    SCOPED_TRACE(stage.faults);
+    const std::string report = (dir_ / ("selftest-" + stage.recipe + ".json")).string();
+    const CliRun r = cli({"selftest",
+                          "--backend",
+                          "torch",
+                          "--device",
+                          "cpu",
+                          "--faults",
+                          stage.faults,
+                          "--cases",
+                          "2000",
+                          "--dtypes",
+                          "bfloat16",
+                          "--recipe",
+                          stage.recipe,
+                          "--workers",
+                          "2",
+                          "--seed",
+                          "3",
+                          "--corpus",
+                          (dir_ / ("c-" + stage.recipe)).string(),
+                          "--report",
+                          report});
+    ASSERT_EQ(r.exit, 0) << r.out << r.err;
+    std::ifstream in(report);
+    const auto j = nlohmann::json::parse(in);
+    ASSERT_TRUE(j.contains("selftest")) << j.dump();
+    for (const auto& e : j["selftest"]) {
+      ++faults;
+      EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
+      EXPECT_LE(e["cases_to_detect"].get<int64_t>(), 2000) << e.dump();
+    }
+  }
+  EXPECT_EQ(faults, 5);
+}
+
 }  // namespace
 }  // namespace gradfuzz::tools
