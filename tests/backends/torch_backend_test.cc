@@ -42,6 +42,15 @@ CliRun cli(const std::vector<std::string>& args) {
   return {code, out.str(), err.str()};
 }
 
+/// One torch worker (and its adapter), cases stopped after `case_timeout_s`.
+WorkerPoolOptions torch_pool_options(double case_timeout_s) {
+  WorkerPoolOptions o;
+  o.workers = 1;
+  o.backend.name = "torch";
+  o.case_timeout_s = case_timeout_s;
+  return o;
+}
+
 class TorchBackend : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir("gradfuzz-torch-"); }
@@ -64,11 +73,7 @@ TEST_F(TorchBackend, A500CaseCampaignPassesAndCoversEveryOp) {
 }
 
 TEST_F(TorchBackend, AWorkerKilledMidCaseIsACrashFindingAndTheCampaignGoesOn) {
-  WorkerPoolOptions o;
-  o.workers = 1;
-  o.backend.name = "torch";
-  o.case_timeout_s = 60;
-  WorkerPool pool(o);
+  WorkerPool pool(torch_pool_options(60));
   // A case big enough to take a while on the CPU, so the kill lands in the middle of it.
   harness::CaseSpec big;
   big.ops = {harness::OpSpec{"Linear", {{"out", 2048}}, {}, {}, ops::OutputStyle::kVector, {}, {}},
@@ -164,11 +169,7 @@ TEST_F(TorchBackend, AnFP8CaseReplaysAndItsScriptShipsEachCallsReference) {
 // scaled by 2^-7 (torch-fp8-dgrad-scaled-down, the size of NVIDIA/TransformerEngine#3342's
 // error) fails on grad_input by a wide margin (the norm of the error over 3x its bound).
 TEST_F(TorchBackend, UnderEachRecipeFp8RoundingPassesAndAGradientScaledBy2ToTheMinus7Fails) {
-  WorkerPoolOptions o;
-  o.workers = 1;
-  o.backend.name = "torch";
-  o.case_timeout_s = 120;
-  WorkerPool pool(o);
+  WorkerPool pool(torch_pool_options(120));
   const std::vector<harness::RecipeSpec> recipes = {
       {"DelayedScaling", "HYBRID", {}}, {"Float8CurrentScaling", "E4M3", {}}, {"Float8BlockScaling", "E4M3", {}}};
   for (const auto& recipe : recipes) {
