@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "ops/errors.h"
 
@@ -336,6 +338,144 @@ at::Tensor block_scales(const at::Tensor& x, BlockShape shape, Fp8Format format,
 }
 
 // ---------------------------------------------------------------------------------------
+// FP8 GEMM accumulation
+
+const char* fp8_gemm_name(Fp8Gemm gemm) {
+  switch (gemm) {
+    case Fp8Gemm::kFprop:
+      return "fprop";
+    case Fp8Gemm::kDgrad:
+      return "dgrad";
+    case Fp8Gemm::kWgrad:
+      return "wgrad";
+  }
+  return "?";
+}
+
+bool Fp8GemmAccumulation::is_fast(Fp8Gemm gemm) const {
+  return std::find(fast.begin(), fast.end(), gemm) != fast.end();
+}
+
+void Fp8GemmAccumulation::validate() const {
+  if (fraction_bits < 1 || fraction_bits > 52) {
+    throw InvalidArgumentError("FP8 GEMM accumulation: fraction_bits must be in [1, 52], got " +
+                               std::to_string(fraction_bits));
+  }
+  if (products_per_step < 1) {
+    throw InvalidArgumentError("FP8 GEMM accumulation: products_per_step must be at least 1, got " +
+                               std::to_string(products_per_step));
+  }
+  if (promotion_products < products_per_step || promotion_products % products_per_step != 0) {
+    throw InvalidArgumentError(
+        "FP8 GEMM accumulation: promotion_products must be a positive multiple of "
+        "products_per_step (" +
+        std::to_string(products_per_step) + "), got " + std::to_string(promotion_products));
+  }
+}
+
+namespace {
+
+void check_gemm_operands(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  if (!a.defined() || !b.defined() || a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0)) {
+    const auto shape = [](const at::Tensor& t) { return t.defined() ? c10::str(t.sizes()) : std::string("undefined"); };
+    throw InvalidArgumentError(std::string(what) + ": expected a [M, K] and b [K, N], got " + shape(a) + " and " +
+                               shape(b));
+  }
+}
+
+/// The products each accumulator covers before it is promoted (the whole reduction when fast).
+int64_t accumulator_span(const Fp8GemmAccumulation& model, Fp8Gemm gemm, int64_t k) {
+  return model.is_fast(gemm) ? std::max<int64_t>(k, 1) : model.promotion_products;
+}
+
+/// x truncated towards zero to a multiple of 2^exponent (exact in float64 for the
+/// magnitudes an FP8 GEMM produces).
+double truncate_to(double x, int exponent) { return std::ldexp(std::trunc(std::ldexp(x, -exponent)), exponent); }
+
+/// The exponent e of x (2^e <= |x| < 2^(e+1)); x != 0.
+int exponent_of(double x) { return std::ilogb(x); }
+
+}  // namespace
+
+at::Tensor fp8_accumulation_term(const at::Tensor& a, const at::Tensor& b, const Fp8GemmAccumulation& model,
+                                 Fp8Gemm gemm) {
+  check_gemm_operands(a, b, "fp8_accumulation_term");
+  model.validate();
+  // An estimate, computed in float32 on the operands' device: a few chunked GEMMs, about
+  // three times the GEMM's own work.
+  const at::Tensor af = a.detach().to(at::kFloat);
+  const at::Tensor bf = b.detach().to(b.device() == a.device() ? b.device() : a.device(), at::kFloat);
+  const int64_t k = af.size(1);
+  const int64_t span = accumulator_span(model, gemm, k);
+  const double unit = std::ldexp(1.0, -static_cast<int>(model.fraction_bits));
+  at::Tensor term = at::zeros({af.size(0), bf.size(1)}, af.options());
+  at::Tensor partial = at::zeros_like(term);
+  for (int64_t k0 = 0; k0 < k; k0 += model.products_per_step) {
+    if (k0 % span == 0) partial.zero_();
+    const int64_t n = std::min(model.products_per_step, k - k0);
+    const at::Tensor as = af.narrow(1, k0, n);
+    const at::Tensor bs = bf.narrow(0, k0, n);
+    // The step's largest product is at most the largest |a| of its row times the largest
+    // |b| of its column.
+    const at::Tensor largest = as.abs().amax({1}, /*keepdim=*/true) * bs.abs().amax({0}, /*keepdim=*/true);
+    const at::Tensor step_unit = unit * at::maximum(partial.abs(), largest);
+    const at::Tensor signs = at::matmul(at::sign(as), at::sign(bs)).abs();
+    term.add_(step_unit * (signs * 0.5 + (std::sqrt(static_cast<double>(n) / 12.0) + 1.0)));
+    partial.add_(at::matmul(as, bs));
+  }
+  return term;
+}
+
+at::Tensor emulate_fp8_gemm(const at::Tensor& a, const at::Tensor& b, const Fp8GemmAccumulation& model, Fp8Gemm gemm) {
+  check_gemm_operands(a, b, "emulate_fp8_gemm");
+  model.validate();
+  const at::Tensor ad = a.detach().to(at::kCPU, at::kDouble).contiguous();
+  const at::Tensor bd = b.detach().to(at::kCPU, at::kDouble).t().contiguous();  // [N, K]
+  const int64_t m = ad.size(0);
+  const int64_t n = bd.size(0);
+  const int64_t k = ad.size(1);
+  const int64_t span = accumulator_span(model, gemm, k);
+  const int bits = static_cast<int>(model.fraction_bits);
+  at::Tensor out = at::zeros({m, n}, ad.options());
+  const auto pa = ad.accessor<double, 2>();
+  const auto pb = bd.accessor<double, 2>();
+  auto po = out.accessor<double, 2>();
+  std::vector<double> terms;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float promoted = 0.0F;  // the fp32 sum the accumulators are promoted into
+      double accumulator = 0.0;
+      for (int64_t k0 = 0; k0 < k; k0 += model.products_per_step) {
+        if (k0 % span == 0 && k0 > 0) {
+          promoted += static_cast<float>(accumulator);
+          accumulator = 0.0;
+        }
+        terms.assign(1, accumulator);
+        for (int64_t kk = k0; kk < std::min(k, k0 + model.products_per_step); ++kk) {
+          terms.push_back(pa[i][kk] * pb[j][kk]);  // exact: FP8 values times fp32 scales
+        }
+        int largest = std::numeric_limits<int>::min();
+        for (double t : terms) {
+          if (t != 0.0 && std::isfinite(t)) largest = std::max(largest, exponent_of(t));
+        }
+        if (largest == std::numeric_limits<int>::min()) {
+          // Only zeros (or non-finite products, which propagate as they are).
+          double sum = 0.0;
+          for (double t : terms) sum += t;
+          accumulator = sum;
+          continue;
+        }
+        double sum = 0.0;  // exact: at most products_per_step + 1 terms of fraction_bits + 1 bits
+        for (double t : terms) sum += std::isfinite(t) ? truncate_to(t, largest - bits) : t;
+        accumulator = sum != 0.0 && std::isfinite(sum) ? truncate_to(sum, exponent_of(sum) - bits) : sum;
+      }
+      po[i][j] = static_cast<double>(promoted + static_cast<float>(accumulator));
+    }
+  }
+  return out.to(a.device());
+}
+
+// ---------------------------------------------------------------------------------------
 // The state of one reference evaluation sequence
 
 namespace detail {
@@ -372,6 +512,10 @@ struct QuantizationState {
   /// Quantizations so far (the index into jitter_windows).
   size_t quantizations = 0;
   std::vector<at::Tensor>* record = nullptr;
+  /// What the quantized GEMMs give (set_accumulation): exact unless a model is set.
+  std::optional<Fp8GemmAccumulation> accumulation;
+  AccumulationMode accumulation_mode = AccumulationMode::kExact;
+  std::optional<at::Generator> accumulation_generator;
 };
 
 }  // namespace detail
@@ -551,6 +695,23 @@ void ReferenceQuantization::clear_jitter() {
 
 void ReferenceQuantization::record_scaled(std::vector<at::Tensor>* into) { state_->record = into; }
 
+void ReferenceQuantization::set_accumulation(Fp8GemmAccumulation model, AccumulationMode mode,
+                                             std::optional<at::Generator> generator) {
+  model.validate();
+  if (mode == AccumulationMode::kRandomSign && (!generator || !generator->defined() || !generator->device().is_cpu())) {
+    throw InvalidArgumentError("ReferenceQuantization accumulation: random signs need a CPU generator");
+  }
+  state_->accumulation = std::move(model);
+  state_->accumulation_mode = mode;
+  state_->accumulation_generator = std::move(generator);
+}
+
+void ReferenceQuantization::clear_accumulation() {
+  state_->accumulation.reset();
+  state_->accumulation_mode = AccumulationMode::kExact;
+  state_->accumulation_generator.reset();
+}
+
 void ReferenceQuantization::set_current_op(int64_t op) { state_->current_op = op; }
 
 int64_t ReferenceQuantization::current_op() const { return state_->current_op; }
@@ -621,17 +782,68 @@ namespace {
 /// `t` whose incoming gradient is quantize-dequantized by `key`'s quantizer (copy `copy`)
 /// before it reaches t's producer: the identity forward, dq(Qg(dy)) backward. A gradient hook
 /// on t (plain autograd; the hook shares the state, so it runs on autograd's device threads
-/// too) and a view of t returned, so a consumer asking for its own gradient gets dy.
+/// too) and a view of t returned, so a consumer asking for its own gradient gets dy. With
+/// `read`, the quantized gradient is also left there for the GEMMs that read it.
 at::Tensor with_quantized_gradient(const at::Tensor& t, std::shared_ptr<QuantizationState> state, QuantKey key,
-                                   Copy copy) {
+                                   Copy copy, std::shared_ptr<at::Tensor> read = nullptr) {
   if (!t.requires_grad()) return t;
-  t.register_hook(
-      [state = std::move(state), key, copy](const at::Tensor& grad) { return quantize_copy(*state, key, grad, copy); });
+  t.register_hook([state = std::move(state), key, copy, read = std::move(read)](const at::Tensor& grad) {
+    at::Tensor quantized = quantize_copy(*state, key, grad, copy);
+    if (read) *read = quantized;
+    return quantized;
+  });
   return t.view_as(t);
 }
 
 /// t - t.detach(): zero, with t's gradient.
 at::Tensor zero_with_gradient_of(const at::Tensor& t) { return t - t.detach(); }
+
+/// a·b as this evaluation's quantized GEMM `gemm` gives it (set_accumulation): exact, plus or
+/// minus the accumulation term, or emulated; detached, in a's dtype.
+at::Tensor accumulated(QuantizationState& state, const at::Tensor& a, const at::Tensor& b, Fp8Gemm gemm,
+                       const at::Tensor* exact = nullptr) {
+  const at::Tensor product = exact ? exact->detach() : at::matmul(a.detach(), b.detach());
+  if (!state.accumulation || state.accumulation_mode == AccumulationMode::kExact) return product;
+  const Fp8GemmAccumulation& model = *state.accumulation;
+  switch (state.accumulation_mode) {
+    case AccumulationMode::kEmulate:
+      return emulate_fp8_gemm(a, b, model, gemm).to(product.scalar_type());
+    case AccumulationMode::kPlus:
+    case AccumulationMode::kMinus: {
+      const at::Tensor term = fp8_accumulation_term(a, b, model, gemm).to(product.scalar_type());
+      return state.accumulation_mode == AccumulationMode::kPlus ? product + term : product - term;
+    }
+    case AccumulationMode::kRandomSign: {
+      const at::Tensor coin =
+          at::rand(product.sizes(), *state.accumulation_generator, at::TensorOptions().dtype(at::kDouble));
+      const at::Tensor sign = at::where(coin < 0.5, -at::ones_like(coin), at::ones_like(coin));
+      return product + sign.to(product.device(), product.scalar_type()) *
+                           fp8_accumulation_term(a, b, model, gemm).to(product.scalar_type());
+    }
+    case AccumulationMode::kExact:
+      break;
+  }
+  return product;
+}
+
+/// `operand` (requiring grad) whose incoming gradient, the exact result of the GEMM `gemm`
+/// of the quantized gradient left in `read` with `other`, is replaced by what this
+/// evaluation's accumulation gives for it: dgrad = read · other, wgrad = readᵀ · other.
+/// Returns operand itself where the GEMMs are exact.
+at::Tensor with_accumulated_gradient(const at::Tensor& operand, const std::shared_ptr<QuantizationState>& state,
+                                     std::shared_ptr<at::Tensor> read, at::Tensor other, Fp8Gemm gemm) {
+  if (!operand.requires_grad() || !state->accumulation || state->accumulation_mode == AccumulationMode::kExact) {
+    return operand;
+  }
+  const at::Tensor tapped = operand.view_as(operand);
+  tapped.register_hook(
+      [state, read = std::move(read), other = other.detach(), gemm](const at::Tensor& grad) -> at::Tensor {
+        if (!read->defined()) return grad;
+        const at::Tensor a = gemm == Fp8Gemm::kWgrad ? read->t() : *read;
+        return accumulated(*state, a.to(grad.scalar_type()), other.to(grad.scalar_type()), gemm, &grad);
+      });
+  return tapped;
+}
 
 }  // namespace
 
@@ -649,7 +861,7 @@ at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor&
   const QuantizedOperand qx = quantization->quantize(QuantRole::kInput, group, x);
   const QuantizedOperand qw = quantization->quantize(QuantRole::kWeight, group, weight);
   // x [rows, in] · Wᵀ [in, out] -> y [rows, out] on the row-wise copies (fprop)
-  const at::Tensor value = at::matmul(qx.rowwise, qw.rowwise.t());
+  const at::Tensor value = accumulated(*state, qx.rowwise, qw.rowwise.t(), Fp8Gemm::kFprop);
   at::Tensor y;
   switch (recipe.backward_override) {
     case BackwardOverride::kHighPrecision:
@@ -658,7 +870,9 @@ at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor&
       break;
     case BackwardOverride::kDequantized:
       // dy · dq(Qw(W)) -> dx [rows, in]; dyᵀ · dq(Qi(x)) -> dW [out, in]; row-wise copies, dy unquantized
-      y = at::matmul(value_with_gradient_of(qx.rowwise, x), value_with_gradient_of(qw.rowwise, weight).t());
+      // (the backward GEMMs run in the compute dtype: no FP8 accumulation there)
+      y = value_with_gradient_of(
+          value, at::matmul(value_with_gradient_of(qx.rowwise, x), value_with_gradient_of(qw.rowwise, weight).t()));
       break;
     case BackwardOverride::kNone: {
       const QuantKey grad_key{quantization->current_op(), group, QuantRole::kGradOutput};
@@ -671,18 +885,27 @@ at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor&
                             single_copy(recipe, QuantRole::kGradOutput);
       if (one_copy) {
         // dq(Qg(dy)) [rows, out] · dq(Qw(W)) [out, in] -> dx; dq(Qg(dy))ᵀ [out, rows] · dq(Qi(x)) [rows, in] -> dW
-        const at::Tensor z =
-            at::matmul(value_with_gradient_of(qx.rowwise, x), value_with_gradient_of(qw.rowwise, weight).t());
-        y = with_quantized_gradient(z, state, grad_key, Copy::kRowwise);
+        const auto read = std::make_shared<at::Tensor>();
+        const at::Tensor qx_carrier =
+            with_accumulated_gradient(value_with_gradient_of(qx.rowwise, x), state, read, qw.rowwise, Fp8Gemm::kDgrad);
+        const at::Tensor qw_carrier = with_accumulated_gradient(value_with_gradient_of(qw.rowwise, weight), state, read,
+                                                                qx.rowwise, Fp8Gemm::kWgrad);
+        const at::Tensor z = at::matmul(qx_carrier, qw_carrier.t());
+        y = value_with_gradient_of(value, with_quantized_gradient(z, state, grad_key, Copy::kRowwise, read));
       } else {
         // 1D blocks: dgrad reads dy's row-wise and W's column-wise copy, wgrad dy's and x's
         // column-wise copies, each quantized separately from the forward's operands.
         // dq(Qg_row(dy)) [rows, out] · W_col [out, in] -> dx
-        const at::Tensor dgrad = zero_with_gradient_of(at::matmul(x, qw.columnwise.t()));
+        const auto read_rowwise = std::make_shared<at::Tensor>();
+        const auto read_columnwise = std::make_shared<at::Tensor>();
+        const at::Tensor x_carrier = with_accumulated_gradient(x, state, read_rowwise, qw.columnwise, Fp8Gemm::kDgrad);
+        const at::Tensor dgrad = zero_with_gradient_of(at::matmul(x_carrier, qw.columnwise.t()));
         // dq(Qg_col(dy))ᵀ [out, rows] · x_col [rows, in] -> dW
-        const at::Tensor wgrad = zero_with_gradient_of(at::matmul(qx.columnwise, weight.t()));
-        y = value + with_quantized_gradient(dgrad, state, grad_key, Copy::kRowwise) +
-            with_quantized_gradient(wgrad, state, grad_key, Copy::kColumnwise);
+        const at::Tensor w_carrier =
+            with_accumulated_gradient(weight, state, read_columnwise, qx.columnwise, Fp8Gemm::kWgrad);
+        const at::Tensor wgrad = zero_with_gradient_of(at::matmul(qx.columnwise, w_carrier.t()));
+        y = value + with_quantized_gradient(dgrad, state, grad_key, Copy::kRowwise, read_rowwise) +
+            with_quantized_gradient(wgrad, state, grad_key, Copy::kColumnwise, read_columnwise);
       }
       break;
     }

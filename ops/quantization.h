@@ -130,6 +130,73 @@ at::Tensor fp8_rounding_margin(const at::Tensor& scaled, Fp8Format format);
 /// there), x's shape. Throws InvalidArgumentError for a 0-D x.
 at::Tensor block_scales(const at::Tensor& x, BlockShape shape, Fp8Format format, ScalePrecision precision);
 
+// ---------------------------------------------------------------------------------------
+// FP8 GEMM accumulation (docs/BACKENDS.md "FP8 GEMM accumulation")
+
+/// One of a Linear's three FP8 GEMMs (te.ops basic_linear.py): the forward product, the
+/// input gradient, the weight gradient.
+enum class Fp8Gemm { kFprop, kDgrad, kWgrad };
+/// "fprop", "dgrad" or "wgrad".
+const char* fp8_gemm_name(Fp8Gemm gemm);
+
+/// How an implementation's FP8 GEMMs accumulate (a backend's capabilities.
+/// fp8_gemm_accumulation). The products of two FP8 operands are exact; they are added
+/// `products_per_step` at a time to an accumulator, each step's terms (the products and the
+/// accumulator) aligned to the largest exponent among them and truncated towards zero to
+/// `fraction_bits` bits below it, their sum truncated to `fraction_bits` bits below its own
+/// leading bit. A GEMM with split accumulation adds the accumulator into an fp32 sum every
+/// `promotion_products` products and starts a fresh one; a fast-accumulating GEMM (`fast`)
+/// keeps one accumulator over the whole reduction. Hopper's FP8 MMA: 13 bits, 32 products.
+struct Fp8GemmAccumulation {
+  int64_t fraction_bits = 13;
+  int64_t products_per_step = 32;
+  int64_t promotion_products = 128;
+  /// The GEMMs that run with fast accumulation under the case's recipe.
+  std::vector<Fp8Gemm> fast;
+
+  bool is_fast(Fp8Gemm gemm) const;
+  /// Throws InvalidArgumentError unless fraction_bits is in [1, 52], products_per_step >= 1
+  /// and promotion_products a positive multiple of products_per_step.
+  void validate() const;
+};
+
+/// The accumulation term of a·b (a [M, K], b [K, N], dequantized operands, any floating
+/// dtype and device): per output element, the size of the error the accumulator of `model`
+/// makes on this GEMM, float32 [M, N] on a's device. Per step s of the reduction, with A_s
+/// the exact partial sum the accumulator holds before it (zero after each promotion under
+/// split accumulation), m_s an upper bound of the step's largest |product| (row maximum of
+/// |a| times column maximum of |b| over the step), n_s its products and sigma_s the sum of
+/// their signs:
+///   u_s = 2^-fraction_bits * max(|A_s|, m_s)        (the step's truncation unit, at most)
+///   T  += u_s * (|sigma_s| / 2 + sqrt(n_s / 12) + 1)
+/// the mean of truncating n_s products of those signs towards zero, their spread, and the
+/// truncations of the accumulator and of the sum. Not a worst-case bound: it is evidence
+/// (the oracle multiplies its evidence by 4 and 8); against emulate_fp8_gemm the error stays
+/// below T element by element for random operands (tests/ops/quantization_test.cc).
+at::Tensor fp8_accumulation_term(const at::Tensor& a, const at::Tensor& b, const Fp8GemmAccumulation& model,
+                                 Fp8Gemm gemm);
+
+/// a·b computed as the accumulator of `model` does (see Fp8GemmAccumulation), element by
+/// element in float64 on the dequantized values (alignment in value space: exact where the
+/// scales are powers of two), promotions summed in fp32. a [M, K], b [K, N]; returns
+/// float64 [M, N] on a's device. A model implementation for tests and probes: O(M N K)
+/// scalar work on the CPU.
+at::Tensor emulate_fp8_gemm(const at::Tensor& a, const at::Tensor& b, const Fp8GemmAccumulation& model, Fp8Gemm gemm);
+
+/// What a quantized GEMM gives in an evaluation (ReferenceQuantization::set_accumulation).
+enum class AccumulationMode {
+  /// The exact sum of the products (the reference).
+  kExact,
+  /// Plus s * fp8_accumulation_term per element, s = +1 or -1 at random (rounding samples).
+  kRandomSign,
+  /// Plus, or minus, the term everywhere (how far an accumulation error can move a later
+  /// quantizer's input: the FP8 windows).
+  kPlus,
+  kMinus,
+  /// emulate_fp8_gemm: what an implementation with this accumulator computes.
+  kEmulate,
+};
+
 /// A quantized operand as TE keeps it, dequantized, both copies in x's layout and dtype:
 /// the row-wise copy (read by a GEMM reducing over the last dimension) and the column-wise
 /// copy (read by one reducing over the rows). Per-tensor scaling and 2D blocks give the same
@@ -188,6 +255,17 @@ class ReferenceQuantization {
   /// quantization to `into`, in order (nullptr stops); the oracle compares two evaluations'
   /// records to find the elements a rounding difference can move across a boundary.
   void record_scaled(std::vector<at::Tensor>* into);
+
+  /// Every later quantized GEMM (fprop always; dgrad and wgrad where the backward is
+  /// quantized, backward_override none) gives its result as `mode` says under `model`: the
+  /// exact product plus or minus the accumulation term, or the emulated accumulator.
+  /// kRandomSign draws one number per output element from `generator` (a CPU generator,
+  /// held). Throws InvalidArgumentError for a model that does not validate or kRandomSign
+  /// without a CPU generator.
+  void set_accumulation(Fp8GemmAccumulation model, AccumulationMode mode,
+                        std::optional<at::Generator> generator = std::nullopt);
+  /// Back to exact GEMMs.
+  void clear_accumulation();
 
   /// Set by the evaluator before each module: the module index the next quantizations use.
   void set_current_op(int64_t op);
@@ -256,6 +334,7 @@ at::Tensor value_with_gradient_of(const at::Tensor& value, const at::Tensor& car
 ///                   column-wise copies of W, x and dy where 1D blocks make them differ;
 ///   high_precision: dx = dy · W,  dW = dyᵀ · x;
 ///   dequantized:    dx = dy · dq(Qw(W)),  dW = dyᵀ · dq(Qi(x)), row-wise copies.
+/// The FP8 GEMMs (the value; dx and dW under `none`) give what set_accumulation says.
 /// Throws InvalidArgumentError without a recipe.
 at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight, int64_t group);
 

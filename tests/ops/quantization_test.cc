@@ -679,5 +679,236 @@ TEST(QuantRecipe, ErrorsNameTheRecipeTheOptionAndTheAllowedValues) {
       HasSubstr("no delayed-scaling quantizer for op 3, group 0, role weight"));
 }
 
+// ---------------------------------------------------------------------------------------
+// FP8 GEMM accumulation (Hopper's FP8 MMA: 13 fraction bits, 32 products per step)
+
+Fp8GemmAccumulation hopper(std::vector<Fp8Gemm> fast = {}) {
+  Fp8GemmAccumulation model;
+  model.fast = std::move(fast);
+  return model;
+}
+
+/// a [1, K] · b [K, 1] as a 1x1 tensor through emulate_fp8_gemm.
+double emulated_dot(const std::vector<double>& a, const std::vector<double>& b, const Fp8GemmAccumulation& model,
+                    Fp8Gemm gemm = Fp8Gemm::kFprop) {
+  return emulate_fp8_gemm(row(a), row(b).t(), model, gemm).item<double>();
+}
+
+TEST(Fp8Accumulation, EachStepTruncatesTowardsZeroBelowItsLargestExponent) {
+  const Fp8GemmAccumulation model = hopper();
+  const double t = std::ldexp(1.0, -13);  // the unit of 13 fraction bits at exponent 0
+  // A product below the step's unit is lost; one of 1.5 units keeps one; signs truncate
+  // towards zero.
+  EXPECT_EQ(emulated_dot({1.0, t / 2}, {1.0, 1.0}, model), 1.0);
+  EXPECT_EQ(emulated_dot({1.0, 1.5 * t}, {1.0, 1.0}, model), 1.0 + t);
+  EXPECT_EQ(emulated_dot({-1.0, -1.5 * t}, {1.0, 1.0}, model), -1.0 - t);
+  // The sum's own leading bit: 1 + t plus 1 carries into exponent 1, whose unit is 2t.
+  EXPECT_EQ(emulated_dot({1.0 + t, 1.0}, {1.0, 1.0}, model), 2.0);
+  // The exact products are not rounded first: 3 · 0.375 = 1.125 is kept whole.
+  EXPECT_EQ(emulated_dot({3.0}, {0.375}, model), 1.125);
+  // Two steps of one product: the accumulator 2^10 makes the next step's unit 2^-3, so a
+  // product of 0.1 is lost under fast accumulation and kept (to fp32) when each step is
+  // promoted into the fp32 sum.
+  Fp8GemmAccumulation fast = hopper({Fp8Gemm::kFprop});
+  fast.products_per_step = 1;
+  fast.promotion_products = 1;
+  Fp8GemmAccumulation split = fast;
+  split.fast.clear();
+  EXPECT_EQ(emulated_dot({1024.0, 0.1}, {1.0, 1.0}, fast), 1024.0);
+  EXPECT_EQ(emulated_dot({1024.0, 0.1}, {1.0, 1.0}, split),
+            static_cast<double>(1024.0F + static_cast<float>(emulated_dot({0.1}, {1.0}, split))));
+}
+
+TEST(Fp8Accumulation, ReproducesThreeH200ValuesBitForBit) {
+  // Operands (dequantized, power-of-2 block scales) of three elements TE 2.20.2 computed on
+  // the H200 for one case (docs/gpu/2026-12-02 call-A te32, `mismatch|Linear|output`: a
+  // Linear [16, 48] -> 16 under Float8BlockScaling 1,1,1; values from the case's seed).
+  // TE's results, read from the report, are reproduced exactly; the exact sums are the
+  // reference's.
+  const Fp8GemmAccumulation model = hopper();  // block scaling: split accumulation
+  const std::vector<double> fprop_x{
+      0.46875, 2.25,    0.5625, -1.125, -1.0,     2.5,     -0.9375, 0.5,      0.8125, -1.75,  -0.5,   0.5,
+      -1.0,    0.5625,  0.8125, -2.0,   -0.5625,  0.15625, -0.3125, -0.21875, -1.5,   1.25,   -0.625, -1.625,
+      1.75,    0.21875, -0.5,   0.75,   -0.15625, 1.0,     0.5625,  -1.375,   -1.125, 0.5625, 0.375,  1.0,
+      -2.0,    -0.8125, 1.375,  0.5625, 1.125,    -1.375,  0.5625,  -0.5625,  -0.5,   0.875,  1.625,  0.625};
+  const std::vector<double> fprop_w{
+      -0.171875,   -0.3125,     -0.21875,   0.0859375,  0.01171875,      -0.0390625,  0.0703125,   0.25,
+      -0.0859375,  -0.04296875, 0.0859375,  0.02734375, -0.01171875,     0.05078125,  0.15625,     0.0859375,
+      0.15625,     -0.1875,     0.28125,    0.1875,     -0.01171875,     -0.03515625, 0.017578125, -0.002685546875,
+      -0.171875,   -0.125,      -0.0546875, -0.25,      -0.09375,        -0.171875,   0.017578125, 0.15625,
+      0.025390625, 0.15625,     0.15625,    -0.09375,   0.0859375,       0.21875,     -0.21875,    -0.0018310546875,
+      0.0625,      0.0546875,   0.1875,     -0.234375,  0.0013427734375, 0.125,       0.078125,    0.1875};
+  EXPECT_EQ(emulated_dot(fprop_x, fprop_w, model, Fp8Gemm::kFprop), -2.25341796875);
+  EXPECT_EQ(row(fprop_x).mm(row(fprop_w).t()).item<double>(), -2.2538070678710938);
+  const std::vector<double> dgrad_dy{-1.625, -1.0,    0.46875, -1.5, -0.140625, -1.5,     1.75,     1.5,
+                                     1.625,  0.28125, -2.5,    -0.5, 1.5,       -0.34375, -0.40625, -0.234375};
+  const std::vector<double> dgrad_w{0.5,        -0.109375,  -0.0859375, 0.34375, -0.140625, -0.046875,
+                                    0.0703125,  -0.0546875, -0.15625,   0.125,   0.3125,    -0.0013427734375,
+                                    0.03515625, -0.28125,   0.01953125, 0.0625};
+  EXPECT_EQ(emulated_dot(dgrad_dy, dgrad_w, model, Fp8Gemm::kDgrad), -2.000244140625);
+  EXPECT_EQ(row(dgrad_dy).mm(row(dgrad_w).t()).item<double>(), -2.00042724609375);
+  const std::vector<double> wgrad_dy{1.75,   1.25,  -1.5, 0.28125,     0.75, -0.625, -1.75,    0.375,
+                                     0.9375, -2.25, -1.0, 0.017578125, 1.75, 1.75,   0.171875, -0.46875};
+  const std::vector<double> wgrad_x{0.15625, -1.25, 0.875,   1.125,  -0.28125, 2.75,   -0.40625, 0.5625,
+                                    -0.625,  2.25,  -0.1875, -0.375, 0.875,    -0.875, -0.625,   -0.875};
+  EXPECT_EQ(emulated_dot(wgrad_dy, wgrad_x, model, Fp8Gemm::kWgrad), -8.45703125);
+  EXPECT_EQ(row(wgrad_dy).mm(row(wgrad_x).t()).item<double>(), -8.457763671875);
+  // Each is within its accumulation term, and the term is far below a 2^-7 scaling.
+  for (const auto& [a, b] : {std::pair{fprop_x, fprop_w}, {dgrad_dy, dgrad_w}, {wgrad_dy, wgrad_x}}) {
+    const double exact = row(a).mm(row(b).t()).item<double>();
+    const double term = fp8_accumulation_term(row(a), row(b).t(), model, Fp8Gemm::kFprop).item<float>();
+    EXPECT_LE(std::fabs(emulated_dot(a, b, model) - exact), term);
+    EXPECT_LT(8 * term, std::fabs(exact) * (1 - std::ldexp(1.0, -7)) / 16);
+  }
+}
+
+/// `n` FP8 E4M3 values (current scaling over the tensor) of a seeded [rows, cols] draw;
+/// `positive`: their magnitudes (every product of one sign: the accumulator's worst case).
+at::Tensor fp8_operand(int64_t rows, int64_t cols, uint64_t seed, bool positive) {
+  at::Generator gen = make_generator(seed);
+  at::Tensor x = seeded_randn({rows, cols}, gen).to(at::kCPU, at::kDouble);
+  if (positive) x = x.abs();
+  return hand_qdq(x, Fp8Format::kE4M3, Groups::kTensor, false);
+}
+
+TEST(Fp8Accumulation, TheTermCoversTheEmulatedErrorOfRandomGemms) {
+  // The term is evidence for the oracle, which multiplies it by 4 (norm) and 8 (element);
+  // against the emulated accumulator it holds on its own, element by element, for reductions
+  // from one step to 32 (fast: the error grows with the accumulator), random signs and one
+  // sign throughout.
+  uint64_t seed = 700;
+  for (const int64_t k : {16, 48, 64, 200, 1024}) {
+    for (const bool positive : {false, true}) {
+      for (const bool fast : {false, true}) {
+        const Fp8GemmAccumulation model = fast ? hopper({Fp8Gemm::kFprop}) : hopper();
+        const at::Tensor a = fp8_operand(6, k, ++seed, positive);
+        const at::Tensor b = fp8_operand(k, 5, ++seed, positive);
+        const at::Tensor exact = a.mm(b);
+        const at::Tensor error = (emulate_fp8_gemm(a, b, model, Fp8Gemm::kFprop) - exact).abs();
+        const at::Tensor term = fp8_accumulation_term(a, b, model, Fp8Gemm::kFprop).to(at::kDouble);
+        const std::string what =
+            "K " + std::to_string(k) + (positive ? " one sign" : " random signs") + (fast ? " fast" : " split");
+        EXPECT_TRUE((error <= term).all().item<bool>()) << what << ": error\n" << error << "\nterm\n" << term;
+        // Not a vacuous bound: the emulated error is there, and the term is a small part of
+        // the result (a 2^-7 scaling is ~100%, a few percent error is far beyond it).
+        EXPECT_GT(error.max().item<double>(), 0.0) << what;
+        EXPECT_LT((term.norm() / exact.norm()).item<double>(), positive && fast ? 0.1 : 0.02) << what;
+      }
+    }
+  }
+}
+
+/// One Linear [in -> out] with `rows` rows under `r`, its quantization set up by `setup`
+/// before the forward; the seeded operands and results, float64 CPU.
+LinearRun run_linear_with(const QuantRecipe& r, uint64_t seed, const std::function<void(ReferenceQuantization&)>& setup,
+                          int64_t rows = 5, int64_t in = 40, int64_t out = 3) {
+  at::Generator gen = make_generator(seed);
+  auto linear = std::make_shared<Linear>(LinearOptions(in, out), test_options());
+  Sequential seq({linear}, FusionRegistry{});
+  LinearRun run;
+  run.x = seeded_randn({rows, in}, gen, at::kDouble, true);
+  run.g = cpu(seeded_randn({rows, out}, gen));
+  run.w = cpu(linear->weight());
+  ReferenceQuantization quantization(r);
+  setup(quantization);
+  ReferenceEvaluator ref(seq);
+  ref.set_quantization(&quantization);
+  run.y = cpu(ref.forward(run.x, {})[0]);
+  const ReferenceGradients grads = ref.backward({run.g});
+  run.dx = cpu(grads.grad_input);
+  run.dw = cpu(grads.grad_params[0][0]);
+  run.x = cpu(run.x);
+  return run;
+}
+
+TEST(Fp8Accumulation, EachQuantizedGemmOfALinearTakesTheMode) {
+  // Per-tensor current scaling (one copy of each operand) and 1D blocks (dgrad and wgrad on
+  // the column-wise copies): the fprop, dgrad and wgrad results move by exactly their own
+  // GEMM's term, up or down, or become the emulated accumulator's.
+  struct Setting {
+    const char* name;
+    QuantRecipe recipe;
+    Groups x_col, w_col, g_row, g_col;
+    bool pow2;
+  };
+  const std::vector<Setting> settings{
+      {"Float8CurrentScaling", recipe("Float8CurrentScaling", "E4M3"), Groups::kTensor, Groups::kTensor,
+       Groups::kTensor, Groups::kTensor, false},
+      {"Float8BlockScaling 1,1,1", recipe("Float8BlockScaling", "E4M3", {{"block_scaling_dims", "1,1,1"}}),
+       Groups::kColumns, Groups::kColumns, Groups::kRows, Groups::kColumns, true},
+  };
+  const Fp8GemmAccumulation model = hopper({Fp8Gemm::kFprop});
+  for (const Setting& s : settings) {
+    const bool block = s.recipe.kind == RecipeKind::kFloat8BlockScaling;
+    const LinearRun exact = run_linear_with(s.recipe, 311, [](ReferenceQuantization&) {});
+    const at::Tensor xr = hand_qdq(exact.x, Fp8Format::kE4M3, block ? Groups::kRows : Groups::kTensor, s.pow2);
+    const at::Tensor wr = hand_qdq(exact.w, Fp8Format::kE4M3, block ? Groups::kRows : Groups::kTensor, s.pow2);
+    const at::Tensor xc = hand_qdq(exact.x, Fp8Format::kE4M3, s.x_col, s.pow2);
+    const at::Tensor wc = hand_qdq(exact.w, Fp8Format::kE4M3, s.w_col, s.pow2);
+    const at::Tensor gr = hand_qdq(exact.g, Fp8Format::kE4M3, s.g_row, s.pow2);
+    const at::Tensor gc = hand_qdq(exact.g, Fp8Format::kE4M3, s.g_col, s.pow2);
+    const at::Tensor t_fprop = fp8_accumulation_term(xr, wr.t(), model, Fp8Gemm::kFprop).to(at::kDouble);
+    const at::Tensor t_dgrad = fp8_accumulation_term(gr, wc, model, Fp8Gemm::kDgrad).to(at::kDouble);
+    const at::Tensor t_wgrad = fp8_accumulation_term(gc.t(), xc, model, Fp8Gemm::kWgrad).to(at::kDouble);
+    for (const auto mode : {AccumulationMode::kPlus, AccumulationMode::kMinus}) {
+      const double sign = mode == AccumulationMode::kPlus ? 1.0 : -1.0;
+      const LinearRun moved =
+          run_linear_with(s.recipe, 311, [&](ReferenceQuantization& q) { q.set_accumulation(model, mode); });
+      EXPECT_TRUE((moved.y - exact.y).allclose(sign * t_fprop, 1e-9, 1e-12)) << s.name;
+      EXPECT_TRUE((moved.dx - exact.dx).allclose(sign * t_dgrad, 1e-9, 1e-12)) << s.name;
+      EXPECT_TRUE((moved.dw - exact.dw).allclose(sign * t_wgrad, 1e-9, 1e-12)) << s.name;
+      EXPECT_GT(t_fprop.min().item<double>(), 0.0) << s.name;
+    }
+    const LinearRun random = run_linear_with(s.recipe, 311, [&](ReferenceQuantization& q) {
+      q.set_accumulation(model, AccumulationMode::kRandomSign, make_generator(5));
+    });
+    const at::Tensor moved = random.dw - exact.dw;
+    EXPECT_TRUE(moved.abs().allclose(t_wgrad, 1e-9, 1e-12)) << s.name;
+    EXPECT_TRUE((moved > 0).any().item<bool>() && (moved < 0).any().item<bool>()) << s.name;
+    const LinearRun emulated = run_linear_with(
+        s.recipe, 311, [&](ReferenceQuantization& q) { q.set_accumulation(model, AccumulationMode::kEmulate); });
+    EXPECT_TRUE(emulated.y.equal(emulate_fp8_gemm(xr, wr.t(), model, Fp8Gemm::kFprop))) << s.name;
+    EXPECT_TRUE(emulated.dx.equal(emulate_fp8_gemm(gr, wc, model, Fp8Gemm::kDgrad))) << s.name;
+    EXPECT_TRUE(emulated.dw.equal(emulate_fp8_gemm(gc.t(), xc, model, Fp8Gemm::kWgrad))) << s.name;
+    EXPECT_FALSE(emulated.y.equal(exact.y)) << s.name;
+  }
+}
+
+TEST(Fp8Accumulation, BackwardOverridesKeepTheirBackwardGemmsExact) {
+  // high_precision and dequantized run dgrad and wgrad in the compute dtype: only the forward
+  // product is an FP8 GEMM.
+  const Fp8GemmAccumulation model = hopper({Fp8Gemm::kFprop});
+  for (const char* override_value : {"high_precision", "dequantized"}) {
+    const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3", {{"backward_override", override_value}});
+    const LinearRun exact = run_linear_with(r, 312, [](ReferenceQuantization&) {});
+    const LinearRun moved =
+        run_linear_with(r, 312, [&](ReferenceQuantization& q) { q.set_accumulation(model, AccumulationMode::kPlus); });
+    EXPECT_FALSE(moved.y.equal(exact.y)) << override_value;
+    EXPECT_TRUE(moved.dx.equal(exact.dx)) << override_value;
+    EXPECT_TRUE(moved.dw.equal(exact.dw)) << override_value;
+  }
+}
+
+TEST(Fp8Accumulation, ModelsAreCheckedAndRandomSignsNeedAGenerator) {
+  Fp8GemmAccumulation bad = hopper();
+  bad.promotion_products = 48;
+  EXPECT_THAT(error_message([&] { bad.validate(); }),
+              HasSubstr("promotion_products must be a positive multiple of products_per_step (32), got 48"));
+  bad = hopper();
+  bad.fraction_bits = 0;
+  EXPECT_THAT(error_message([&] { bad.validate(); }), HasSubstr("fraction_bits must be in [1, 52], got 0"));
+  EXPECT_THAT(error_message([] {
+                ReferenceQuantization(recipe("DelayedScaling", "E4M3"))
+                    .set_accumulation(hopper(), AccumulationMode::kRandomSign);
+              }),
+              HasSubstr("random signs need a CPU generator"));
+  EXPECT_THAT(
+      error_message([] {
+        fp8_accumulation_term(at::ones({2, 3}, at::kDouble), at::ones({2, 3}, at::kDouble), hopper(), Fp8Gemm::kFprop);
+      }),
+      HasSubstr("fp8_accumulation_term: expected a [M, K] and b [K, N], got [2, 3] and [2, 3]"));
+  EXPECT_STREQ(fp8_gemm_name(Fp8Gemm::kWgrad), "wgrad");
+}
+
 }  // namespace
 }  // namespace gradfuzz::ops
