@@ -67,6 +67,49 @@ std::vector<const RecipeCapability*> BackendCapabilities::available_recipes() co
   return out;
 }
 
+namespace {
+
+/// capabilities.fp8_gemm_accumulation, checked: std::invalid_argument naming the field.
+Fp8GemmAccumulationCapability fp8_gemm_accumulation_from(const json& j) {
+  const auto fail = [](const std::string& field, const std::string& what) {
+    throw std::invalid_argument("capabilities.fp8_gemm_accumulation." + field + ": " + what);
+  };
+  if (!j.is_object()) fail("", "expected an object");
+  Fp8GemmAccumulationCapability a;
+  const auto integer = [&](const char* key, int64_t fallback, int64_t min, int64_t max) {
+    if (!j.contains(key)) return fallback;
+    if (!j[key].is_number_integer()) fail(key, "expected an integer");
+    const auto v = j[key].get<int64_t>();
+    if (v < min || v > max)
+      fail(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(v));
+    return v;
+  };
+  a.fraction_bits = integer("fraction_bits", a.fraction_bits, 1, 52);
+  a.products_per_step = integer("products_per_step", a.products_per_step, 1, int64_t{1} << 20);
+  a.promotion_products = integer("promotion_products", a.promotion_products, 1, int64_t{1} << 30);
+  if (a.promotion_products % a.products_per_step != 0) {
+    fail("promotion_products", "must be a multiple of products_per_step (" + std::to_string(a.products_per_step) +
+                                   "), got " + std::to_string(a.promotion_products));
+  }
+  if (j.contains("fast_accumulation")) {
+    if (!j["fast_accumulation"].is_object()) fail("fast_accumulation", "expected an object recipe -> GEMMs");
+    for (const auto& [recipe, gemms] : j["fast_accumulation"].items()) {
+      if (!gemms.is_array()) fail("fast_accumulation." + recipe, "expected a list of GEMMs");
+      std::vector<std::string>& fast = a.fast_accumulation[recipe];  // a recipe with none is listed too
+      for (const auto& g : gemms) {
+        const std::string name = g.is_string() ? g.get<std::string>() : "";
+        if (name != "fprop" && name != "dgrad" && name != "wgrad") {
+          fail("fast_accumulation." + recipe, "expected \"fprop\", \"dgrad\" or \"wgrad\", got " + g.dump());
+        }
+        fast.push_back(name);
+      }
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
 void to_json(json& j, const BackendCapabilities& caps) {
   json ops_json = json::object();
   for (const auto& o : caps.ops) {
@@ -86,6 +129,13 @@ void to_json(json& j, const BackendCapabilities& caps) {
   if (caps.repeat_calls) j["repeat_calls"] = true;
   j["exposes_all_channels"] = caps.exposes_all_channels;
   j["fp8_reference_exact"] = caps.fp8_reference_exact;
+  if (caps.fp8_gemm_accumulation) {
+    const Fp8GemmAccumulationCapability& a = *caps.fp8_gemm_accumulation;
+    j["fp8_gemm_accumulation"] = {{"fraction_bits", a.fraction_bits},
+                                  {"products_per_step", a.products_per_step},
+                                  {"promotion_products", a.promotion_products},
+                                  {"fast_accumulation", a.fast_accumulation}};
+  }
   json faults = json::array();
   for (const auto& f : caps.faults)
     faults.push_back({{"name", f.name}, {"description", f.description}, {"target", f.target}});
@@ -129,6 +179,9 @@ void from_json(const json& j, BackendCapabilities& caps) {
   caps.repeat_calls = j.value("repeat_calls", false);
   caps.exposes_all_channels = j.value("exposes_all_channels", true);
   caps.fp8_reference_exact = j.value("fp8_reference_exact", false);
+  if (j.contains("fp8_gemm_accumulation") && !j["fp8_gemm_accumulation"].is_null()) {
+    caps.fp8_gemm_accumulation = fp8_gemm_accumulation_from(j["fp8_gemm_accumulation"]);
+  }
   if (j.contains("faults")) {
     for (const auto& f : j["faults"]) {
       caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", "")});

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,18 @@ struct RecipeCapability {
   std::map<std::string, std::vector<std::string>> options;
 };
 
+/// How a backend's FP8 GEMMs accumulate (docs/BACKENDS.md "FP8 GEMM accumulation";
+/// ops::Fp8GemmAccumulation is the model): the accumulator's fraction bits, the products it
+/// adds per aligned step, the products between two fp32 promotions under split
+/// accumulation, and per recipe the GEMMs ("fprop", "dgrad", "wgrad") that run with fast
+/// accumulation instead.
+struct Fp8GemmAccumulationCapability {
+  int64_t fraction_bits = 13;
+  int64_t products_per_step = 32;
+  int64_t promotion_products = 128;
+  std::map<std::string, std::vector<std::string>> fast_accumulation;
+};
+
 /// What a backend can run (docs/BACKENDS.md "hello"): the generator draws only from it.
 struct BackendCapabilities {
   std::string backend = "model";
@@ -70,11 +84,15 @@ struct BackendCapabilities {
   bool exposes_all_channels = true;
   /// Whether the backend's FP8 quantization is the reference's bit for bit wherever a
   /// rounding difference cannot carry a value across an FP8 rounding boundary (torch: its
-  /// emulation casts as the reference does). Then the oracle holds quantized cases to the
-  /// FP8 rounding a correct implementation can do (runner: set_fp8_windows); otherwise to
-  /// the coarse estimate, one FP8 ulp on any quantized element (te: its kernels' partial
-  /// blocks and FP8 GEMM accumulation are not pinned, docs/TE.md).
+  /// emulation casts as the reference does; te on the H200: its quantizers, with the recipe
+  /// options te.ops honours, docs/TE.md), and its FP8 GEMMs exact up to
+  /// fp8_gemm_accumulation. Then the oracle holds quantized cases to the FP8 rounding a
+  /// correct implementation can do (runner: set_fp8_windows); otherwise to the coarse
+  /// estimate, one FP8 ulp on any quantized element.
   bool fp8_reference_exact = false;
+  /// How the backend's FP8 GEMMs accumulate, when not exactly (te on Hopper): the oracle's
+  /// rounding samples and FP8 windows then carry each quantized GEMM's accumulation term.
+  std::optional<Fp8GemmAccumulationCapability> fp8_gemm_accumulation;
   /// Planted faults (the model's are ops/faults.h's; te and torch list the adapter's).
   std::vector<FaultCapability> faults;
   /// Recipes; empty: the backend runs none (the model).

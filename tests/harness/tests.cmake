@@ -2,6 +2,7 @@
 gradfuzz_add_test(harness_test
   SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/builder_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/capabilities_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/case_result_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/case_spec_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/limits_test.cc
