@@ -21,6 +21,7 @@
 #include "oracle/rounding.h"
 #include "oracle/signature.h"
 #include "oracle/tolerances.h"
+#include "runner/case_cost.h"
 
 namespace gradfuzz::runner {
 
@@ -374,7 +375,9 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
 
 CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
   const auto before = ops::cuda::kernel_launches();
+  CaseCostRecorder cost(case_cost_enabled());
   CaseResult result = run_case_impl(spec, backend, options);
+  if (case_cost_enabled()) log_case_cost(spec, result, cost.finish());
   for (const auto& [name, after] : ops::cuda::kernel_launches()) {
     auto it = before.find(name);
     const int64_t launches = after.launches - (it == before.end() ? 0 : it->second.launches);
@@ -452,7 +455,12 @@ class CaseRun {
         return std::move(result_);
       }
     }
-    if (!run_paths()) return finish();
+    bool ran = false;
+    {
+      CostStage stage("paths");
+      ran = run_paths();
+    }
+    if (!ran) return finish();
     for (const PathRun* run : active_) {
       if (run->status == PathStatus::kUnsupported) {
         result_.verdict = VerdictKind::kUnsupported;
@@ -460,12 +468,28 @@ class CaseRun {
         return std::move(result_);
       }
     }
-    run_reference();
-    judge_errors();
-    if (reference_.ok()) judge_values();
-    check_finite_differences_stage();
-    confirm_in_wide_dtype();
-    attribute_in_place_stage();
+    {
+      CostStage stage("reference");
+      run_reference();
+    }
+    {
+      CostStage stage("judge");
+      judge_errors();
+      if (reference_.ok()) judge_values();
+    }
+    {
+      CostStage stage("finite_differences");
+      check_finite_differences_stage();
+    }
+    {
+      CostStage stage("confirm");
+      confirm_in_wide_dtype();
+    }
+    {
+      CostStage stage("ablation");
+      attribute_in_place_stage();
+    }
+    CostStage stage("signatures");
     return finish();
   }
 
@@ -521,8 +545,10 @@ class CaseRun {
   // ---- run the paths: fused, unfused (skipped when nothing fused), and each pass's fusions
   // alone when the fused path ran forward-only and backward-only fused ops together.
   bool run_backend(const CaseSpec& s, const std::vector<PathRequest>& requests, std::vector<PathRun>& into) {
+    CostStage stage("backend");
     try {
       std::vector<PathRun> runs = backend_.run_paths(s, prepared_.plan, prepared_.tensors, requests);
+      count_request(requests, runs);
       for (auto& r : runs) into.push_back(std::move(r));
       return true;
     } catch (const BackendCrash& e) {
@@ -531,6 +557,25 @@ class CaseRun {
       add_process_finding(VerdictKind::kTimeout, e.what());
     }
     return false;
+  }
+
+  /// The case cost's counts of one backend request (runner/case_cost.h): the paths it ran,
+  /// their repeat calls, the fresh Sequentials a fused path's repeat calls are planned
+  /// against, and the paths that changed a caller tensor (each run a second time to find
+  /// the writer, modified_by).
+  static void count_request(const std::vector<PathRequest>& requests, const std::vector<PathRun>& runs) {
+    if (!case_cost_recording()) return;
+    count_cost("requests");
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const PathRun& run = runs[i];
+      if (run.status == PathStatus::kSkipped) continue;
+      count_cost("path:" + run.name);
+      count_cost("repeat_calls", static_cast<int64_t>(run.repeats.size()));
+      if (i < requests.size() && !requests[i].fusions.empty()) {
+        count_cost("fresh_plans", static_cast<int64_t>(run.repeats.size()));
+      }
+      if (!run.modified.empty()) count_cost("writer_runs");
+    }
   }
 
   void add_process_finding(VerdictKind kind, const std::string& what) {
@@ -782,6 +827,7 @@ class CaseRun {
       // the evidence's extra reference runs, and only those that still fail pay for more
       // rounding samples (one sample per element is a weak estimate of its rounding noise:
       // a value that fails 8x the largest of 16 samples is not noise).
+      CostStage stage("evidence");
       if (gather_evidence()) {
         for (int64_t more : {int64_t{0}, int64_t{6}, int64_t{8}}) {
           if (more > 0) {

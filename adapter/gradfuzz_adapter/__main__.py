@@ -101,10 +101,21 @@ def serve(backend_name, instream, outstream):
 
     With GRADFUZZ_ADAPTER_TIMING=FILE, appends one JSON line to FILE at exit: seconds spent
     waiting for requests (the caller's own time, the C++ worker's for a campaign), handling
-    them and writing replies, and the number of requests: where a worker's time goes."""
+    them and writing replies (and the process's CPU seconds handling them), the number of
+    requests, and the driver's counts and seconds of the runs it makes (driver.COST: paths,
+    repeat calls, fresh-plan Sequentials, writer runs): where a worker's time goes."""
     server = Server(backend_name)
     clock = {"requests": 0, "waiting_s": 0.0, "handling_s": 0.0, "writing_s": 0.0}
+    clock["handling_cpu_s"] = 0.0
     clock["log"] = os.environ.get("GRADFUZZ_ADAPTER_TIMING") or None
+    # GRADFUZZ_ADAPTER_PROFILE=PREFIX: a cProfile of this adapter's requests, written to
+    # PREFIX.<pid>.prof at exit (read with pstats; docs/BENCHMARKS.md).
+    profile_prefix = os.environ.get("GRADFUZZ_ADAPTER_PROFILE") or None
+    if profile_prefix:
+        import cProfile
+
+        clock["profile"] = (cProfile.Profile(), f"{profile_prefix}.{os.getpid()}.prof")
+        clock["profile"][0].enable()
     try:
         return _serve(server, instream, outstream, clock)
     finally:
@@ -113,9 +124,17 @@ def serve(backend_name, instream, outstream):
 
 def _log_clock(clock, backend_name):
     """One cumulative line (also every 100 requests: a worker may kill its adapter at the
-    end instead of waiting for it to exit; take each pid's last line)."""
+    end instead of waiting for it to exit; take each pid's last line), and the profile so
+    far."""
+    if clock.get("profile"):
+        profiler, path = clock["profile"]
+        profiler.dump_stats(path)  # stops it
+        profiler.enable()
     if clock["log"]:
-        line = {k: v for k, v in clock.items() if k != "log"}
+        line = {k: v for k, v in clock.items() if k not in ("log", "profile")}
+        driver = sys.modules.get(f"{__package__}.driver")
+        if driver is not None:
+            line.update(driver.COST)
         with open(clock["log"], "a", encoding="utf-8") as f:
             f.write(json.dumps(dict(line, backend=backend_name, pid=os.getpid())) + "\n")
 
@@ -134,6 +153,7 @@ def _serve(server, instream, outstream, clock):
             return 0
         header, tensors = frame
         clock["requests"] += 1
+        cpu = time.process_time()
         try:
             reply = server.handle(header, tensors)
         except Exception as e:  # noqa: BLE001 - a failed request is answered, not fatal
@@ -141,6 +161,7 @@ def _serve(server, instream, outstream, clock):
             reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []
         handled = time.perf_counter()
         clock["handling_s"] += handled - received
+        clock["handling_cpu_s"] += time.process_time() - cpu
         if reply is None:
             return 0
         try:

@@ -11,12 +11,14 @@ the plans a fresh Sequential makes for each, the reply's tensors and error repor
 function of the code under test that raised (`error.origin`).
 """
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import os
 import sys
 import sysconfig
+import time
 
 import torch
 
@@ -29,6 +31,21 @@ PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
 
 PROTOCOL = 2
+
+# What this process ran, for GRADFUZZ_ADAPTER_TIMING (__main__.py): counts and seconds of the
+# paths' first calls (ops built, forward, backward), their repeat calls, the fresh
+# Sequentials repeat calls are planned against, and the writer runs (modified_by).
+COST = collections.Counter()
+
+
+@contextlib.contextmanager
+def _cost(what):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        COST[what] += 1
+        COST[what + "_s"] += time.perf_counter() - start
 
 
 class Builder:
@@ -785,10 +802,16 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
             stack.enter_context(builder.fusion_scope(fusions))
             device = builder.device(case)
             values.use(device)
-            _build(builder, case, device, values, built)
-            _run_call(
-                builder, case, built, values, call, input_requires_grad=case.input_requires_grad
-            )
+            with _cost("paths"):
+                _build(builder, case, device, values, built)
+                _run_call(
+                    builder,
+                    case,
+                    built,
+                    values,
+                    call,
+                    input_requires_grad=case.input_requires_grad,
+                )
         except Exception as exc:  # noqa: BLE001 - every backend error becomes the path's result
             _fail(builder, result, exc, built.phase)
             result["left_locked"] = (
@@ -811,7 +834,8 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
     if repeat_calls(case):
         result["repeats"] = repeats
     if result["modified"] and writers:
-        modified_by = _writers(builder, case, path, values)
+        with _cost("writer_runs"):
+            modified_by = _writers(builder, case, path, values)
         if modified_by:
             result["modified_by"] = modified_by
     return result
@@ -823,17 +847,18 @@ def _run_repeat(builder, case, built, values, device, fusions, repeat_call):
     repeat = {"status": "ok"}
     call = _Call()
     try:
-        builder.before_repeat_call(built.ops, case)
-        _run_call(
-            builder,
-            case,
-            built,
-            values,
-            call,
-            input_requires_grad=repeat_call["input_requires_grad"],
-            no_grad=repeat_call["no_grad"],
-            first=False,
-        )
+        with _cost("repeat_calls"):
+            builder.before_repeat_call(built.ops, case)
+            _run_call(
+                builder,
+                case,
+                built,
+                values,
+                call,
+                input_requires_grad=repeat_call["input_requires_grad"],
+                no_grad=repeat_call["no_grad"],
+                first=False,
+            )
     except Exception as exc:  # noqa: BLE001 - the call's error is the repeat's result
         _fail(builder, repeat, exc, built.phase)
     repeat["plans"] = _safe_plans(builder, built.seq, case, built.ops)
@@ -844,7 +869,8 @@ def _run_repeat(builder, case, built, values, device, fusions, repeat_call):
         repeat["expected_plans"] = []
         return repeat
     try:
-        repeat["expected_plans"] = _fresh_plans(builder, case, device, values, repeat_call)
+        with _cost("fresh_plans"):
+            repeat["expected_plans"] = _fresh_plans(builder, case, device, values, repeat_call)
     except Exception as exc:  # noqa: BLE001 - the first call built it: a failure is news
         repeat["expected_plans"] = []
         if repeat["status"] == "ok":

@@ -4,7 +4,8 @@
 # Sequential and the plain-torch ops: MakeExtraOutput, AddExtraInput, ConstantScale, Bias,
 # Identity, Reshape) over the stubbed extension of te_stub.py, on the CPU. Ops that need TE's
 # kernels (BasicLinear, activations, norms, GroupedLinear) fail there. For replaying TE
-# findings of those ops on a CPU (docs/TE.md), not for campaigns.
+# findings of those ops on a CPU (docs/TE.md), and for measuring the te worker's own cost
+# (`gradfuzz fuzz --backend te --device cpu`, docs/BENCHMARKS.md): its findings are not TE's.
 #   called as: te_stub_python.sh -m gradfuzz_adapter --backend te
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${GRADFUZZ_STUB_PYTHON:-$here/../../.venv/bin/python}"
@@ -19,6 +20,13 @@ if reason:
 te_stub.install()
 from gradfuzz_adapter import __main__ as adapter
 from gradfuzz_adapter.te.backend import TEBackend
-adapter.make_backend = lambda name: TEBackend(device='cpu')
+class StubTEBackend(TEBackend):
+    def hello(self):
+        # It runs on the CPU: a campaign with --device cpu may use it (cuda stays listed,
+        # so case files of the GPU replay here too).
+        out = super().hello()
+        out['capabilities']['devices'] = ['cpu', 'cuda']
+        return out
+adapter.make_backend = lambda name: StubTEBackend(device='cpu')
 sys.exit(adapter.main(sys.argv[1:]))
 " "$@"
