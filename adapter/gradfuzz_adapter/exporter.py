@@ -32,6 +32,7 @@ from .exporter_full import full_script
 from .recipes import parse_recipe, te_kwargs
 from .script_values import ScriptValues
 from .source_picker import Picker
+from .te.fusions import FUNCTION_OWNERS
 
 # Catalog ops whose TE parameters the script copies by name (te/params.py: param_groups);
 # the others' (GroupedLinear) go through the embedded te/params.py helpers.
@@ -150,12 +151,103 @@ def _channel_label(fuser, channel):
     return f"grad_channel[{channel}{'' if fuser == 0 else f'@fuser{fuser}'}]"
 
 
+# The line that starts what a torch script embeds of the runtime under test (and a te
+# script of the adapter's te.ops extensions): what comes before it is the test itself.
+EMBEDDED_MARK = "# " + "-" * 86
+
+
+def reference_lines(op, h, extras, params, outs):
+    """One catalog op of the reference in plain PyTorch: the torch calls of its catalog
+    function (catalog.py) with its attrs filled in, on input variable `h`, extra input
+    variables `extras` and parameter variables `params`, assigning extra output slot s to
+    `outs[s]`. Returns (lines, the variable holding the op's main output)."""
+    name, attrs = op.name, op.attrs
+    real = lambda key, default: repr(catalog.attr_real(name, attrs, key, default))  # noqa: E731
+    integer = lambda key, default, low=0: catalog.attr_int(name, attrs, key, default, low)  # noqa: E731
+    flag = lambda key: catalog.attr_bool(name, attrs, key, 0)  # noqa: E731
+    needed = {"ScaledSwiGLU": 1, "ScaledSReLU": 1, "AddExtraInput": 1, "GroupedLinear": 1}
+    needed.update({"Dispatch": 1, "Combine": 1})
+    if name == "GroupedLinear" and flag("scale_bias"):
+        needed[name] = 2
+    missing = [s for s in range(needed.get(name, 0)) if s >= len(extras) or extras[s] is None]
+    if missing:
+        raise ValueError(f"op {op.index} ({name}): extra input slot {missing[0]} has no value")
+    e, p = extras, params
+    if name in ("SwiGLU", "ScaledSwiGLU"):
+        k = integer("interleave", 0)
+        scaled = f" * {e[0]}.unsqueeze(-1)" if name == "ScaledSwiGLU" else ""
+        halves = (
+            f"a, b = {h}.chunk(2, dim=-1)"
+            if k == 0
+            else f"a, b = (t.flatten(-2) for t in {h}.unflatten(-1, (-1, 2, {k})).unbind(-2))"
+        )
+        return [f"{halves}  # {name}", f"h = F.silu(a) * b{scaled}"], "h"
+    if name == "GroupedLinear":
+        w, b = p[0], (p[1] if len(p) > 1 else None)
+        lines = [
+            f"sizes = {e[0]}.tolist()  # GroupedLinear: rows in {integer('groups', 2, 1)} groups"
+        ]
+        if flag("scale_bias"):
+            lines += [
+                f"parts = enumerate(zip({h}.split(sizes), {e[1]}.split(sizes)))",
+                f"h = torch.cat([F.linear(xg, {w}[g]) + torch.outer(sg, {b}[g]) "
+                "for g, (xg, sg) in parts])",
+            ]
+        else:
+            bias = f", {b}[g]" if b else ""
+            lines.append(
+                f"h = torch.cat([F.linear(xg, {w}[g]{bias}) "
+                f"for g, xg in enumerate({h}.split(sizes))])"
+            )
+        return lines, "h"
+    if name == "Dispatch":
+        sizes, probs, routing = outs[:3]
+        return [
+            f"group = torch.argmax({e[0]}.detach(), dim=1)  # Dispatch: row r to argmax(logits[r])",
+            f"{routing} = torch.sort(group, stable=True).indices  # rows reordered by group",
+            f"{sizes} = torch.bincount(group, minlength={integer('groups', 2, 1)}).to(torch.int64)",
+            f"{probs} = torch.softmax({e[0]}, dim=1).gather(1, group.unsqueeze(1)).squeeze(1)"
+            f".index_select(0, {routing})",
+            f"h = {h}.index_select(0, {routing})",
+        ], "h"
+    if name in ("MakeExtraOutput", "RowStat", "DualExtraOutput", "Identity"):
+        line = {
+            "MakeExtraOutput": f"{outs[0]} = {h}.view_as({h})" if outs else None,
+            "RowStat": f"{outs[0]} = torch.mean(torch.square({h}), dim=-1)" if outs else None,
+            "DualExtraOutput": f"{', '.join(outs[:2])} = {h} * {real('s0', 0.5)}, "
+            f"{h} * {real('s1', -1.5)}",
+            "Identity": None,
+        }[name]
+        return ([f"{line}  # {name}"] if line else []), h
+    if name in ("RMSNorm", "LayerNorm"):
+        features = op.param_shapes[0][0]
+        gamma = f"1 + {p[0]}" if flag("zero_centered_gamma") else p[0]
+        beta = f", {p[1]}" if name == "LayerNorm" else ""
+        function = "F.rms_norm" if name == "RMSNorm" else "F.layer_norm"
+        line = f"h = {function}({h}, ({features},), {gamma}{beta}, {real('eps', 1e-5)})"
+        return [f"{line}  # {name}"], "h"
+    expressions = {
+        "Linear": f"F.linear({h}, {p[0] if p else None})",
+        "Bias": f"{h} + {p[0] if p else None}",
+        "ConstantScale": f"{h} * {real('scale', 0.5)}",
+        "ReLU": f"torch.relu({h})",
+        "GELU": f'F.gelu({h}, approximate="tanh")',
+        "SReLU": f"torch.square(torch.relu({h}))",
+        "ScaledSReLU": f"torch.square(torch.relu({h})) * {e[0] if e else None}.unsqueeze(-1)",
+        "AddExtraInput": f"{h} + {e[0] if e else None}",
+        "Combine": f"{h}.index_select(0, torch.argsort({e[0] if e else None}.to(torch.int64)))",
+        "Reshape": f"{h}.reshape(-1, {integer('features', 0) or op.input_shape[-1]})",
+    }
+    if name not in expressions:
+        raise ValueError(f"op {op.index}: no reference for catalog op '{name}'")
+    return [f"h = {expressions[name]}  # {name}"], "h"
+
+
 class _Writer:
     """Writes one compact script; each method returns a list of source lines."""
 
     def __init__(self, case, backend, paths, expect, case_file, values, allowances, expected=None):
         self.case = case
-        self.expected = expected  # [{name: tensor}] per call, or None
         self.te = backend == "te"
         self.backend = backend
         self.paths = paths
@@ -165,6 +257,11 @@ class _Writer:
         self.allowances = allowances
         self.picker = Picker()
         self.expects_error = expect.get("kind") == "error"
+        # TE exposes no channel gradient to a user: a te script compares none.
+        self.expected = expected and [
+            {n: t for n, t in call.items() if not (self.te and n.startswith("grad_channel"))}
+            for call in expected
+        ]
         self.baseline = False
         self.tail = []  # module-level statements after every definition
         self.recipe = parse_recipe(case.spec.get("recipe"))
@@ -173,15 +270,12 @@ class _Writer:
             for c in case.spec.get("repeat_calls") or []
         ]
         self.helpers = set()  # script-local helpers (TEMPLATES) the script needs
+        # te ops whose parameters go through te/params.py's helpers: TE's grouped
+        # parameters (single_grouped_*), main_grad buffers, delayed weight gradients.
         self.helper_ops = {
             op.index
             for op in case.catalog_ops
-            if self.te
-            and op.param_shapes
-            and (
-                op.name not in TE_PARAMS
-                or float(op.attrs.get("accumulate_into_main_grad", 0)) == 1.0
-            )
+            if self.te and op.param_shapes and not self.plain_te_params(op)
         }
         multi = {}
         for op in case.catalog_ops:
@@ -190,6 +284,13 @@ class _Writer:
             ]:
                 multi.setdefault(channel, set()).add(op.fuser)
         self.channel_fusers = multi
+
+    @staticmethod
+    def plain_te_params(op):
+        """Whether TE's parameters of `op` are plain tensors the script copies by name."""
+        if any(float(op.attrs.get(k, 0)) == 1.0 for k in PARAM_HELPER_ATTRS):
+            return False
+        return op.name in TE_PARAMS or op.name == "GroupedLinear"
 
     # -- names
 
@@ -208,49 +309,65 @@ class _Writer:
         suffix = f"_f{fuser}" if len(self.channel_fusers.get(channel, ())) > 1 else ""
         return "c_" + _identifier(channel) + suffix
 
+    def te_param_tensors(self, op, j, var):
+        """TE's tensors of model parameter j of `op` (a plain-params op): one, or one per
+        group (GroupedLinear's weight0.. / bias0.., grouped_linear.py)."""
+        if op.name == "GroupedLinear":
+            groups = catalog.attr_int(op.name, op.attrs, "groups", 2, 1)
+            return [f"{var}.{('weight', 'bias')[j]}{g}" for g in range(groups)]
+        return [f"{var}.{TE_PARAMS[op.name][j]}"]
+
     # -- the script
 
     def script(self):
-        body = []
-        body += self.section_values()
-        body += ["", ""] + self.section_reference() if not self.expects_error else []
+        body = self.section_values()
+        if not self.expects_error and not self.expected:
+            body += ["", ""] + self.section_reference()
         body += ["", ""] + (self.section_build_te() if self.te else self.section_build_torch())
-        body += ["", ""] + self.section_call()
+        body += ["", ""] + self.section_run()
         body += ["", ""] + self.section_tests()
-        self.need_library()
-        for name in self.helpers:
-            for dependency in TEMPLATE_NEEDS.get(name, ()):
-                if "." in dependency:
-                    self.picker.add(dependency)
-                else:
-                    self.picker.library.add(dependency)
+        for name in self.values.helpers:
+            self.picker.add(f"script_support.{name}")
         head = self.section_head()
         definitions = self.picker.source()
-        helpers = [TEMPLATES[name].strip("\n") for name in HELPER_ORDER if name in self.helpers]
-        # What the module's top level runs (value decoding, registering FusedResidual) comes
-        # first; the case and its test next; the rest (the catalog functions, custom ops,
-        # gradfuzz's comparison) at the end, where a reader looks last.
+        blocks = self.picker.block_names()
+        helpers = [self.template(name) for name in HELPER_ORDER if name in self.helpers]
+        # What the module's top level runs (value decoding) comes first; the case and its
+        # test next; gradfuzz's comparison after them, and last what the case's ops need
+        # (the adapter's te.ops extensions, or the torch backend's runtime under test).
         early = set(self.values.helpers) | {"SCRIPT_DTYPES", "load_values"}
-        first = [d for d, name in zip(definitions, self.picker.block_names()) if name & early]
-        rest = [d for d, name in zip(definitions, self.picker.block_names()) if not name & early]
+        first = [d for d, names in zip(definitions, blocks) if names & early]
+        rest = [d for d, names in zip(definitions, blocks) if not names & early]
         parts = ["\n".join(head)]
         if first:
             parts.append("\n\n\n".join(first))
         parts.append("\n".join(body).strip("\n"))
-        parts.append(
-            "# "
-            + "-" * 70
-            + "\n# What the test uses: "
-            + ("the adapter's te.ops extensions, " if self.te else "the runtime under test, ")
-            + "gradfuzz's catalog functions and comparison\n\n\n"
-            + "\n\n\n".join(rest + helpers)
-        )
+        parts.append("\n\n\n".join(helpers))
+        if rest:
+            what = (
+                "What the case's ops need that TE lacks, as TE users write it (gradfuzz_adapter/te)"
+                if self.te
+                else "The runtime under test: gradfuzz's torch backend (gradfuzz_adapter/"
+                "torch_runtime.py, catalog.py), embedded so that the script stands alone"
+            )
+            parts.append(f"{EMBEDDED_MARK}\n# {what}\n\n\n" + "\n\n\n".join(rest))
         parts += ["\n".join(self.tail)] if self.tail else []
         return "\n\n\n".join(parts) + "\n"
 
-    def need_library(self):
-        for name in self.values.helpers:
-            self.picker.add(f"script_support.{name}")
+    def template(self, name):
+        """The source of script-local helper `name`. only_fusions names a fusion function
+        after its class, or (grouped_mlp.py's module-level ones) after their owner where a
+        path names one (te/fusions.py: fusion_name)."""
+        text = TEMPLATES[name].strip("\n")
+        if name != "only_fusions":
+            return text
+        named = {f for path in self.paths for f in path.get("fusions") or []}
+        owners = {k: v for k, v in FUNCTION_OWNERS.items() if v in named}
+        if not owners:
+            return text.replace("OWNERS.get(parts[-1], parts[-1])", "parts[-1]")
+        line = f"    OWNERS = {owners!r}  # fusion functions outside a class"
+        head, _, rest = text.partition("    def name(f):")
+        return f"{head}{line}\n    def name(f):{rest}"
 
     def section_head(self):
         case = self.case
@@ -282,18 +399,29 @@ class _Writer:
             )
             lines.append(
                 f"Quantized by {what}: the expected values (EXPECTED) are gradfuzz's float64 "
-                "reference with TE's quantize-dequantize (ops/quantization.cc), shipped with "
-                "the script; reference() is the unquantized math, for reading."
+                "reference with TE's quantize-dequantize (ops/quantization.cc)."
             )
         elif self.recipe is not None:
             lines.append(
                 f"Recipe {self.recipe.name} ({self.recipe.fp8_format}): the reference is "
                 "unquantized; the bounds are the oracle's for the quantized path."
             )
-        lines.append('"""')
+        lines[-1] += '"""'
+        library = set(self.picker.imports()) - {"import torch.nn.functional as F"}
+        library = sorted(library | ({"import os"} if self.te else set()))
+        library.sort(key=lambda line: line.startswith("from"))
+        lines += library
+        third = ["import pytest", "import torch"]
+        if "import torch.nn.functional as F" in self.picker.imports():
+            third.append("import torch.nn.functional as F")
         if self.te:
+            third += [
+                "import transformer_engine.pytorch as te",
+                "from transformer_engine.pytorch.ops.fuser import OperationFuser",
+            ]
+            if self.recipe is not None:
+                third.append("from transformer_engine.common import recipe")
             lines += [
-                "import os",
                 "",
                 'os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")  # fp32 GEMMs in fp32',
             ]
@@ -306,37 +434,19 @@ class _Writer:
                     'os.environ.setdefault("NVTE_GROUPED_LINEAR_SINGLE_PARAM", "1")'
                     "  # GroupedLinear's single_grouped_*"
                 )
-        imports = sorted(
-            set(self.picker.imports()) - {"import torch.nn.functional as F"},
-            key=lambda line: (line.startswith("from"), line),
-        )
-        third = ["import pytest", "import torch"]
-        if "import torch.nn.functional as F" in self.picker.imports():
-            third.append("import torch.nn.functional as F")
-        tail = "  # noqa: E402" if self.te else ""
-        lines += ["", *[f"{line}{tail}" for line in imports]]
-        lines += ([""] if imports else []) + [f"{line}{tail}" for line in third]
-        if self.te:
-            lines += [
-                "import transformer_engine.pytorch as te  # noqa: E402",
-                "from transformer_engine.pytorch.ops.fuser import OperationFuser  # noqa: E402",
-            ]
-            if self.recipe is not None:
-                lines.append("from transformer_engine.common import recipe  # noqa: E402")
-        lines += ["", "torch.backends.cuda.matmul.allow_tf32 = False"]
+            third = [f"{line}  # noqa: E402" for line in third]
+        lines += ([""] if library else []) + third + [""]
+        if not self.te and case.device != "cpu":  # te: NVIDIA_TF32_OVERRIDE covers cuBLAS
+            lines.append("torch.backends.cuda.matmul.allow_tf32 = False")
+        device = "cuda" if self.te else case.device
+        lines.append(f'DTYPE, DEVICE = torch.{case.dtype_name}, torch.device("{device}")')
         return lines
 
     def section_values(self):
         case, one = self.case, self.values.expr
-        device = "cuda" if self.te else case.device
         lines = ["# The values gradfuzz drew, float64 on the CPU, rounded to the case dtype"]
         lines += self.values.prelude()
-        lines += [
-            f"DTYPE = torch.{case.dtype_name}",
-            f'DEVICE = torch.device("{device}")',
-            f"X = {one(case.input)}",
-            f"INPUT_REQUIRES_GRAD = {case.input_requires_grad}",
-        ]
+        lines.append(f"X = {one(case.input)}")
         for op in case.catalog_ops:
             for j, p in enumerate(op.params):
                 lines.append(f"{self.param_value(op, j)} = {one(p)}")
@@ -379,17 +489,21 @@ class _Writer:
         tolerance = dict(self.expect.get("tolerance") or {})
         atol, rtol = float(tolerance.get("atol", 1e-7)), float(tolerance.get("rtol", 1e-7))
         factor = float(tolerance.get("baseline_factor", 0.0) or 0.0)
-        tensors = self.expect.get("tensors") or {}
+        tensors = {
+            name: bound
+            for name, bound in (self.expect.get("tensors") or {}).items()
+            if not (self.te and name.startswith("grad_channel"))  # TE exposes none
+        }
         self.helpers.add("check")
-        self.baseline = factor > 0 and not tensors
+        self.baseline = factor > 0 and not self.expect.get("tensors")
         if self.baseline:
             cap = float(tolerance.get("baseline_cap", 0.0) or 0.0)
             self.helpers.add("check_all_baseline")
             return [f"FALLBACK = {(atol, rtol, factor, cap)!r}  # atol, rtol, baseline factor, cap"]
         self.helpers.add("check_all")
-        lines = [f"FALLBACK = {(atol, rtol)!r}  # atol, rtol of the tensors BOUNDS does not name"]
         if not tensors:
-            return lines + ["BOUNDS = {}"]
+            return [f"BOUNDS, FALLBACK = {{}}, {(atol, rtol)!r}  # no bound per tensor: atol, rtol"]
+        lines = [f"FALLBACK = {(atol, rtol)!r}  # atol, rtol of the tensors BOUNDS does not name"]
         lines.append("BOUNDS = {  # tensor: atol, rtol, per-element allowance, norm bound")
         for name, bound in tensors.items():
             allowance = self.values.expr(self.allowances[name]) if name in self.allowances else None
@@ -403,30 +517,40 @@ class _Writer:
 
     # -- the reference
 
+    def leaf(self, value, floating=True, requires_grad="True"):
+        """A fresh reference leaf of script value `value`, float64 (or the baseline dtype)."""
+        if not floating:
+            return value
+        copy = f"{value}.to(dtype, copy=True)" if self.baseline else f"{value}.clone()"
+        if requires_grad == "True":
+            return f"{copy}.requires_grad_()"
+        return copy if requires_grad == "False" else f"{copy}.requires_grad_({requires_grad})"
+
     def section_reference(self):
         case = self.case
+        params = ["dtype=torch.float64"] if self.baseline else []
+        x_grad = "input_requires_grad" if self.repeats else str(case.input_requires_grad)
+        if self.repeats:
+            params.append(f"input_requires_grad={case.input_requires_grad}")
         lines = [
-            "def reference(dtype=torch.float64, input_requires_grad=INPUT_REQUIRES_GRAD):",
-            '    """The case in plain PyTorch with gradfuzz\'s catalog functions, on the CPU."""',
-            "    x = X.to(dtype).requires_grad_(input_requires_grad)",
+            f"def reference({', '.join(params)}):",
+            '    """The case in plain PyTorch on the CPU: what gradfuzz compares, by name."""',
+            f"    x = {self.leaf('X', True, x_grad)}",
         ]
         leaves = ['("grad_input", x)']
         for op in case.catalog_ops:
             for j in range(len(op.params)):
                 var = self.param_value(op, j).lower()
                 rg = op.param_requires_grad[j]
-                lines.append(
-                    f"    {var} = {self.param_value(op, j)}.to(dtype).requires_grad_({rg})"
-                )
+                lines.append(f"    {var} = {self.leaf(self.param_value(op, j), True, str(rg))}")
                 leaves.append(f'("grad_param[{op.index}].{op.name}[{j}]", {var})')
         for k, e in enumerate(case.extra_inputs):
             rg = case.extra_input_requires_grad[k] and e.is_floating_point()
-            cast = ".to(dtype)" if e.is_floating_point() else ""
-            lines.append(f"    e{k} = E{k}{cast}" + (".requires_grad_()" if rg else ""))
+            if e.is_floating_point():  # integers (split sizes, maps): E{k} itself
+                lines.append(f"    e{k} = {self.leaf(f'E{k}', True, str(rg))}")
             if rg:
                 leaves.append(f'("grad_extra_input[{k}]", e{k})')
-        lines.append("    h = x")
-        public, next_extra, channels = [], 0, []
+        h, public, next_extra, channels = "x", [], 0, []
         for op in case.ops:
             if op.boundary:
                 lines.append("    # Boundary: a plain module ends the fuser (channels end with it)")
@@ -434,7 +558,9 @@ class _Writer:
             extras = []
             for channel in op.input_channels:
                 if channel is None:
-                    extras.append(f"e{next_extra}")
+                    given = (case.extra_inputs + [None])[min(next_extra, len(case.extra_inputs))]
+                    prefix = "e" if given is not None and given.is_floating_point() else "E"
+                    extras.append(None if given is None else f"{prefix}{next_extra}")
                     next_extra += 1
                 else:
                     extras.append(self.channel_var(op.fuser, channel))
@@ -447,199 +573,136 @@ class _Writer:
                 if to_caller or channel is None:
                     public.append(var)
             params = [self.param_value(op, j).lower() for j in range(len(op.params))]
-            lines.append("    " + self.reference_call(op, extras, params, outs))
-        lines.append(f"    outputs = [h{''.join(', ' + v for v in public)}]")
+            op_lines, h = reference_lines(op, h, extras, params, outs)
+            lines += [f"    {line}" for line in op_lines]
+        if any("F." in line for line in lines):
+            self.picker.library.add("F")
         cotangents = [
-            self.cotangent_value(k) + ".to(dtype)" if c is not None else "None"
+            self.cotangent_value(k) if c is not None else "None"
             for k, c in enumerate(case.cotangents)
         ]
-        lines.append(f"    cotangents = [{', '.join(cotangents)}]")
         if not self.te:
             for fuser, channel, var, kind in channels:
                 if kind == "float":
                     leaves.append(f'("{_channel_label(fuser, channel)}", {var})')
-        lines += self.wrapped("    leaves = [", leaves, "]")
-        lines.append("    return results(outputs, cotangents, leaves)")
+        call = f"results([{', '.join([h, *public])}], [{', '.join(cotangents)}], {{}})"
+        lines += self.leaves_then("    return " + call, leaves)
         self.helpers.add("results")
         return lines
 
-    def reference_call(self, op, extras, params, outs):
-        """One op of the reference as a call of its catalog function (catalog.apply's)."""
-        name, attrs = op.name, op.attrs
-        real = lambda k, d: repr(catalog.attr_real(name, attrs, k, d))  # noqa: E731
-        integer = lambda k, d, m=0: catalog.attr_int(name, attrs, k, d, m)  # noqa: E731
-        flag = lambda k: catalog.attr_bool(name, attrs, k, 0)  # noqa: E731
-        e = extras + ["None"] * 2
-        p = params + ["None"] * 2
-        calls = {
-            "Linear": ("linear", f"h, {p[0]}"),
-            "Bias": ("bias_add", f"h, {p[0]}"),
-            "ConstantScale": ("constant_scale", f"h, {real('scale', 0.5)}"),
-            "ReLU": ("relu", "h"),
-            "GELU": ("gelu", "h"),
-            "SReLU": ("srelu", "h"),
-            "SwiGLU": ("swiglu", f"h, {integer('interleave', 0)}"),
-            "ScaledSwiGLU": ("scaled_swiglu", f"h, {e[0]}, {integer('interleave', 0)}"),
-            "ScaledSReLU": ("scaled_srelu", f"h, {e[0]}"),
-            "MakeExtraOutput": ("make_extra_output", "h"),
-            "AddExtraInput": ("add_extra_input", f"h, {e[0]}"),
-            "GroupedLinear": (
-                "grouped_linear",
-                f"h, {e[0]}, {p[0]}, {p[1]}, {e[1] if flag('scale_bias') else None}, "
-                f"{integer('groups', 2, 1)}",
-            ),
-            "RMSNorm": (
-                "rms_norm",
-                f"h, {p[0]}, {real('eps', 1e-5)}, {flag('zero_centered_gamma')}",
-            ),
-            "LayerNorm": (
-                "layer_norm",
-                f"h, {p[0]}, {p[1]}, {real('eps', 1e-5)}, {flag('zero_centered_gamma')}",
-            ),
-            "Dispatch": ("dispatch", f"h, {e[0]}, {integer('groups', 2, 1)}"),
-            "Combine": ("combine", f"h, {e[0]}"),
-            "RowStat": ("row_stat", "h"),
-            "DualExtraOutput": ("dual_extra_output", f"h, {real('s0', 0.5)}, {real('s1', -1.5)}"),
-            "Identity": ("identity", "h"),
-            "Reshape": ("reshape", f"h, {integer('features', 0)}"),
-        }
-        inline = {
-            "Linear": f"h = h @ {p[0]}.T  # Linear",
-            "Bias": f"h = h + {p[0]}  # Bias",
-            "ConstantScale": f"h = h * {real('scale', 0.5)}  # ConstantScale",
-            "ReLU": "h = torch.relu(h)  # ReLU",
-            "SReLU": "h = torch.relu(h) ** 2  # SReLU",
-            "Identity": "h = h  # Identity",
-            "AddExtraInput": f"h = h + {e[0]}  # AddExtraInput",
-        }
-        if name in inline and (name != "AddExtraInput" or e[0] != "None"):
-            return inline[name]
-        if name == "MakeExtraOutput":
-            # Its own autograd node, so that the channel's gradient is the channel's.
-            return f"{outs[0]} = h.view_as(h)  # MakeExtraOutput" if outs else "pass"
-        function, args = calls[name]
-        self.picker.add(f"catalog.{function}")
-        if name in ("MakeExtraOutput", "Dispatch", "RowStat", "DualExtraOutput"):
-            return f"h, ({', '.join(outs)}{',' if len(outs) == 1 else ''}) = {function}({args})"
-        return f"h = {function}({args})  # {name}"
-
     # -- the case under test
+
+    def build_head(self):
+        return [
+            f"def build({'state' if self.expects_error else ''}):",
+            f'    """The case with {"te.ops" if self.te else "the runtime under test"}, '
+            'as a user writes it: its Sequential and ops."""',
+        ]
+
+    def build_tail(self, sequential):
+        """From the op list on: standalone calls, bindings, the Sequential, late binds."""
+        ops = ", ".join(f"op{op.index}" for op in self.case.ops)
+        lines = [
+            f'    state["ops"] = ops = [{ops}]' if self.expects_error else f"    ops = [{ops}]"
+        ]
+        lines += self.standalone_calls()
+        lines += self.bindings(keyword="output_to_caller=" if self.te else "")
+        if self.expects_error:
+            self.helpers.add("locked_te" if self.te else "locked_torch")
+            lines.append('    state["locked_before"] = [locked(op) for op in ops]')
+        lines.append(f"    model = {sequential}({ops})")
+        lines += self.late_binds()
+        lines.append("    return model, ops")
+        return lines
 
     def section_build_te(self):
         case = self.case
-        lines = [
-            "def build(state):",
-            '    """The case with te.ops as a user writes it (its ops go into state["ops"])."""',
-        ]
+        lines = self.build_head()
+        copies, after = [], []
         for op in case.ops:
             var = f"op{op.index}"
             if op.boundary:
                 self.picker.add("te.extensions.Boundary")
                 lines.append(f"    {var} = Boundary()  # a plain module: ends the fuser")
-            else:
-                try:
-                    callee, args, kwargs = te_package.op_recipe(
-                        op.name, op.attrs, op.input_shape, op.output_style
-                    )
-                    prefix = ""
-                except NotImplementedError as e:
-                    callee, args, kwargs = te_package.op_recipe(
-                        op.name, op.attrs, op.input_shape, "vector"
-                    )
-                    prefix = f"    # {e}: built with tuples\n"
-                if not callee.startswith("te."):
-                    self.picker.add(f"te.extensions.{callee}")
-                lines.append(f"{prefix}    {var} = {te_package.render_call(callee, args, kwargs)}")
-                lines += self.te_params(op, var)
-        lines.append(self.ops_line())
-        lines += self.standalone_calls()
-        lines += self.bindings(keyword="output_to_caller=")
-        lines += self.lock_record()
-        modules = ", ".join(f"op{op.index}" for op in case.ops)
-        lines.append(f"    model = te.ops.Sequential({modules})")
-        lines += self.late_binds()
-        lines.append("    return model")
-        self.helpers.add("only_fusions")
-        if any(
-            f.startswith("FusedResidual") for path in self.paths for f in path.get("fusions") or []
-        ):
-            self.picker.add("te.extensions.register_fusions")
-            self.tail = ["register_fusions()  # the adapter's FusedResidual, in all three passes"]
-        return lines
-
-    def te_params(self, op, var):
-        if not op.param_shapes:
-            return []
-        values = [self.param_value(op, j) for j in range(len(op.params))]
-        if op.index in self.helper_ops:
-            for helper in ("copy_param_values", "set_param_requires_grad", "attach_main_grads"):
-                self.picker.add(f"te.params.{helper}")
-            return [
-                f'    copy_param_values({var}, "{op.name}", '
-                f"[v.to(DEVICE, DTYPE) for v in ({', '.join(values)},)])",
-                f'    set_param_requires_grad({var}, "{op.name}", {op.param_requires_grad!r})',
-                f'    attach_main_grads({var}, "{op.name}")',
-            ]
-        lines = ["    with torch.no_grad():"]
-        for attr, value in zip(TE_PARAMS[op.name], values):
-            lines.append(f"        {var}.{attr}.copy_({value})")
-        for attr, rg in zip(TE_PARAMS[op.name], op.param_requires_grad):
-            if not rg:
-                lines.append(f"    {var}.{attr}.requires_grad_(False)")
+                continue
+            try:
+                callee, args, kwargs = te_package.op_recipe(
+                    op.name, op.attrs, op.input_shape, op.output_style
+                )
+                prefix = ""
+            except NotImplementedError as e:
+                callee, args, kwargs = te_package.op_recipe(
+                    op.name, op.attrs, op.input_shape, "vector"
+                )
+                prefix = f"    # {e}: built with tuples\n"
+            if not callee.startswith("te."):
+                self.picker.add(f"te.extensions.{callee}")
+            lines.append(f"{prefix}    {var} = {te_package.render_call(callee, args, kwargs)}")
+            if not op.param_shapes:
+                continue
+            values = [self.param_value(op, j) for j in range(len(op.params))]
+            if op.index in self.helper_ops:
+                for helper in ("copy_param_values", "set_param_requires_grad", "attach_main_grads"):
+                    self.picker.add(f"te.params.{helper}")
+                after += [
+                    f'    copy_param_values({var}, "{op.name}", '
+                    f"[v.to(DEVICE, DTYPE) for v in ({', '.join(values)},)])",
+                    f'    set_param_requires_grad({var}, "{op.name}", {op.param_requires_grad!r})',
+                    f'    attach_main_grads({var}, "{op.name}")',
+                ]
+                continue
+            for j, value in enumerate(values):
+                tensors = self.te_param_tensors(op, j, var)
+                for g, t in enumerate(tensors):
+                    index = f"[{g}]" if op.name == "GroupedLinear" else ""
+                    copies.append(f"        {t}.copy_({value}{index})")
+                    if not op.param_requires_grad[j]:
+                        after.append(f"    {t}.requires_grad_(False)")
+        if copies:
+            lines += ["    with torch.no_grad():", *copies]
+        lines += after
+        lines += self.build_tail("te.ops.Sequential")
+        # The adapter's FusedResidual, registered in the passes the paths name (as
+        # te/extensions.py: register_fusions registers all three).
+        named = {f for path in self.paths for f in path.get("fusions") or []}
+        for fusion, (function, register) in RESIDUAL_FUSIONS.items():
+            if fusion in named:
+                self.picker.add(f"te.extensions.{function}")
+                self.tail.append(f"te.ops.{register}({function})  # {fusion}")
         return lines
 
     def section_build_torch(self):
         case = self.case
         for name in ("BasicOp", "Boundary", "Sequential"):
             self.picker.add(f"torch_runtime.{name}")
-        lines = [
-            "def build(state):",
-            '    """The case with the torch backend\'s runtime (its ops go into state["ops"])."""',
-        ]
+        lines = self.build_head()
+        copies, after = [], []
         for op in case.ops:
             var = f"op{op.index}"
             if op.boundary:
                 lines.append(f"    {var} = Boundary()")
-            else:
-                attrs = {k: float(v) for k, v in sorted(op.attrs.items())}
-                style = f', output_style="{op.output_style}"' if op.output_style != "vector" else ""
+                continue
+            attrs = {k: float(v) for k, v in sorted(op.attrs.items())}
+            style = f', output_style="{op.output_style}"' if op.output_style != "vector" else ""
+            lines.append(
+                f'    {var} = BasicOp("{op.name}", {attrs!r}, {list(op.input_shape)}, '
+                f"dtype=DTYPE, device=DEVICE{style})"
+            )
+            if self.quantized(op):
+                self.picker.add("recipes.OpQuantization")
+                self.picker.add("recipes.parse_recipe")
                 lines.append(
-                    f'    {var} = BasicOp("{op.name}", {attrs!r}, {list(op.input_shape)}, '
-                    f"dtype=DTYPE, device=DEVICE{style})"
+                    f'    {var}.quantization = OpQuantization("{op.name}", {attrs!r}, '
+                    f"parse_recipe({case.spec.get('recipe')!r}))"
                 )
-                if self.quantized(op):
-                    self.picker.add("recipes.OpQuantization")
-                    self.picker.add("recipes.parse_recipe")
-                    lines.append(
-                        f'    {var}.quantization = OpQuantization("{op.name}", {attrs!r}, '
-                        f"parse_recipe({case.spec.get('recipe')!r}))"
-                    )
-                if op.params:
-                    values = [self.param_value(op, j) for j in range(len(op.params))]
-                    lines.append("    with torch.no_grad():")
-                    for j, value in enumerate(values):
-                        lines.append(f"        {var}.params[{j}].copy_({value})")
-                    for j, rg in enumerate(op.param_requires_grad):
-                        lines.append(f"    {var}.params[{j}].requires_grad_({rg})")
-        lines.append(self.ops_line())
-        lines += self.standalone_calls()
-        lines += self.bindings(keyword="")
-        lines += self.lock_record()
-        modules = ", ".join(f"op{op.index}" for op in case.ops)
-        lines.append(f"    model = Sequential({modules})")
-        lines += self.late_binds()
-        lines.append("    return model")
-        return lines
-
-    def ops_line(self):
-        return f'    state["ops"] = ops = [{", ".join(f"op{op.index}" for op in self.case.ops)}]'
-
-    def lock_record(self):
-        """An error script records which ops were locked before the Sequential."""
-        if not self.expects_error:
-            return []
-        self.helpers.add("locked_te" if self.te else "locked_torch")
-        return ['    state["locked_before"] = [locked(op) for op in ops]']
+            for j in range(len(op.params)):
+                copies.append(f"        {var}.params[{j}].copy_({self.param_value(op, j)})")
+                # BasicOp's parameters start as plain tensors (no requires_grad).
+                after.append(f"    {var}.params[{j}].requires_grad_({op.param_requires_grad[j]})")
+        if copies:
+            lines += ["    with torch.no_grad():", *copies]
+        lines += after
+        return lines + self.build_tail("Sequential")
 
     def quantized(self, op):
         if self.recipe is not None:
@@ -677,10 +740,10 @@ class _Writer:
             for index, slot, channel in self.case.late_binds
         ]
 
-    def section_call(self):
-        """call(): one call of the model as the oracle runs it: what the oracle compares,
+    def section_run(self):
+        """run(): one call of the model as the oracle makes it: what the oracle compares,
         and the caller tensors it changed."""
-        case = self.case
+        case, repeats = self.case, bool(self.repeats)
         extras = []
         for k, e in enumerate(case.extra_inputs):
             rg = case.extra_input_requires_grad[k] and e.is_floating_point()
@@ -689,39 +752,52 @@ class _Writer:
             self.to_device(self.cotangent_value(k), c) if c is not None else "None"
             for k, c in enumerate(case.cotangents)
         ]
-        lines = [
-            "def call(model, ops, input_requires_grad=INPUT_REQUIRES_GRAD, no_grad=False):",
-            '    """Forward, then one autograd.grad of sum <output_k, cotangent_k>: the tensors',
-            '    the oracle compares by name, and the caller tensors the call changed."""',
-            "    x = X.to(DEVICE, DTYPE, copy=True).requires_grad_(input_requires_grad)",
-            f"    extras = [{', '.join(extras)}]",
-            f"    cotangents = [{', '.join(cotangents)}]",
-            '    caller = {"input": x, **{f"extra_input[{k}]": e for k, e in enumerate(extras)},',
-            '              **{f"cotangent[{k}]": c for k, c in enumerate(cotangents) '
-            "if c is not None}}",
-            "    pristine = {n: t.detach().clone() for n, t in caller.items()}",
+        caller = ['"input": x'] + [f'"extra_input[{k}]": extras[{k}]' for k in range(len(extras))]
+        caller += [
+            f'"cotangent[{k}]": dys[{k}]' for k, c in enumerate(case.cotangents) if c is not None
         ]
-        if self.recipe is not None and self.te:
-            lines.append(
-                "    with torch.set_grad_enabled(not no_grad), te.autocast(recipe=RECIPE):"
-            )
+        x = "X.to(DEVICE, DTYPE, copy=True)"
+        if repeats:
+            x += ".requires_grad_(input_requires_grad)"
+        elif case.input_requires_grad:
+            x += ".requires_grad_()"
+        signature = "model, ops" + (
+            f", input_requires_grad={case.input_requires_grad}, no_grad=False" if repeats else ""
+        )
+        lines = [
+            f"def run({signature}):",
+            '    """One call as gradfuzz makes it: what the oracle compares, by name; caller '
+            'tensors changed."""',
+            f"    x = {x}",
+        ]
+        lines += self.wrapped("    extras = [", extras, "]") if extras else []
+        lines += self.wrapped("    dys = [", cotangents, "]")
+        if len(", ".join(caller)) <= 80:
+            lines.append(f"    caller = {{{', '.join(caller)}}}")
         else:
-            lines.append("    with torch.set_grad_enabled(not no_grad):")
+            lines += CALLER_LINES
+        lines.append("    pristine = {n: t.detach().clone() for n, t in caller.items()}")
+        contexts = (["torch.set_grad_enabled(not no_grad)"] if repeats else []) + (
+            ["te.autocast(recipe=RECIPE)"] if self.recipe is not None and self.te else []
+        )
         # DelayedScaling's updates, as TE's autocast exit and first-module backward do them.
         delayed = self.recipe is not None and not self.te
+        quantizations = "[op.quantization for op in ops if getattr(op, 'quantization', None)]"
+        call = f"y = model(x{', *extras' if extras else ''})"
+        if contexts:
+            lines += [f"    with {', '.join(contexts)}:", f"        {call}"]
+            if delayed:
+                lines.append(f"        update_after_forward({quantizations})")
+        else:
+            lines.append(f"    {call}")
+            if delayed:
+                lines.append(f"    update_after_forward({quantizations})")
         if delayed:
             self.picker.add("recipes.update_after_forward")
             self.picker.add("recipes.update_after_backward")
-        quantizations = "[op.quantization for op in ops if getattr(op, 'quantization', None)]"
-        lines += [
-            "        out = model(x, *extras)",
-            *([f"        update_after_forward({quantizations})"] if delayed else []),
-            "    outputs = list(out) if isinstance(out, tuple) else [out]",
-            "    leaves = []",
-            "    if not no_grad:",
-        ]
         leaves = ['("grad_input", x)']
         finish = []
+        groups = False
         for op in case.catalog_ops:
             var = f"ops[{op.index}]"
             if op.index in self.helper_ops:
@@ -732,38 +808,44 @@ class _Writer:
                     f'enumerate(param_leaves({var}, "{op.name}"))]'
                 )
                 finish += [
-                    f"        finish_weight_gradients({var})",
-                    f'        by_id = {{id(t): grads.get(f"op{op.index}.{{k}}") for k, t in '
+                    f"finish_weight_gradients({var})",
+                    f'by_id = {{id(t): got.pop(f"op{op.index}.{{k}}", None) for k, t in '
                     f'enumerate(param_leaves({var}, "{op.name}"))}}',
-                    f'        for j, g in enumerate(model_param_grads({var}, "{op.name}", by_id)):',
-                    f'            grads[f"grad_param[{op.index}].{op.name}[{{j}}]"] = g',
+                    f'for j, g in enumerate(model_param_grads({var}, "{op.name}", by_id)):',
+                    f'    got[f"grad_param[{op.index}].{op.name}[{{j}}]"] = g',
                 ]
-            elif op.params:
-                attrs = (
-                    TE_PARAMS[op.name]
-                    if self.te
-                    else [f"params[{j}]" for j in range(len(op.params))]
-                )
-                for j, attr in enumerate(attrs):
-                    leaves.append(f'("grad_param[{op.index}].{op.name}[{j}]", {var}.{attr})')
-        if case.extra_inputs:
-            leaves.append('*[(f"grad_extra_input[{k}]", e) for k, e in enumerate(extras)]')
+                continue
+            for j in range(len(op.params)):
+                if self.te:
+                    tensors = self.te_param_tensors(op, j, var)
+                    groups |= len(tensors) > 1 or op.name == "GroupedLinear"
+                    leaf = f"[{', '.join(tensors)}]" if op.name == "GroupedLinear" else tensors[0]
+                else:
+                    leaf = f"{var}.params[{j}]"
+                leaves.append(f'("grad_param[{op.index}].{op.name}[{j}]", {leaf})')
+        for k, e in enumerate(case.extra_inputs):
+            if case.extra_input_requires_grad[k] and e.is_floating_point():
+                leaves.append(f'("grad_extra_input[{k}]", extras[{k}])')
         if not self.te:
             leaves.append("*channel_leaves(model)")
             self.helpers.add("channel_leaves")
-        lines += self.wrapped("        leaves = [", leaves, "]")
-        lines.append(
-            "    got = results(outputs, [] if no_grad else cotangents, leaves, zeros=False)"
-        )
+        if repeats:
+            lines += self.wrapped("    leaves = [] if no_grad else [", leaves, "]")
+            lines.append("    got = results(y, [] if no_grad else dys, leaves, zeros=False)")
+        else:
+            lines += self.leaves_then("    got = results(y, dys, {}, zeros=False)", leaves)
         if delayed:
             lines.append(f"    update_after_backward({quantizations})")
         if finish:
-            lines.append("    if not no_grad:")
-            lines += [line.replace("grads", "got") for line in finish]
+            indent = "        " if repeats else "    "
+            lines += ["    if not no_grad:"] if repeats else []
+            lines += [indent + line for line in finish]
         lines.append(
             "    return got, [n for n, t in caller.items() if not torch.equal(t, pristine[n])]"
         )
-        self.helpers.add("results")
+        self.helpers.add("results_groups" if groups else "results")
+        if groups:
+            self.helpers.discard("results")
         return lines
 
     @staticmethod
@@ -775,89 +857,124 @@ class _Writer:
             ".requires_grad_()" if requires_grad else ""
         )
 
+    def leaves_then(self, statement, leaves):
+        """`statement` with the leaf list in place of {}: inline where the line fits, else
+        after a `leaves = [...]` of its own."""
+        inline = statement.format("[" + ", ".join(leaves) + "]")
+        if len(inline) <= 100:
+            return [inline]
+        return self.wrapped("    leaves = [", leaves, "]") + [statement.format("leaves")]
+
     @staticmethod
-    def wrapped(opening, items, closing, width=96):
-        """`opening` + items + `closing` on one line, or one item per line."""
-        line = opening + ", ".join(items) + closing
-        if len(line) <= width:
-            return [line]
-        indent = " " * (len(opening) - len(opening.lstrip()) + 4)
+    def wrapped(opening, items, closing, width=100):
+        """`opening` + items + `closing`, the items filling lines of `width` under the first
+        (a visual indent), e.g. `leaves = [("grad_input", x), ...,` / `          (...)]`."""
+        indent = " " * len(opening)
+        lines, line = [], opening
+        for k, item in enumerate(items):
+            text = item + (closing if k == len(items) - 1 else ",")
+            if line not in (opening, indent) and len(line) + 1 + len(text) > width:
+                lines.append(line)
+                line = indent
+            line += ("" if line in (opening, indent) else " ") + text
+        return lines + [line if items else opening + closing]
+
+    def test_head(self, name):
+        """The decorator and def line of the test: one test per path on te (its fusions);
+        the torch runtime fuses nothing, so its paths are one test."""
+        if not self.te:
+            return [f"def {name}():"]
+        self.helpers.add("only_fusions")
+        fusions = [list(p.get("fusions") or []) for p in self.paths]
+        ids = [p["name"] for p in self.paths]
         return [
-            opening,
-            *[f"{indent}{item}," for item in items],
-            opening[: -len(opening.lstrip())] + closing,
+            f'@pytest.mark.parametrize("fusions", {fusions!r}, ids={ids!r})',
+            f"def {name}(fusions, monkeypatch):",
         ]
 
     def section_tests(self):
-        ids = [p["name"] for p in self.paths]
-        fusions = [list(p.get("fusions") or []) for p in self.paths]
-        lines = [f"PATHS = {fusions!r}", f"PATH_NAMES = {ids!r}", "", ""]
-        scope = "only_fusions(fusions)" if self.te else "contextlib.nullcontext()"
-        if not self.te:
-            self.picker.library.add("contextlib")
         if self.expects_error:
-            return lines + self.error_test(scope)
+            return self.error_test()
+        lines = self.test_head("test_case")
+        lines += ["    only_fusions(monkeypatch, fusions)"] if self.te else []
         lines += [
-            '@pytest.mark.parametrize("fusions", PATHS, ids=PATH_NAMES)',
-            "def test_case(fusions):",
             "    expected = EXPECTED[0]" if self.expected else "    expected = reference()",
             *(
                 ["    baseline = reference(DTYPE)  # the rounding baseline"]
                 if self.baseline
                 else []
             ),
-            "    state = {}",
-            f"    with {scope}:",
-            "        model = build(state)",
-            '        got, modified = call(model, state["ops"])',
+            "    model, ops = build()" if self.repeats else "    got, changed = run(*build())",
+            *(["    got, changed = run(model, ops)"] if self.repeats else []),
             f"    problems = check_all(got, expected{', baseline' if self.baseline else ''})",
-            '    problems += [f"{name}: changed by the call (a caller tensor)" '
-            "for name in modified]",
+            '    problems += [f"{n}: changed by the call (a caller tensor)" for n in changed]',
         ]
         if self.repeats:
-            lines += self.repeat_lines(scope)
+            lines += self.repeat_lines()
         lines.append('    assert not problems, "\\n".join(problems)')
         return lines
 
-    def repeat_lines(self, scope):
-        self.helpers.update({"plans", "before_repeat_call"})
-        return [
-            "    # Repeat calls of the same Sequential (same values), against the reference and",
-            "    # against the plans a fresh Sequential makes at its first call with that pattern.",
+    def repeat_lines(self):
+        """Each repeat call of the same Sequential: its values against the reference's (or the
+        shipped EXPECTED), its caller tensors, and on te each fuser's plans against those of
+        a fresh Sequential. Accumulated gradients are cleared before it (driver.py:
+        before_repeat_call) where the script reads them (te/params.py: main_grad, delayed
+        weight gradients); autograd.grad fills no other. The torch runtime plans one group
+        per op whatever the call (torch_runtime.py: Fuser.plan), so its scripts compare no
+        plans."""
+        wanted = (
+            "EXPECTED[k]" if self.expected else "reference(input_requires_grad=input_requires_grad)"
+        )
+        lines = [
+            "    # Repeat calls of the same Sequential (same values): the reference's values"
+            + (", the plans of a fresh one" if self.te else ""),
             f"    for k, (no_grad, input_requires_grad) in enumerate({self.repeats!r}, start=1):",
-            (
-                "        wanted = EXPECTED[k]"
-                if self.expected
-                else "        wanted = reference(input_requires_grad=input_requires_grad)"
-            ),
-            *(
-                ["        baseline = reference(DTYPE, input_requires_grad)"]
-                if self.baseline
-                else []
-            ),
-            '        skip = ("grad",) if no_grad else ("grad_channel",)  # no channels in repeats',
-            "        wanted = {n: t for n, t in wanted.items() if not n.startswith(skip)}",
-            f"        with {scope}:",
-            '            before_repeat_call(state["ops"])',
-            '            got, modified = call(model, state["ops"], input_requires_grad, no_grad)',
-            "            fresh_state = {}",
-            "            fresh = build(fresh_state)",
-            '            call(fresh, fresh_state["ops"], input_requires_grad, no_grad)',
-            '        got = {n: t for n, t in got.items() if not n.startswith("grad_channel")}',
+            f"        wanted = {wanted}",
+        ]
+        if self.baseline:
+            lines.append("        baseline = reference(DTYPE, input_requires_grad)")
+        if self.te:  # no channel gradient: TE exposes none
+            lines.append(
+                "        wanted = {n: t for n, t in wanted.items() "
+                'if not (no_grad and n.startswith("grad"))}'
+            )
+        else:
+            lines += [
+                '        skip = ("grad",) if no_grad else ("grad_channel",)  '
+                "# no channels in repeats",
+                "        wanted = {n: t for n, t in wanted.items() if not n.startswith(skip)}",
+            ]
+        if self.helper_ops:
+            self.helpers.add("before_repeat_call")
+            lines.append("        before_repeat_call(ops)")
+        lines.append("        got, changed = run(model, ops, input_requires_grad, no_grad)")
+        if self.te:
+            lines += [
+                "        fresh, fresh_ops = build()",
+                "        run(fresh, fresh_ops, input_requires_grad, no_grad)",
+            ]
+        else:
+            lines.append(
+                '        got = {n: t for n, t in got.items() if not n.startswith("grad_channel")}'
+            )
+        lines += [
             f'        problems += [f"call[{{k}}] {{p}}" for p in check_all(got, wanted'
             f"{', baseline' if self.baseline else ''})]",
-            '        problems += [f"call[{k}] {n}: changed by the call" for n in modified]',
-            "        if plans(model) != plans(fresh):",
-            "            problems.append(f\"call[{k}] plans {plans(model)}, a fresh Sequential's "
-            '{plans(fresh)}")',
+            '        problems += [f"call[{k}] {n}: changed by the call" for n in changed]',
         ]
+        if self.te:
+            self.helpers.add("plans")
+            lines += [
+                "        if plans(model) != plans(fresh):",
+                '            problems.append(f"call[{k}] plans {plans(model)}, '
+                "a fresh Sequential's "
+                '{plans(fresh)}")',
+            ]
+        return lines
 
-    def error_test(self, scope):
+    def error_test(self):
         kind = self.expect.get("error_kind", "unrecognized")
-        lines = [
-            '@pytest.mark.parametrize("fusions", PATHS, ids=PATH_NAMES)',
-            f"def test_case_raises_{kind.replace('-', '_')}(fusions):",
-        ]
+        lines = self.test_head(f"test_case_raises_{kind.replace('-', '_')}")
         if self.te:
             types_, pattern = te_package.RAISES.get(kind, (("Exception",), None))
             raises = "(" + ", ".join(types_) + ",)"
@@ -865,9 +982,10 @@ class _Writer:
             lines += [
                 f'    """gradfuzz\'s reference rejects this configuration ({kind}); TE must too,',
                 '    and a failed construction must leave every op as it was (unlocked)."""',
+                "    only_fusions(monkeypatch, fusions)",
                 "    state = {}",
-                f"    with pytest.raises({raises}{match}), {scope}:",
-                '        call(build(state), state["ops"])',
+                f"    with pytest.raises({raises}{match}):",
+                "        run(*build(state))",
             ]
         else:
             self.picker.add("errors.GradfuzzError")
@@ -875,8 +993,8 @@ class _Writer:
                 f'    """gradfuzz\'s reference rejects this configuration ({kind}), and a failed',
                 '    construction must leave every op as it was (unlocked)."""',
                 "    state = {}",
-                f"    with pytest.raises(GradfuzzError) as raised, {scope}:",
-                '        call(build(state), state["ops"])',
+                "    with pytest.raises(GradfuzzError) as raised:",
+                "        run(*build(state))",
                 f"    assert raised.value.kind == {kind!r}, raised.value",
             ]
         lines += [
@@ -889,58 +1007,51 @@ class _Writer:
         return lines
 
 
-# What a helper needs besides torch: library modules.
-TEMPLATE_NEEDS = {"only_fusions": ("contextlib",)}
+# run()'s caller tensors by name, where the literal dict does not fit a line.
+CALLER_LINES = [
+    '    caller = {"input": x, **{f"extra_input[{k}]": e for k, e in enumerate(extras)}}',
+    '    caller.update({f"cotangent[{k}]": c for k, c in enumerate(dys) if c is not None})',
+]
+
+# The adapter's fusion per name: its function and TE's registration (ops/__init__.py).
+RESIDUAL_FUSIONS = {
+    "FusedResidual.forward": ("fuse_residual_forward", "register_forward_fusion"),
+    "FusedResidual.backward": ("fuse_residual_backward", "register_backward_fusion"),
+    "FusedResidual.joint": ("fuse_residual_joint", "register_forward_backward_fusion"),
+}
+
+# GroupedLinear options under which TE's parameters are not plain tensors per group (or
+# their gradients not in autograd's result): te/params.py's helpers read them.
+PARAM_HELPER_ATTRS = (
+    "accumulate_into_main_grad",
+    "single_grouped_weight",
+    "single_grouped_bias",
+    "delay_wgrad_compute",
+)
 
 # Script-local helpers, emitted when used (in this order).
 HELPER_ORDER = (
-    "locked_te",
-    "locked_torch",
-    "only_fusions",
-    "channel_leaves",
     "results",
+    "results_groups",
     "check",
     "check_all",
     "check_all_baseline",
+    "only_fusions",
+    "channel_leaves",
+    "locked_te",
+    "locked_torch",
     "before_repeat_call",
     "plans",
 )
 
 TEMPLATES = {
-    "locked_te": """
-def locked(op):
-    return bool(getattr(op, "_extra_tensor_channels_locked", False))  # op.py
-""",
-    "locked_torch": """
-def locked(op):
-    return bool(getattr(op, "locked", False))
-""",
-    "only_fusions": '''
-@contextlib.contextmanager
-def only_fusions(names):
-    """Only the fusions called `names` in TE's registry (fuser.py: OperationFuser's lists)."""
-    saved = {a: getattr(OperationFuser, a) for a in dir(OperationFuser) if a.endswith("_functions")}
-    name = lambda f: getattr(f, "gradfuzz_fusion_name", None) or f.__qualname__.split(".")[0]
-    try:
-        for attr, funcs in saved.items():
-            setattr(OperationFuser, attr, [f for f in funcs if name(f) in names])
-        yield
-    finally:
-        for attr, funcs in saved.items():
-            setattr(OperationFuser, attr, funcs)
-''',
-    "channel_leaves": '''
-def channel_leaves(model):
-    """The runtime's channel values of the last forward, named as the oracle names them."""
-    return [(f"grad_channel[{name}{'' if f == 0 else f'@fuser{f}'}]", t)
-            for f, fuser in enumerate(model.fusers) for name, t in fuser.channels.items()
-            if t is not None and t.is_floating_point()]
-''',
     "results": '''
 def results(outputs, cotangents, leaves, zeros=True):
-    """The outputs, and d sum_k <outputs[k], cotangents[k]> / d leaf for the named leaves
-    requiring grad (where nothing reached one: zeros, the reference's, or None), by name."""
-    got = {f"extra_output[{k - 1}]" if k else "output": o.detach() for k, o in enumerate(outputs)}
+    """The outputs by name, and d sum_k <outputs[k], cotangents[k]> / d leaf for the named
+    leaves requiring grad; where nothing reached one: zeros, or None with zeros=False."""
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    got = {f"extra_output[{k - 1}]" if k else "output": o.detach()
+           for k, o in enumerate(outputs)}
     pairs = [(o, c.to(o)) for o, c in zip(outputs, cotangents)
              if c is not None and o.is_floating_point() and o.requires_grad]
     leaves = [(n, t) for n, t in leaves if t is not None and t.requires_grad]
@@ -951,11 +1062,33 @@ def results(outputs, cotangents, leaves, zeros=True):
             got[n] = (torch.zeros_like(t) if zeros else None) if g is None else g
     return got
 ''',
+    "results_groups": '''
+def results(outputs, cotangents, leaves, zeros=True):
+    """The outputs by name, and d sum_k <outputs[k], cotangents[k]> / d leaf for the named
+    leaves requiring grad (a list: one per group, stacked, None if one has none); where
+    nothing reached one: zeros, or None with zeros=False."""
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    got = {f"extra_output[{k - 1}]" if k else "output": o.detach()
+           for k, o in enumerate(outputs)}
+    pairs = [(o, c.to(o)) for o, c in zip(outputs, cotangents)
+             if c is not None and o.is_floating_point() and o.requires_grad]
+    flat = [(n, t) for n, ts in leaves for t in (ts if isinstance(ts, list) else [ts])
+            if t is not None and t.requires_grad]
+    if pairs and flat:
+        grads = torch.autograd.grad([o for o, _ in pairs], [t for _, t in flat],
+                                    [c for _, c in pairs], retain_graph=True, allow_unused=True)
+        for (n, t), g in zip(flat, grads):
+            zero = torch.zeros_like(t) if zeros else None
+            got.setdefault(n, []).append(zero if g is None else g)
+        for n, ts in [(n, ts) for n, ts in leaves if n in got]:
+            stacked = torch.stack(got[n]) if all(g is not None for g in got[n]) else None
+            got[n] = stacked if isinstance(ts, list) else got[n][0]
+    return got
+''',
     "check": '''
 def check(name, got, e, atol, rtol, allowance=None, norm_bound=None):
-    """Why `got` is off gradfuzz's bound of `e` (oracle/oracle.h), or None: every element
-    finite and |got - e| <= atol + rtol (rms(e) + |e|) + allowance (unjudged where that is
-    infinite), and ||got - e|| <= norm_bound."""
+    """Why `got` is off gradfuzz's bound of `e` (oracle/oracle.h), or None: all finite, |got - e|
+    <= atol + rtol (rms(e) + |e|) + allowance (unjudged where inf), ||got - e|| <= norm_bound."""
     if got is None:
         fine = e is None or e.numel() == 0 or (name.startswith("grad") and not e.any())
         return None if fine else f"{name}: none returned"
@@ -976,22 +1109,20 @@ def check(name, got, e, atol, rtol, allowance=None, norm_bound=None):
         return f"{name}: error norm {float(error):.3g} > {norm_bound:.3g}"
 ''',
     "check_all": '''
-def check_all(got, expected, baseline=None):
-    """Every tensor either side has (channels: those the reference has), under BOUNDS or
-    else FALLBACK."""
-    names = [n for n in dict.fromkeys([*expected, *got])
-             if n in expected or not n.startswith("grad_channel")]
+def check_all(got, expected):
+    """What is off among the tensors either side has (channels: the reference's), by BOUNDS."""
+    names = [n for n in {**expected, **got} if n in expected or not n.startswith("grad_channel")]
     problems = [check(n, got.get(n), expected.get(n), *BOUNDS.get(n, FALLBACK)) for n in names]
     return [p for p in problems if p]
 ''',
     "check_all_baseline": '''
 def check_all(got, expected, baseline):
-    """Every tensor either side has (channels: those the reference has), under FALLBACK:
-    atol, rtol and the rounding allowance min(factor |b - e|, cap max(|e|, rms(e))) of the
-    baseline b, the reference run in the case dtype."""
+    """What is off among the tensors either side has (channels: those the reference has),
+    under FALLBACK: atol, rtol and the rounding allowance min(factor |b - e|, cap max(|e|,
+    rms(e))) of the baseline b, the reference run in the case dtype."""
     atol, rtol, factor, cap = FALLBACK
     problems = []
-    for n in dict.fromkeys([*expected, *got]):
+    for n in {**expected, **got}:
         e, b = expected.get(n), (baseline or {}).get(n)
         if n not in expected and n.startswith("grad_channel"):
             continue
@@ -1003,14 +1134,39 @@ def check_all(got, expected, baseline):
         problems.append(check(n, got.get(n), e, atol, rtol, allowance))
     return [p for p in problems if p]
 ''',
+    "only_fusions": '''
+def only_fusions(monkeypatch, names):
+    """Only the fusions called `names` in TE's registry (fuser.py: OperationFuser's lists)."""
+    def name(f):
+        parts = f.__qualname__.split(".")
+        owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
+        return getattr(f, "gradfuzz_fusion_name", None) or owner or OWNERS.get(parts[-1], parts[-1])
+    for attr in [a for a in dir(OperationFuser) if a.endswith("_fusion_functions")]:
+        kept = [f for f in getattr(OperationFuser, attr) if name(f) in names]
+        monkeypatch.setattr(OperationFuser, attr, kept)
+''',
+    "channel_leaves": '''
+def channel_leaves(model):
+    """The runtime's channel values of the last forward, named as the oracle names them."""
+    return [(f"grad_channel[{name}{'' if f == 0 else f'@fuser{f}'}]", t)
+            for f, fuser in enumerate(model.fusers) for name, t in fuser.channels.items()
+            if t is not None and t.is_floating_point()]
+''',
+    "locked_te": """
+def locked(op):
+    return bool(getattr(op, "_extra_tensor_channels_locked", False))  # op.py
+""",
+    "locked_torch": """
+def locked(op):
+    return bool(getattr(op, "locked", False))
+""",
     "before_repeat_call": '''
 def before_repeat_call(ops):
     """Between two steps, as a training loop: accumulated parameter gradients cleared."""
-    for op in ops:
-        for p in op.parameters() if hasattr(op, "parameters") else getattr(op, "params", []):
-            p.grad = None
-            if getattr(p, "main_grad", None) is not None:
-                p.main_grad.zero_()
+    for p in [p for op in ops if hasattr(op, "parameters") for p in op.parameters()]:
+        p.grad = None
+        if getattr(p, "main_grad", None) is not None:
+            p.main_grad.zero_()
 ''',
     "plans": '''
 def plans(model):

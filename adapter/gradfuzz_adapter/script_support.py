@@ -15,7 +15,6 @@ missing gradient; one returned where none is expected must be zero. Imports only
 import base64
 import math
 import os
-import zlib
 
 import torch
 
@@ -38,15 +37,10 @@ def b64_tensor(text, dtype, shape):
     return torch.frombuffer(raw, dtype=dtype).reshape(shape).clone()
 
 
-def unpack(text, dtype, shape):
-    """A float64 (or int64) CPU tensor from base64 of zlib of its bytes in `dtype`
-    (script_values.ScriptValues: the case dtype, which holds the values exactly)."""
-    raw = bytearray(zlib.decompress(base64.b64decode(text)))
-    dtype = SCRIPT_DTYPES[dtype]
-    if not raw:
-        return torch.empty(shape, dtype=torch.float64 if dtype.is_floating_point else dtype)
-    t = torch.frombuffer(raw, dtype=dtype).reshape(shape)
-    return t.to(torch.float64) if t.is_floating_point() else t.clone()
+def unpack(data, dtype, shape):
+    """A tensor from base64 of its little-endian bytes in `dtype`; floats widened to float64."""
+    t = torch.frombuffer(bytearray(base64.b64decode(data)), dtype=getattr(torch, dtype))
+    return t.reshape(shape).double() if t.is_floating_point() else t.reshape(shape)
 
 
 def seeded(shape, dtype, *, seed, role, fan_in=0):

@@ -1,14 +1,19 @@
-"""The case's values as source text of an exported script, within a size budget.
+"""The case's values as source text of an exported script: one line per tensor, within a
+size budget.
 
 Values travel in the export reply's JSON header, which the C++ side refuses beyond 64 MiB
 (protocol.MAX_HEADER_BYTES); a [4096, 4096] float32 case inlined as base64 of float64
 bytes was 358 MB, the "bad frame header length" of issue 15. So each value is written in
-the smallest exact form and the script stays under INLINE_BUDGET:
+the smallest exact form, on one line, and the script stays under INLINE_BUDGET:
 
-- up to LITERAL_ELEMENTS elements: a literal, each number in its shortest form for the
-  case dtype, `torch.tensor([0.45, -1.25], dtype=torch.bfloat16).double()`;
-- otherwise inlined: `unpack("<base64>", "bfloat16", [4, 8])`, the bytes in the case
-  dtype (exact: the values are already rounded to it) compressed with zlib;
+- a tensor of equal elements: `torch.full([4, 8], 2.5e-07, dtype=torch.float64)`;
+- up to LITERAL_ELEMENTS elements whose literal fits LITERAL_WIDTH characters: a literal,
+  each number in its shortest form for the case dtype,
+  `torch.tensor([0.45, -1.25], dtype=torch.bfloat16).double()`, so a reader sees them;
+- otherwise `unpack("<base64>", "bfloat16", [4, 8])`: base64 of the raw little-endian
+  bytes in the case dtype (exact: the values are already rounded to it; the oracle's
+  allowances and a quantizing case's expected values in float64), which the script's
+  3-line `unpack` (script_support.py) decodes bit for bit;
 - values that do not fit the budget (largest first) go to a data file beside the script
   when the request names one (`data_file`: torch.save of {key: tensor}, read with
   `load_values`), else are drawn in the script from a seed as gradfuzz draws them
@@ -28,6 +33,7 @@ from .protocol import DTYPE_NAMES, tensor_bytes
 
 INLINE_BUDGET = 4 << 20
 LITERAL_ELEMENTS = 64
+LITERAL_WIDTH = 80
 
 
 def _keys(case, extra=None):
@@ -48,10 +54,39 @@ def _keys(case, extra=None):
 
 
 def _packed(t, dtype):
-    """base64 of zlib of `t`'s bytes in `dtype` (floating) or int64."""
+    """base64 of `t`'s raw little-endian bytes in `dtype` (floating) or int64."""
     t = t.detach().cpu()
     t = t.to(dtype) if t.is_floating_point() else t.to(torch.int64)
-    return base64.b64encode(zlib.compress(tensor_bytes(t), 9)).decode("ascii")
+    return base64.b64encode(tensor_bytes(t)).decode("ascii")
+
+
+def _dtype_name(dtype):
+    """torch's name of `dtype` ("bfloat16", "float8_e4m3fn"), as getattr(torch, name) reads."""
+    return str(dtype).removeprefix("torch.")
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _spelled(t, dtype):
+    """The one-line source of value `t` held exactly in `dtype` (the case dtype, or float64
+    for bounds and expected values): a float64 (or int64) tensor when the script runs it."""
+    widen = "" if dtype == torch.float64 else ".double()"
+    if not t.is_floating_point():
+        dtype, widen = torch.int64, ""
+    shape = list(t.shape)
+    if t.numel() == 0:
+        return f"torch.zeros({shape}, dtype=torch.{_dtype_name(dtype)}){widen}"
+    flat = t.detach().cpu().to(dtype).reshape(-1)
+    bits = flat.view(_BITS[flat.element_size()])  # -0.0 is not 0.0, a NaN is itself
+    if t.numel() > 1 and bool((bits == bits[0]).all()) and not flat[0].isnan():
+        value = _shortest(flat[0].item(), dtype) if t.is_floating_point() else str(flat[0].item())
+        return f"torch.full({shape}, {value}, dtype=torch.{_dtype_name(dtype)}){widen}"
+    if t.numel() <= LITERAL_ELEMENTS and not flat.isnan().any():  # a NaN literal loses its bits
+        text = _literal(t, dtype)
+        if len(text) <= LITERAL_WIDTH:
+            return text
+    return f'unpack("{_packed(t, dtype)}", "{_dtype_name(dtype)}", {shape})'
 
 
 def _shortest(value, dtype):
@@ -73,19 +108,16 @@ def _nested(values, dtype):
 
 
 def _literal(t, dtype):
-    """A literal of a few elements: floats in their shortest form for the case dtype, read
-    in that dtype and widened (exact), integers as int64; a matrix one row per line."""
+    """A one-line literal: floats in their shortest form for `dtype`, read in that dtype and
+    widened (exact), integers as int64."""
     values = t.detach().cpu()
     if not values.is_floating_point():
         return f"torch.tensor({values.to(torch.int64).tolist()!r})"
-    rows = values.to(torch.float64).tolist()
-    text = _nested(rows, dtype)
-    if len(text) > 70 and values.dim() == 2:
-        text = "[\n" + "".join(f"    {_nested(row, dtype)},\n" for row in rows) + "]"
+    text = _nested(values.to(torch.float64).tolist(), dtype)
     suffix = (
         ", dtype=torch.float64)"
         if dtype == torch.float64
-        else f", dtype=torch.{DTYPE_NAMES[dtype]}).double()"
+        else f", dtype=torch.{_dtype_name(dtype)}).double()"
     )
     return f"torch.tensor({text}{suffix}"
 
@@ -107,17 +139,11 @@ class ScriptValues:
         for key, t, role in _keys(case, extra):
             if id(t) in self.by_id:
                 continue
-            if t.numel() <= LITERAL_ELEMENTS:
-                exact = torch.float64 if role == "allowance" else self.dtype
-                self.by_id[id(t)] = _literal(t, exact)
-                continue
-            # Allowances are float64 bounds, not values rounded to the case dtype.
-            dtype = torch.float64 if role == "allowance" else self.dtype
-            dtype_name = DTYPE_NAMES[dtype] if t.is_floating_point() else "int64"
-            text = _packed(t, dtype)
-            source = f'unpack("{text}", "{dtype_name}", {list(t.shape)})'
+            # Allowances and expected values are float64, not values rounded to the case dtype.
+            source = _spelled(t, torch.float64 if role == "allowance" else self.dtype)
             self.by_id[id(t)] = source
-            entries.append((len(source), key, t, role))
+            if source.startswith("unpack("):
+                entries.append((len(source), key, t, role))
         total = sum(size for size, *_ in entries)
         outside = []
         for size, key, t, role in sorted(entries, key=lambda e: -e[0]):

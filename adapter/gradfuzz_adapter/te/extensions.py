@@ -25,9 +25,7 @@ from ..errors import InvalidArgumentError
 
 def pack(style, tensors):
     """An op's extra outputs or extra-input gradients in its output style."""
-    if style == "generator":
-        return (t for t in tensors)
-    return tuple(tensors)
+    return (t for t in tensors) if style == "generator" else tuple(tensors)
 
 
 def opmath(t):
@@ -47,17 +45,18 @@ class Boundary(torch.nn.Module):
 
 class CustomOp(te.ops.BasicOperation):
     """Base of the custom ops: op_forward/op_backward are abstract in op.py:
-    BasicOperation and unused by ops that override fuser_forward/fuser_backward."""
+    BasicOperation and unused by ops that override fuser_forward/fuser_backward. Their
+    fuser_forward takes the quantizers and basic_op_kwargs the fuser passes as `unused`:
+    they quantize nothing."""
 
     def __init__(self, *, output_style="vector"):
         super().__init__()
         self.output_style = output_style
 
     def op_forward(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__} overrides fuser_forward, not op_forward")
+        raise RuntimeError(f"{type(self).__name__} runs fuser_forward and fuser_backward")
 
-    def op_backward(self, *args, **kwargs):
-        raise RuntimeError(f"{type(self).__name__} overrides fuser_backward, not op_backward")
+    op_backward = op_forward
 
 
 class RowStat(CustomOp):
@@ -65,23 +64,13 @@ class RowStat(CustomOp):
 
     num_extra_outputs = 1
 
-    def fuser_forward(
-        self,
-        basic_op_ctxs,
-        input_,
-        *,
-        basic_op_extra_inputs,
-        prev_op_grad_output_quantizer,
-        next_op_input_quantizer,
-        basic_op_kwargs,
-    ):
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
         x = opmath(input_)
         stat = (x * x).mean(-1).to(input_.dtype)
         if basic_op_ctxs[0].requires_grad:
-            # A detached alias, not input_ itself: input_ is also this op's output, so
-            # the next op may save the same tensor and free it in its backward (e.g.
-            # activation.py: _ActivationOperation.op_backward calls utils.py:
-            # clear_tensor_data on it), which runs before this op's backward.
+            # A detached alias: input_ is also this op's output, which the next op may save
+            # and free in its backward, before this op's (activation.py: op_backward calls
+            # utils.py: clear_tensor_data on it).
             basic_op_ctxs[0].save_for_backward(input_.detach())
         return input_, [pack(self.output_style, (stat,))]
 
@@ -91,10 +80,8 @@ class RowStat(CustomOp):
         if grad_stat is not None:
             (x,) = basic_op_ctxs[0].saved_tensors
             # grad_output [rows, n] + grad_stat [rows, 1] * 2 x [rows, n] / n
-            grad_input = opmath(grad_output) + opmath(grad_stat).unsqueeze(-1) * (
-                2.0 / x.shape[-1]
-            ) * opmath(x)
-            grad_input = grad_input.to(grad_output.dtype)
+            grad_stat = opmath(grad_stat).unsqueeze(-1) * (2.0 / x.shape[-1])
+            grad_input = (opmath(grad_output) + grad_stat * opmath(x)).to(grad_output.dtype)
         return grad_input, [()], [pack(self.output_style, ())]
 
 
@@ -108,16 +95,7 @@ class DualExtraOutput(CustomOp):
         self.s0 = s0
         self.s1 = s1
 
-    def fuser_forward(
-        self,
-        basic_op_ctxs,
-        input_,
-        *,
-        basic_op_extra_inputs,
-        prev_op_grad_output_quantizer,
-        next_op_input_quantizer,
-        basic_op_kwargs,
-    ):
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
         return input_, [pack(self.output_style, (input_ * self.s0, input_ * self.s1))]
 
     def fuser_backward(self, basic_op_ctxs, grad_output, *, basic_op_grad_extra_outputs):
@@ -144,16 +122,7 @@ class Dispatch(CustomOp):
         super().__init__(output_style=output_style)
         self.groups = groups
 
-    def fuser_forward(
-        self,
-        basic_op_ctxs,
-        input_,
-        *,
-        basic_op_extra_inputs,
-        prev_op_grad_output_quantizer,
-        next_op_input_quantizer,
-        basic_op_kwargs,
-    ):
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
         (logits,) = basic_op_extra_inputs[0]
         check_2d("Dispatch", input_)
         check_logits("Dispatch", logits, input_.shape[0], self.groups)
@@ -196,16 +165,7 @@ class Combine(CustomOp):
 
     num_extra_inputs = 1
 
-    def fuser_forward(
-        self,
-        basic_op_ctxs,
-        input_,
-        *,
-        basic_op_extra_inputs,
-        prev_op_grad_output_quantizer,
-        next_op_input_quantizer,
-        basic_op_kwargs,
-    ):
+    def fuser_forward(self, basic_op_ctxs, input_, *, basic_op_extra_inputs, **unused):
         (routing_map,) = basic_op_extra_inputs[0]
         check_2d("Combine", input_)
         check_routing_map("Combine", routing_map, input_.shape[0])
@@ -240,23 +200,14 @@ class FusedResidual(te.ops.FusedOperation):
         self.fusion_name = fusion_name
         self.returns_channel = returns_channel
 
-    def fuser_forward(
-        self,
-        basic_op_ctxs,
-        input_,
-        *,
-        basic_op_extra_inputs,
-        prev_op_grad_output_quantizer,
-        next_op_input_quantizer,
-        basic_op_kwargs,
-    ):
+    def fuser_forward(self, ctxs, input_, *, basic_op_extra_inputs, basic_op_kwargs, **unused):
         if self.fusion_name == "FusedResidual.backward":
             raise RuntimeError("FusedResidual.backward is backward-only; its forward ran")
         producer, inner, consumer = self.basic_ops
         # The inner op runs its own forward and fills its own context. Its neighbours'
         # quantizers are what the fuser would pass it (fuser.py: prev_op/next_op).
         y, inner_extra_outputs = inner.fuser_forward(
-            [basic_op_ctxs[1]],
+            [ctxs[1]],
             input_,
             basic_op_extra_inputs=[basic_op_extra_inputs[1]],
             prev_op_grad_output_quantizer=producer.get_grad_output_quantizer(),
@@ -300,44 +251,33 @@ def residual_pattern(window):
     slot and the consumer's slot bound to the same channel (op.py: BasicOperation keeps
     bindings in _extra_output_channels / _extra_input_channels, as fuser.py reads them)."""
     producer, inner, consumer = window
-    if any(op.is_fused_op for op in window):
+    if any(op.is_fused_op for op in window) or inner.num_extra_inputs or inner.num_extra_outputs:
         return False
     if not isinstance(producer, te.ops.MakeExtraOutput):
         return False
     if not isinstance(consumer, te.ops.AddExtraInput):
-        return False
-    if inner.num_extra_inputs or inner.num_extra_outputs:
         return False
     channel = producer._extra_output_channels[0]
     return channel is not None and consumer._extra_input_channels[0] == channel
 
 
 def fuse_residual(ops, fusion_name):
-    out = []
-    i = 0
+    """`ops` with every residual_pattern window replaced by one FusedResidual; it returns
+    the channel's value when the caller or an op outside the window reads it."""
+    out, i = [], 0
     while i < len(ops):
         window = ops[i : i + 3]
-        if len(window) == 3 and residual_pattern(window):
-            producer, inner, consumer = window
-            channel = producer._extra_output_channels[0]
-            basic = [b for op in ops for b in (op.basic_ops if op.is_fused_op else [op])]
-            consumed_elsewhere = any(
-                b is not consumer and channel in b._extra_input_channels for b in basic
-            )
-            returns_channel = producer._extra_output_to_caller[0] or consumed_elsewhere
-            out.append(
-                FusedResidual(
-                    producer,
-                    inner,
-                    consumer,
-                    fusion_name=fusion_name,
-                    returns_channel=returns_channel,
-                )
-            )
-            i += 3
-        else:
+        if len(window) < 3 or not residual_pattern(window):
             out.append(ops[i])
             i += 1
+            continue
+        producer, _, consumer = window
+        channel = producer._extra_output_channels[0]
+        basic = [b for op in ops for b in (op.basic_ops if op.is_fused_op else [op])]
+        elsewhere = any(b is not consumer and channel in b._extra_input_channels for b in basic)
+        returns = producer._extra_output_to_caller[0] or elsewhere
+        out.append(FusedResidual(*window, fusion_name=fusion_name, returns_channel=returns))
+        i += 3
     return out
 
 
