@@ -530,8 +530,9 @@ class CaseRun {
   /// A fresh quantization state for one reference evaluation (null when the case quantizes
   /// nothing); with `jitter`, each quantized element moved by one FP8 value with
   /// probability 1/2 (the oracle's estimate of what one FP8 ulp per element costs).
-  std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(at::Generator* jitter = nullptr,
-                                                                 std::vector<at::Tensor>* record = nullptr) const {
+  std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(
+      at::Generator* jitter = nullptr, std::vector<at::Tensor>* record = nullptr,
+      ops::AccumulationMode accumulation = ops::AccumulationMode::kExact) const {
     if (!quantizes_) return nullptr;
     auto q = recipe_ ? std::make_unique<ops::ReferenceQuantization>(*recipe_)
                      : std::make_unique<ops::ReferenceQuantization>();
@@ -539,7 +540,37 @@ class CaseRun {
     // an FP8 rounding boundary move.
     if (jitter) q->set_jitter(0.5, *jitter, fp8_reference_, fp8_windows_);
     if (record) q->record_scaled(record);
+    // On a backend whose FP8 GEMMs accumulate inexactly, a sample's GEMMs also err by their
+    // accumulation term, up or down at random (set_fp8_windows asks for `accumulation`).
+    if (const auto model = gemm_accumulation()) {
+      if (jitter) {
+        q->set_accumulation(*model, ops::AccumulationMode::kRandomSign, *jitter);
+      } else if (accumulation != ops::AccumulationMode::kExact) {
+        q->set_accumulation(*model, accumulation);
+      }
+    }
     return q;
+  }
+
+  /// The backend's FP8 GEMM accumulation under the case's recipe (capabilities.
+  /// fp8_gemm_accumulation: the GEMMs it lists for the recipe accumulate fast), or nullopt
+  /// where the backend's GEMMs are exact or the case has no recipe.
+  std::optional<ops::Fp8GemmAccumulation> gemm_accumulation() const {
+    const auto& declared = backend_.capabilities().fp8_gemm_accumulation;
+    if (!declared || !recipe_) return std::nullopt;
+    ops::Fp8GemmAccumulation model;
+    model.fraction_bits = declared->fraction_bits;
+    model.products_per_step = declared->products_per_step;
+    model.promotion_products = declared->promotion_products;
+    const auto fast = declared->fast_accumulation.find(recipe_->name());
+    if (fast != declared->fast_accumulation.end()) {
+      for (const std::string& gemm : fast->second) {
+        model.fast.push_back(gemm == "fprop"   ? ops::Fp8Gemm::kFprop
+                             : gemm == "dgrad" ? ops::Fp8Gemm::kDgrad
+                                               : ops::Fp8Gemm::kWgrad);
+      }
+    }
+    return model;
   }
 
   // ---- run the paths: fused, unfused (skipped when nothing fused), and each pass's fusions
@@ -966,7 +997,10 @@ class CaseRun {
   /// FP8 rounding boundaries are the quantizer's kinks. The scaled values of the float64
   /// reference (a run of its own, recorded) and of the rounding baseline, quantization by
   /// quantization, give each element's window, fp8_window_factor * |baseline - reference|:
-  /// what this dtype's rounding of the operand and of its scale moves it by, with room. An
+  /// what this dtype's rounding of the operand and of its scale moves it by, with room (on a
+  /// backend whose FP8 GEMMs accumulate inexactly, the larger of that and how far the float64
+  /// reference with every FP8 GEMM up, or down, by its accumulation term moves it: the term
+  /// already estimates each GEMM's error from above, so it is taken once). An
   /// element whose reference value lies closer than its window to a rounding boundary can
   /// round the other way in a correct implementation; elsewhere a correct implementation
   /// rounds as the reference does (a leaf tensor's values are the reference's, bit for bit,
@@ -982,17 +1016,45 @@ class CaseRun {
     std::vector<at::Tensor> reference_scaled;
     const PathRun reference = reference_run(prepared_.tensors, at::kDouble, nullptr, nullptr, &reference_scaled);
     if (!reference.ok() || reference_scaled.size() != baseline_scaled.size()) return;
+    // An accumulation error ahead of a quantizer moves its input as a rounding does.
+    std::vector<std::vector<at::Tensor>> accumulated;
+    if (gemm_accumulation()) {
+      for (const auto mode : {ops::AccumulationMode::kPlus, ops::AccumulationMode::kMinus}) {
+        std::vector<at::Tensor> scaled;
+        if (!accumulation_run(mode, &scaled).ok() || scaled.size() != reference_scaled.size()) return;
+        accumulated.push_back(std::move(scaled));
+      }
+    }
     const double factor = options_.rounding.fp8_window_factor;
     std::vector<at::Tensor> windows;
     for (size_t i = 0; i < reference_scaled.size(); ++i) {
       const at::Tensor& r = reference_scaled[i];
       const at::Tensor& b = baseline_scaled[i];
       if (!r.defined() || !b.defined() || r.sizes() != b.sizes()) return;
-      windows.push_back((factor * (b.to(r.device()) - r).abs()).cpu());
+      at::Tensor window = factor * (b.to(r.device()) - r).abs();
+      for (const auto& run : accumulated) {
+        const at::Tensor& a = run[i];
+        if (!a.defined() || a.sizes() != r.sizes()) return;
+        // The term is an upper estimate of each GEMM's error already: taken once.
+        window = at::maximum(window, (a.to(r.device()) - r).abs());
+      }
+      windows.push_back(window.cpu());
       reference_scaled[i] = r.cpu();
     }
     fp8_windows_ = std::move(windows);
     fp8_reference_ = std::move(reference_scaled);
+  }
+
+  /// The float64 reference on the case's values with every FP8 GEMM giving what `mode` says
+  /// (set_fp8_windows: up or down by its accumulation term), its scaled values recorded.
+  PathRun accumulation_run(ops::AccumulationMode mode, std::vector<at::Tensor>* record) {
+    BuiltCase ops;
+    PathRun creation;
+    run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
+    if (!creation.ok()) return creation;
+    const auto quantization = fresh_quantization(nullptr, record, mode);
+    return run_reference_path(evidence_spec_, prepared_.plan, prepared_.tensors, ops, at::kDouble, ref_device_, nullptr,
+                              quantization.get());
   }
 
   // ---- finite differences: the reference itself against central differences (float64).

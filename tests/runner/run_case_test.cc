@@ -6,8 +6,12 @@
 #include <algorithm>
 
 #include "backends/model_backend.h"
+#include "harness/builder.h"
+#include "harness/dtype.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
+#include "ops/quantization.h"
+#include "ops/reference.h"
 #include "tests/harness/test_specs.h"
 
 namespace gradfuzz::runner {
@@ -458,6 +462,176 @@ TEST(RunCase, AFindingThatIsGoneWithoutInPlaceIsSignedAsTheInPlaceWrites) {
   for (const Finding& f : fused.findings) {
     if (f.kind == VerdictKind::kMismatch) {
       EXPECT_EQ(f.signature.find("in_place:"), std::string::npos) << f.signature;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// FP8 GEMM accumulation: a backend with Hopper's FP8 MMA (issue 14; docs/BACKENDS.md "FP8
+// GEMM accumulation")
+
+/// A backend whose paths are the FP8 quantize-dequantize math in the case's dtype with every
+/// FP8 GEMM computed as Hopper's FP8 MMA accumulates (ops::emulate_fp8_gemm, which gives TE
+/// 2.20.2's values on the H200 bit for bit: tests/ops/quantization_test.cc): a correct
+/// implementation whose GEMMs are not the reference's. It declares the recipes, FP8
+/// quantization as the reference's, and (unless `declare_accumulation` is false) the
+/// accumulation it does; `fault` plants an error of a given size.
+class HopperFp8Backend final : public Backend {
+ public:
+  /// A planted error: the input gradient scaled by 2^-7 (NVIDIA/TransformerEngine#3342's
+  /// size), or the output scaled by `factor`.
+  enum class Fault { kNone, kGradInputTimes2ToTheMinus7, kOutputScaled };
+
+  explicit HopperFp8Backend(bool declare_accumulation = true, Fault fault = Fault::kNone, double factor = 1)
+      : caps_(model_capabilities()), fault_(fault), factor_(factor) {
+    caps_.backend = "hopper";
+    caps_.fp8_reference_exact = true;
+    for (const char* recipe : {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"}) {
+      caps_.recipes.push_back({recipe, true, "", {"E4M3", "HYBRID"}, {}});
+    }
+    model_.fast = {ops::Fp8Gemm::kFprop};  // te.ops' per-tensor recipes (base.py _2X_ACC_FPROP)
+    if (declare_accumulation) {
+      harness::Fp8GemmAccumulationCapability declared;
+      declared.fast_accumulation = {
+          {"DelayedScaling", {"fprop"}}, {"Float8CurrentScaling", {"fprop"}}, {"Float8BlockScaling", {}}};
+      caps_.fp8_gemm_accumulation = declared;
+    }
+  }
+  std::string name() const override { return "hopper"; }
+  const BackendCapabilities& capabilities() override { return caps_; }
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& requests) override {
+    std::vector<PathRun> runs;
+    for (const PathRequest& request : requests) {
+      PathRun run = evaluate(spec, plan, tensors);
+      run.name = request.name;
+      runs.push_back(std::move(run));
+    }
+    return runs;
+  }
+
+ private:
+  PathRun evaluate(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors) {
+    PathRun run;
+    harness::BuiltCase built;
+    harness::BuildOptions build;
+    build.call_then_bind = false;
+    harness::create_ops(spec, plan, &tensors, build, built);
+    harness::build_case(spec, plan, tensors, build, built);
+    ops::QuantRecipe recipe = ops::QuantRecipe::parse(spec.recipe->name, spec.recipe->fp8_format, spec.recipe->options);
+    ops::Fp8GemmAccumulation model = model_;
+    if (recipe.kind == ops::RecipeKind::kFloat8BlockScaling) model.fast.clear();  // gemm.py: split for blockwise
+    ops::ReferenceQuantization quantization(std::move(recipe));
+    quantization.set_accumulation(model, ops::AccumulationMode::kEmulate);
+    ops::ReferenceEvaluator evaluator(*built.sequential, harness::scalar_type_from_name(spec.dtype));
+    evaluator.set_quantization(&quantization);
+    const auto options = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor input = tensors.input.to(options).requires_grad_(spec.input_requires_grad);
+    run.outputs = evaluator.forward(input, {});
+    const ops::ReferenceGradients grads = evaluator.backward(tensors.cotangents);
+    run.grad_input = grads.grad_input;
+    run.grad_params.resize(spec.ops.size());
+    for (size_t i = 0; i < plan.ops.size(); ++i) {
+      const int64_t ordinal = plan.ops[i].ordinal;
+      if (ordinal >= 0 && ordinal < static_cast<int64_t>(grads.grad_params.size())) {
+        run.grad_params[i] = grads.grad_params[static_cast<size_t>(ordinal)];
+      }
+    }
+    if (fault_ == Fault::kGradInputTimes2ToTheMinus7) run.grad_input = run.grad_input * std::ldexp(1.0, -7);
+    if (fault_ == Fault::kOutputScaled) run.outputs[0] = run.outputs[0] * factor_;
+    return run;
+  }
+
+  BackendCapabilities caps_;
+  ops::Fp8GemmAccumulation model_;
+  Fault fault_;
+  double factor_;
+};
+
+/// The H200 case of docs/TE.md (2026-12-02): one Linear [16, 48] -> 16, float32, under
+/// Float8BlockScaling 1,1,1 (TE's output 3.9e-4 off at one element, its accumulation).
+CaseSpec h200_linear() {
+  CaseSpec spec;
+  spec.ops = {op("Linear", {{"out", 16}})};
+  spec.input_shape = {16, 48};
+  spec.dtype = "float32";
+  spec.recipe = harness::RecipeSpec{"Float8BlockScaling", "E4M3", {{"block_scaling_dims", "1,1,1"}}};
+  spec.seed = 5541103688933942353ULL;
+  return spec;
+}
+
+/// Linear -> GELU -> Linear under `recipe`: the second Linear quantizes the GELU of the
+/// first one's GEMM output, so its accumulation error moves a later quantizer's input too.
+CaseSpec fp8_chain(const harness::RecipeSpec& recipe, const std::string& dtype, uint64_t seed) {
+  CaseSpec spec;
+  spec.ops = {op("Linear", {{"out", 32}}), op("GELU"), op("Linear", {{"out", 16}})};
+  spec.input_shape = {16, 64};
+  spec.dtype = dtype;
+  spec.recipe = recipe;
+  spec.seed = seed;
+  return spec;
+}
+
+bool has_finding_on(const CaseResult& r, const std::string& tensor) {
+  return std::any_of(r.findings.begin(), r.findings.end(), [&](const Finding& f) {
+    return f.kind == VerdictKind::kMismatch && f.tensor == tensor &&
+           f.path_pair.find("~reference") != std::string::npos;
+  });
+}
+
+TEST(RunCase, HopperAccumulationPassesOnlyWithItsDeclaredTerm) {
+  // The H200's own case: the emulated GEMMs give TE's values, which the tight FP8 rule
+  // rejected as long as the reference's GEMMs were taken as exact (docs/TE.md, call A).
+  HopperFp8Backend declared;
+  const CaseResult pass = run_case(h200_linear(), declared, RunOptions{});
+  EXPECT_EQ(pass.verdict, VerdictKind::kPass) << describe(pass);
+  HopperFp8Backend undeclared(/*declare_accumulation=*/false);
+  const CaseResult fail = run_case(h200_linear(), undeclared, RunOptions{});
+  EXPECT_EQ(fail.verdict, VerdictKind::kMismatch) << describe(fail);
+  EXPECT_TRUE(has_finding_on(fail, "output")) << describe(fail);
+  // With the term a single FP8 GEMM is still held to about its accumulation: 3% off fails
+  // in both dtypes (the coarse estimate, one FP8 ulp anywhere, let 30% through).
+  HopperFp8Backend off(true, HopperFp8Backend::Fault::kOutputScaled, 1.03);
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    CaseSpec spec = h200_linear();
+    spec.dtype = dtype;
+    EXPECT_EQ(run_case(spec, declared, RunOptions{}).verdict, VerdictKind::kPass) << dtype;
+    const CaseResult three = run_case(spec, off, RunOptions{});
+    EXPECT_TRUE(has_finding_on(three, "output")) << dtype << ": " << describe(three);
+  }
+}
+
+TEST(RunCase, UnderEachRecipeHopperAccumulationPassesAndFp8FaultsStillFail) {
+  // Linear -> GELU -> Linear: the first GEMM's accumulation error reaches the second
+  // Linear's quantizer, so an element near an FP8 rounding boundary may round the other
+  // way there (the windows take the term: set_fp8_windows).
+  const std::vector<harness::RecipeSpec> recipes = {
+      {"DelayedScaling", "HYBRID", {}},
+      {"Float8CurrentScaling", "E4M3", {}},
+      {"Float8BlockScaling", "E4M3", {}},
+      {"Float8BlockScaling", "HYBRID", {{"block_scaling_dims", "1,1,1"}}}};
+  HopperFp8Backend clean;
+  HopperFp8Backend scaled(true, HopperFp8Backend::Fault::kGradInputTimes2ToTheMinus7);
+  // A quarter too large: an FP8 scale off by a power of two's fraction, a format's spacing.
+  HopperFp8Backend large(true, HopperFp8Backend::Fault::kOutputScaled, 1.25);
+  for (const auto& recipe : recipes) {
+    for (const std::string dtype : {"float32", "bfloat16"}) {
+      for (const uint64_t seed : {11u, 12u}) {
+        SCOPED_TRACE(recipe.name + " " + recipe.fp8_format + " " + dtype + " seed " + std::to_string(seed));
+        const CaseSpec spec = fp8_chain(recipe, dtype, seed);
+        const CaseResult pass = run_case(spec, clean, RunOptions{});
+        EXPECT_EQ(pass.verdict, VerdictKind::kPass) << describe(pass);
+        // The input gradient nearly gone: far outside its bound.
+        const CaseResult small = run_case(spec, scaled, RunOptions{});
+        EXPECT_TRUE(has_finding_on(small, "grad_input")) << describe(small);
+        for (const Finding& f : small.findings) {
+          if (f.tensor == "grad_input" && f.norm_bound > 0) {
+            EXPECT_GT(f.norm_err, 3 * f.norm_bound) << describe(small);
+          }
+        }
+        const CaseResult off = run_case(spec, large, RunOptions{});
+        EXPECT_TRUE(has_finding_on(off, "output")) << describe(off);
+      }
     }
   }
 }
