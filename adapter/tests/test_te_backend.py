@@ -489,6 +489,83 @@ def test_recipe_capabilities_come_from_tes_availability_checks(backend):
         assert entries["MXFP8BlockScaling"]["reason"].startswith("is_mxfp8_available() failed")
 
 
+def test_recipe_options_te_ignores_are_not_offered(backend):
+    """TE 2.20.2 configures its quantizers from the recipe's class attributes, which the
+    dataclass fields use_power_2_scales / use_f32_scales do not reach: only the value whose
+    documented meaning is what TE does is drawn, the other is listed as not honoured."""
+    from transformer_engine.common.recipe import Float8BlockScaling, Float8CurrentScaling
+
+    from gradfuzz_adapter.te import recipes as te_recipes
+
+    caps = backend.hello()["capabilities"]
+    entries = {r["name"]: r for r in caps["recipes"]}
+    current = Float8CurrentScaling.fp8_quant_fwd_inp.power_2_scale
+    block = Float8BlockScaling.fp8_quant_fwd_inp.power_2_scale
+    assert entries["Float8CurrentScaling"]["options"]["use_power_2_scales"] == [
+        "1" if current else "0"
+    ]
+    assert entries["Float8CurrentScaling"]["not_honoured"] == {
+        "use_power_2_scales": ["0" if current else "1"]
+    }
+    assert entries["Float8BlockScaling"]["options"]["use_f32_scales"] == ["0" if block else "1"]
+    assert entries["Float8BlockScaling"]["not_honoured"] == {
+        "use_f32_scales": ["1" if block else "0"]
+    }
+    # Every other option keeps its values.
+    assert entries["Float8BlockScaling"]["options"]["block_scaling_dims"] == [
+        "1,2,1",
+        "1,1,1",
+        "2,1,1",
+        "1,1,2",
+    ]
+    assert "not_honoured" not in entries["DelayedScaling"]
+    # An option TE's recipe object does honour keeps both values (a recipe class whose
+    # quantizer parameters follow the field).
+    assert te_recipes.honoured_values("DelayedScaling", "margin", ["0", "1"]) == (["0", "1"], [])
+
+
+def test_honoured_values_keep_both_where_the_field_reaches_the_quantizers(monkeypatch):
+    from transformer_engine.common import recipe as te_recipe
+
+    from gradfuzz_adapter.te import recipes as te_recipes
+
+    class Params:
+        def __init__(self, power):
+            self.power_2_scale = power
+
+    class Honouring:
+        def __init__(self, use_power_2_scales=False):
+            for attr in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+                setattr(self, attr, Params(use_power_2_scales))
+
+    monkeypatch.setattr(te_recipe, "Float8CurrentScaling", Honouring)
+    kept = te_recipes.honoured_values("Float8CurrentScaling", "use_power_2_scales", ["0", "1"])
+    assert kept == (["0", "1"], [])
+
+
+def test_fp8_gemm_accumulation_is_declared_for_hopper_only(backend):
+    from transformer_engine.pytorch.module import base
+
+    from gradfuzz_adapter.te import recipes as te_recipes
+
+    hopper = te_recipes.gemm_accumulation((9, 0))
+    assert hopper["fraction_bits"] == 13 and hopper["products_per_step"] == 32
+    assert hopper["promotion_products"] == 128
+    # te.ops' constants: the forward GEMM fast, dgrad and wgrad split; block scaling split.
+    assert (base._2X_ACC_FPROP, base._2X_ACC_DGRAD, base._2X_ACC_WGRAD) == (False, True, True)
+    assert hopper["fast_accumulation"] == {
+        "DelayedScaling": ["fprop"],
+        "Float8CurrentScaling": ["fprop"],
+        "Float8BlockScaling": [],
+    }
+    for other in (None, (8, 9), (10, 0), (12, 0)):
+        assert te_recipes.gemm_accumulation(other) is None
+    caps = backend.hello()["capabilities"]
+    if not torch.cuda.is_available():
+        # Without a device whose accumulation is pinned, TE is held to the coarse estimate.
+        assert caps["fp8_gemm_accumulation"] is None and caps["fp8_reference_exact"] is False
+
+
 @pytest.fixture
 def fp8_supported(backend, monkeypatch):
     """TE's cached answers of its support checks set to "supported", as on an H200 for the

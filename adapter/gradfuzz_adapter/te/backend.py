@@ -323,6 +323,8 @@ class TEBackend:
 
     def hello(self):
         options = te_options(self.single_grouped_params())
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        accumulation = te_recipes.gemm_accumulation(capability)
         ops = {}
         for name, op in OPS.items():
             if op.custom:
@@ -353,9 +355,12 @@ class TEBackend:
                 # holds none of its consumers (TEBuilder.after_forward): the oracle judges te
                 # on the channels it reports.
                 "exposes_all_channels": False,
-                # Measured on the H200 (docs/TE.md): block scaling and the FP8 GEMMs'
-                # accumulation differ from the reference beyond FP8 rounding boundaries.
-                "fp8_reference_exact": False,
+                # TE's quantizers are the reference's (with the option values TE honours,
+                # te/recipes.py); its FP8 GEMMs accumulate as Hopper's MMA does, which the
+                # oracle takes as evidence where the device is one whose accumulation is
+                # pinned (docs/TE.md): there the tight FP8 rule holds TE.
+                "fp8_reference_exact": accumulation is not None,
+                "fp8_gemm_accumulation": accumulation,
                 "recipes": te_recipes.capabilities(self.te),
                 "faults": faults.capabilities(FAULTS),
             },

@@ -35,22 +35,97 @@ def availability(te, name):
     return bool(available), "" if available else str(reason)
 
 
+# Recipe options that choose the quantizers' power-of-2 scales, and the value -> whether the
+# recipe's docstring says the scales are powers of 2. te.ops configures its quantizers from
+# the recipe's class attributes fp8_quant_fwd_inp / fp8_quant_fwd_weight /
+# fp8_quant_bwd_grad (ops/basic/basic_linear.py and grouped_linear.py: reset_recipe_state;
+# quantization.py: Float8BlockScalingRecipeState.make_quantizers), which
+# common/recipe/__init__.py computes once, at import, from an environment variable: the
+# dataclass field does not reach them (TE 2.20.2).
+POWER_OF_2_OPTIONS = {
+    ("Float8CurrentScaling", "use_power_2_scales"): lambda value: value == "1",
+    ("Float8BlockScaling", "use_f32_scales"): lambda value: value == "0",
+}
+_QUANTIZER_PARAMS = ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad")
+
+
+def honoured_values(name, option, values):
+    """The values of a power-of-2 option (POWER_OF_2_OPTIONS) whose documented meaning is
+    what TE's quantizers then do, read from the recipe objects TE builds for each value;
+    the other options' values unchanged. A value TE ignores is left out: the reference
+    quantizes as the option documents, so such a case would hold TE to scales it never
+    uses (docs/TE.md, "What TE does that the reference did not"). Returns (kept, left out)."""
+    documented = POWER_OF_2_OPTIONS.get((name, option))
+    if documented is None:
+        return list(values), []
+    from transformer_engine.common import recipe as te_recipe
+
+    cls = getattr(te_recipe, name)
+    kept, left_out = [], []
+    for value in values:
+        try:
+            obj = cls(**{option: value == "1"})
+            powers = {getattr(obj, attr).power_2_scale for attr in _QUANTIZER_PARAMS}
+        except Exception:  # noqa: BLE001 - a recipe TE cannot build keeps its values
+            return list(values), []
+        (kept if powers == {documented(value)} else left_out).append(value)
+    return (kept, left_out) if kept else (list(values), [])
+
+
 def capabilities(te):
     """capabilities.recipes (docs/BACKENDS.md Protocol 2), one entry per recipe of
-    recipes.RECIPES, available where TE says so."""
+    recipes.RECIPES, available where TE says so, with the option values TE honours
+    (`not_honoured`: the values left out)."""
     out = []
     for name, info in RECIPES.items():
         available, reason = availability(te, name)
-        out.append(
-            {
-                "name": name,
-                "available": available,
-                "reason": reason,
-                "fp8_formats": list(info.fp8_formats),
-                "options": {k: list(v) for k, v in info.options.items()},
-            }
-        )
+        options, not_honoured = {}, {}
+        for option, values in info.options.items():
+            options[option], left_out = honoured_values(name, option, values)
+            if left_out:
+                not_honoured[option] = left_out
+        entry = {
+            "name": name,
+            "available": available,
+            "reason": reason,
+            "fp8_formats": list(info.fp8_formats),
+            "options": options,
+        }
+        if not_honoured:
+            entry["not_honoured"] = not_honoured
+        out.append(entry)
     return out
+
+
+# How Hopper's FP8 MMA accumulates (docs/BACKENDS.md "FP8 GEMM accumulation"; measured on
+# the H200: ops/quantization.h emulate_fp8_gemm reproduces TE's fprop, dgrad and wgrad
+# values bit for bit): 32 products per step, 13 fraction bits, truncation. cuBLASLt's split
+# accumulation promotes into fp32 at the latest every 128 products (block scaling's K
+# blocks); for per-tensor scaling the interval is not documented (BACKENDS.md "Not pinned").
+HOPPER_FP8_ACCUMULATION = {"fraction_bits": 13, "products_per_step": 32, "promotion_products": 128}
+
+
+def gemm_accumulation(device_capability):
+    """capabilities.fp8_gemm_accumulation for a device of `device_capability` ((major,
+    minor), or None without a GPU): Hopper's (9, 0) with the GEMMs te.ops runs with fast
+    accumulation per recipe, or None where the accumulation is not pinned. te.ops passes
+    module/base.py's _2X_ACC_FPROP / _DGRAD / _WGRAD as use_split_accumulator whatever the
+    recipe's fp8_gemm_* say (basic_linear.py, grouped_linear.py), and general_gemm forces
+    split accumulation for block-scaled operands (cpp_extensions/gemm.py)."""
+    if device_capability is None or tuple(device_capability) != (9, 0):
+        return None
+    from transformer_engine.pytorch.module import base
+
+    split = {"fprop": base._2X_ACC_FPROP, "dgrad": base._2X_ACC_DGRAD, "wgrad": base._2X_ACC_WGRAD}
+    fast = [gemm for gemm, is_split in split.items() if not is_split]
+    return dict(
+        HOPPER_FP8_ACCUMULATION,
+        fast_accumulation={
+            "DelayedScaling": fast,
+            "Float8CurrentScaling": fast,
+            "Float8BlockScaling": [],
+        },
+    )
 
 
 def make_recipe(recipe):
