@@ -45,6 +45,26 @@ at::Tensor KinkProbe::record(const at::Tensor& distance) {
 
 KinkProbe* kink_probe() { return current_probe; }
 
+at::Tensor ReferenceEvaluator::with_noise(const at::Tensor& t) const {
+  if (noise_relative_ <= 0 || !noise_generator_ || !t.defined() || !at::isFloatingType(t.scalar_type()) ||
+      t.numel() == 0) {
+    return t;
+  }
+  // Drawn on the CPU in float64 (the generator is a CPU one), both now, so the noise depends
+  // on the draw order of the forward only, not on the order autograd runs the hooks in.
+  const auto cpu = at::TensorOptions().dtype(at::kDouble);
+  auto scale = [&] {
+    return (1 + noise_relative_ * (at::rand(t.sizes(), *noise_generator_, cpu) * 2 - 1)).to(t.options());
+  };
+  const at::Tensor forward_scale = scale();
+  const at::Tensor backward_scale = scale();
+  at::Tensor noisy = t * forward_scale;
+  if (noisy.requires_grad()) {
+    noisy.register_hook([backward_scale](const at::Tensor& grad) { return grad * backward_scale; });
+  }
+  return noisy;
+}
+
 ReferenceEvaluator::ReferenceEvaluator(const Sequential& sequential, at::ScalarType compute_dtype, at::Device device)
     : sequential_(sequential), compute_dtype_(compute_dtype), device_(device) {
   for (const Module& module : sequential_.modules()) {
@@ -81,7 +101,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
     if (probe_) probe_->set_current_op(module_index);
     if (quantization_) quantization_->set_current_op(module_index);
     if (const auto* plain = std::get_if<std::shared_ptr<FunctionModule>>(&module)) {
-      x = (**plain)(x);
+      x = with_noise((**plain)(x));
       in_run = false;
       continue;
     }
@@ -109,7 +129,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
     ReferenceResult result = op.reference(x, extras, params_.at(op_index++));
     for (int64_t s = 0; s < op.num_extra_outputs(); ++s) {
       const OutputBinding binding = op.extra_output_binding(s);
-      at::Tensor value = result.extra_outputs[s];
+      at::Tensor value = with_noise(result.extra_outputs[s]);
       if (binding.channel) {
         if (value.requires_grad()) value.retain_grad();
         if (!channels->emplace(*binding.channel, value).second) {
@@ -118,7 +138,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
       }
       if (binding.output_to_caller) public_outputs.push_back(value);
     }
-    x = result.output;
+    x = with_noise(result.output);
   }
   outputs_ = {x};
   outputs_.insert(outputs_.end(), public_outputs.begin(), public_outputs.end());

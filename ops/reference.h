@@ -82,6 +82,17 @@ class ReferenceEvaluator {
 
   /// Records kinks into `probe` (and applies its flips) in the next forward; nullptr: none.
   void set_kink_probe(KinkProbe* probe) { probe_ = probe; }
+  /// Rounds like an implementation that rounds each op's results once more, in a float64
+  /// evaluation: every floating output of every op (and plain module) is multiplied by
+  /// (1 + relative * xi) in the next forward, and the gradient flowing back into it by
+  /// (1 + relative * xi'), xi and xi' uniform in [-1, 1] drawn from `generator` (held, not
+  /// owned; it must outlive the next forward). The low-precision rule (oracle/rounding.h)
+  /// measures with it what a path's own order of rounding may move each element by, where the
+  /// rounding baseline happens to be exact. relative = 0 (the default): no noise.
+  void set_output_noise(double relative, at::Generator* generator) {
+    noise_relative_ = relative;
+    noise_generator_ = generator;
+  }
   /// Quantizes as `quantization` says in the next forwards and backwards (held, not owned;
   /// it must outlive them): the module index is set before each op's reference call, and
   /// after_forward (with the grad mode the forward ran in) and after_backward are called at
@@ -102,6 +113,11 @@ class ReferenceEvaluator {
   std::vector<std::map<std::string, at::Tensor>> channel_values_;
   KinkProbe* probe_ = nullptr;
   ReferenceQuantization* quantization_ = nullptr;
+  double noise_relative_ = 0;
+  at::Generator* noise_generator_ = nullptr;
+
+  /// `t` with set_output_noise's forward noise applied and its backward noise hooked.
+  at::Tensor with_noise(const at::Tensor& t) const;
 };
 
 }  // namespace gradfuzz::ops

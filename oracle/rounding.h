@@ -21,6 +21,11 @@ struct RoundingRule {
   double floor_units = 2;
   /// Per element: element_factor times the rounding evidence at that element.
   double element_factor = 8;
+  /// Per element also: noise_factor times the output noise at that element (the larger of
+  /// the two allowances holds). The noise is already the largest of several samples of every
+  /// op's results rounded once, also where an implementation computes nothing (a gradient
+  /// passed through unchanged): an estimate from above, taken as it is.
+  double noise_factor = 1;
   /// As a whole: norm_factor times the norm of the rounding evidence.
   double norm_factor = 4;
   /// The fused path's error norm may be at most fused_factor times the unfused path's (or the
@@ -51,6 +56,15 @@ struct RoundingEvidence {
   /// parameter and cotangent perturbed by a relative u; large where the tensor is a small
   /// difference of large terms (the magnitude of the terms, computed, not guessed).
   std::map<std::string, at::Tensor> sensitivity;
+  /// max over samples |noisy - reference|: the float64 reference on perturbed values with
+  /// every op's results, forward and backward, rounded once more by a relative u
+  /// (ReferenceEvaluator::set_output_noise). Where the baseline happens to round exactly (a
+  /// result that lies on a value of the dtype, terms that round the same way in every
+  /// sample), this is what another correct order of rounding may move an element by: the
+  /// terms that meet in a sum or a reduction, each rounded. Per element only: the norm-wise
+  /// bound stays with the baseline and the sensitivity, so a few-percent error of a whole
+  /// tensor still fails.
+  std::map<std::string, at::Tensor> output_noise;
   /// sum over kink groups |flipped - reference|: what taking the other branch at the elements
   /// near a kink changes.
   std::map<std::string, at::Tensor> kink_effect;
@@ -71,10 +85,10 @@ CaseBounds first_bounds(at::ScalarType dtype, const ToleranceContext& context,
                         const std::map<std::string, at::Tensor>& expected, const RoundingRule& rule = {});
 
 /// The rule's bounds given evidence, for every tensor of `expected` (the reference's, by
-/// name): per element the floor plus element_factor * max(baseline error, sensitivity) plus
-/// the kink effect; as a whole the floor's norm plus norm_factor * ||max(...)|| plus ||kink
-/// effect||. Counts into `cancellation_tensors` (when not null) the tensors the sensitivity
-/// widened (RoundingRule::cancellation_ratio).
+/// name): per element the floor plus the larger of element_factor * max(baseline error,
+/// sensitivity) and noise_factor * output noise, plus the kink effect; as a whole the floor's norm plus norm_factor *
+/// ||max(baseline error, sensitivity)|| plus ||kink effect||. Counts into `cancellation_tensors` (when not null) the
+/// tensors the sensitivity widened (RoundingRule::cancellation_ratio).
 CaseBounds evidence_bounds(at::ScalarType dtype, const ToleranceContext& context,
                            const std::map<std::string, at::Tensor>& expected, const RoundingEvidence& evidence,
                            const RoundingRule& rule = {}, int64_t* cancellation_tensors = nullptr);

@@ -70,7 +70,7 @@ bool repeat_wants_input_grad(const CaseSpec& spec) {
 PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors, BuiltCase& built,
                            at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU,
                            ops::KinkProbe* probe = nullptr, ops::ReferenceQuantization* quantization = nullptr,
-                           bool no_grad = false) {
+                           bool no_grad = false, double noise_relative = 0, at::Generator* noise_generator = nullptr) {
   PathRun run;
   run.name = compute_dtype == at::kDouble ? "reference" : "rounding_baseline";
   BuildOptions build;
@@ -89,6 +89,7 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     ops::ReferenceEvaluator evaluator(*built.sequential, compute_dtype, device);
     evaluator.set_kink_probe(probe);
     evaluator.set_quantization(quantization);
+    evaluator.set_output_noise(noise_relative, noise_generator);
     if (no_grad) {
       // A no_grad call of the Sequential: its values only (delayed scaling records amaxes).
       at::NoGradGuard guard;
@@ -911,9 +912,12 @@ class CaseRun {
     return t;
   }
 
-  /// A run of the reference ops on `values` in `dtype` (kinks into `probe`, when given).
+  /// A run of the reference ops on `values` in `dtype` (kinks into `probe`, when given; with
+  /// `noise`, every op's results rounded once more by a relative u of the case's dtype,
+  /// ReferenceEvaluator::set_output_noise, drawn from the noise generator).
   PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr,
-                        at::Generator* jitter = nullptr, std::vector<at::Tensor>* record = nullptr) {
+                        at::Generator* jitter = nullptr, std::vector<at::Tensor>* record = nullptr,
+                        bool noise = false) {
     BuiltCase ops;
     PathRun creation;
     run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, values); });
@@ -921,12 +925,16 @@ class CaseRun {
     // Every evaluation its own quantization state: each moves delayed-scaling histories.
     const auto quantization = fresh_quantization(jitter, record);
     return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe,
-                              quantization.get());
+                              quantization.get(), /*no_grad=*/false, noise ? harness::unit_roundoff(dtype_) : 0.0,
+                              noise ? &noise_generator_ : nullptr);
   }
 
   /// `n` more rounding samples: the rounding baseline on values perturbed by a relative u
   /// (each value moved to a neighbour in the dtype or not), its distance to the float64
-  /// reference kept element by element at its largest.
+  /// reference kept element by element at its largest; and, for a case that does not
+  /// quantize, `n` output-noise samples: the float64 reference on values perturbed by a
+  /// relative u with every op's results (forward and backward) rounded once more, its
+  /// distance kept likewise (RoundingEvidence::output_noise).
   void add_rounding_samples(int64_t n) {
     const double u = harness::unit_roundoff(dtype_);
     for (int64_t k = 0; k < n; ++k) {
@@ -935,6 +943,17 @@ class CaseRun {
           reference_run(perturbed(u, sample_generator_), dtype_, nullptr, quantizes_ ? &sample_generator_ : nullptr);
       if (run.ok()) {
         oracle::accumulate_max(evidence_.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
+      }
+    }
+    // A quantizing case's elements already get their tensor's largest evidence (its FP8
+    // rounding dominates the dtype's), and noise ahead of a quantizer would move whole FP8
+    // steps: output noise is the half-precision rule's alone.
+    if (quantizes_) return;
+    for (int64_t k = 0; k < n; ++k) {
+      const PathRun run = reference_run(perturbed(u, noise_generator_), at::kDouble, nullptr, nullptr, nullptr,
+                                        /*noise=*/true);
+      if (run.ok()) {
+        oracle::accumulate_max(evidence_.output_noise, oracle::abs_differences(spec_, evidence_reference(), run));
       }
     }
   }
@@ -952,6 +971,9 @@ class CaseRun {
     baseline_kinks_ = probe.sites();
     // The input sensitivity, two samples to start with (add_rounding_samples adds more).
     sample_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x5e9517u);
+    // The output noise draws from its own generator: the rounding samples stay those of the
+    // case's seed whatever else is measured.
+    noise_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x0e0153u);
     add_rounding_samples(2);
     // Kinks: the reference again with the elements near one taken the other way.
     const oracle::KinkGroups kinks =
@@ -1220,6 +1242,7 @@ class CaseRun {
   CaseSpec evidence_spec_;
   std::optional<PathRun> evidence_reference_;
   at::Generator sample_generator_;
+  at::Generator noise_generator_;
   /// FP8 quantization of the reference (ops/quantization.h): the case's recipe, parsed, and
   /// whether any reference evaluation quantizes (a recipe, or an activation caching its
   /// input in FP8).

@@ -128,6 +128,40 @@ BasicOpPtr cached_activation(const std::string& name, InputCache cache) {
   return std::make_shared<SwiGLU>(2, cache);  // "SwiGLU(interleave 2)"
 }
 
+TEST(ReferenceEvaluator, OutputNoiseRoundsEveryOpsResultsOnceMoreForwardAndBackward) {
+  // Linear then ReLU: y = relu(x W^T); the noise moves the Linear's output, the ReLU's output
+  // and the gradients flowing back into both by at most a relative u each, so the output
+  // moves by at most (1 + u)^2 - 1 and the input's gradient, through the two hooked
+  // gradients and the noisy activation, by a first-order few u.
+  at::Generator gen = make_generator(73);
+  auto lin = std::make_shared<Linear>(LinearOptions(6, 5), test_options());
+  auto relu = std::make_shared<ReLU>();
+  Sequential seq({lin, relu}, FusionRegistry{});
+  const at::Tensor x = seeded_randn({4, 6}, gen, at::kDouble, true);
+  const at::Tensor g = seeded_randn({4, 5}, gen);
+  auto run = [&](double relative, uint64_t seed) {
+    at::Generator noise = make_generator(seed);
+    ReferenceEvaluator ref(seq);
+    ref.set_output_noise(relative, &noise);
+    const at::Tensor out = ref.forward(x, {})[0];
+    return std::make_pair(out.detach(), ref.backward({g}).grad_input);
+  };
+  const auto [clean_out, clean_grad] = run(0, 1);
+  constexpr double kU = 0x1p-11;
+  const auto [out, grad] = run(kU, 1);
+  EXPECT_FALSE(out.equal(clean_out));
+  EXPECT_FALSE(grad.equal(clean_grad));
+  EXPECT_TRUE(((out - clean_out).abs() <= 2.01 * kU * clean_out.abs()).all().item<bool>());
+  // Each input-gradient element is a sum of noisy terms: bounded by a few u times the sum of
+  // the terms' magnitudes (|g| |W| through the ReLU's mask; four noisy factors on each term).
+  const at::Tensor mask = (x.detach().mm(lin->weight().detach().to(at::kDouble).cpu().t()) > 0).to(at::kDouble);
+  const at::Tensor terms = (g.abs() * mask).mm(lin->weight().detach().to(at::kDouble).cpu().abs());
+  EXPECT_TRUE(((grad - clean_grad).abs() <= 4.01 * kU * terms).all().item<bool>());
+  // Drawn from the generator alone: the same seed gives the same noise, another seed other.
+  EXPECT_TRUE(run(kU, 1).second.equal(grad));
+  EXPECT_FALSE(run(kU, 2).second.equal(grad));
+}
+
 TEST(ReferenceCachedInput, EveryActivationsModelMatchesTheReferenceAndDiffersFromHighPrecision) {
   for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
     for (const std::string name : {"ReLU", "GELU", "SReLU", "SwiGLU", "SwiGLU(interleave 2)"}) {

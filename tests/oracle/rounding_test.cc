@@ -107,6 +107,44 @@ TEST(LowPrecisionRule, ACancellationIsBoundedByItsTermsNotItsResult) {
   EXPECT_FALSE(judge(e, in_bf16(e * 2), full).empty());
 }
 
+TEST(LowPrecisionRule, WhereTheBaselineIsExactAnElementMayBeOffByTheRoundingOfItsTerms) {
+  // A float16 sum e = a + b whose terms and result all lie on float16 values: the baseline
+  // and every rounding sample are exact there, and the floor allows about one ulp. A correct
+  // path that rounds the larger term once more (a = 40 comes out of a product as 40.03125,
+  // one ulp of a) is off by 2 ulps of e: seen in a FusedResidual gradient on edge shapes.
+  constexpr double kU16 = 0x1p-11;
+  const auto options = at::TensorOptions().dtype(at::kDouble);
+  // A large tensor (as on edge shapes), so that one element's 2 ulps stay far inside the
+  // norm-wise bound and only the per-element rule decides.
+  const at::Tensor a = at::full({4096}, 40.0, options);
+  at::Tensor b = at::full({4096}, -39.0, options);
+  b[3] = -21.5625;
+  const at::Tensor e = a + b;  // 1, and 18.4375 at element 3: float16 values
+  ASSERT_TRUE(at::equal(e.to(at::kHalf).to(at::kDouble), e));
+  at::Tensor got = e.clone();
+  got[3] = 18.46875;
+  const std::map<std::string, at::Tensor> expected{{"output", e}};
+  RoundingEvidence ev;
+  ev.baseline_error["output"] = at::zeros_like(e);
+  ev.sensitivity["output"] = at::zeros_like(e);
+  EXPECT_FALSE(judge(e, got, evidence_bounds(at::kHalf, kOneOp, expected, ev)).empty());
+  // Output noise: the float64 sum of the terms rounded once more, each by a relative u.
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  auto noisy = [&](const at::Tensor& t) { return t * (1 + kU16 * (at::rand(t.sizes(), gen, options) * 2 - 1)); };
+  at::Tensor n = at::zeros_like(e);
+  for (int k = 0; k < 4; ++k) n = at::maximum(n, (noisy(noisy(a) + noisy(b)) - e).abs());
+  ev.output_noise["output"] = n;
+  const CaseBounds full = evidence_bounds(at::kHalf, kOneOp, expected, ev);
+  EXPECT_TRUE(judge(e, got, full).empty());
+  // Per element only: 5% of the whole tensor (100 u) still fails, by its norm.
+  const auto five = judge(e, e * 1.05, full);
+  ASSERT_EQ(five.size(), 1u);
+  EXPECT_GT(five[0].norm_err, five[0].norm_bound);
+  // And 16 ulps (1.4%) at one element is more than another order of rounding gives.
+  got[3] = e[3].item<double>() + 16 * 0x1p-6;
+  EXPECT_FALSE(judge(e, got, full).empty());
+}
+
 TEST(LowPrecisionRule, AnElementNearAKinkMayTakeTheOtherBranchAndNothingElse) {
   // The gradient of relu at x = [1e-4, 0.8, -0.5, 1.2] for g = [2, 1, 1, 1]: element 0 lies
   // within bfloat16 rounding of the kink (the baseline moved it by 1e-3).
