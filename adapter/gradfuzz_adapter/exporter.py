@@ -775,7 +775,7 @@ class _Writer:
         if len(", ".join(caller)) <= 80:
             lines.append(f"    caller = {{{', '.join(caller)}}}")
         else:
-            lines += CALLER_LINES
+            lines += CALLER_LINES if extras else [CALLER_LINE]
         lines.append("    pristine = {n: t.detach().clone() for n, t in caller.items()}")
         contexts = (["torch.set_grad_enabled(not no_grad)"] if repeats else []) + (
             ["te.autocast(recipe=RECIPE)"] if self.recipe is not None and self.te else []
@@ -858,12 +858,9 @@ class _Writer:
         )
 
     def leaves_then(self, statement, leaves):
-        """`statement` with the leaf list in place of {}: inline where the line fits, else
-        after a `leaves = [...]` of its own."""
-        inline = statement.format("[" + ", ".join(leaves) + "]")
-        if len(inline) <= 100:
-            return [inline]
-        return self.wrapped("    leaves = [", leaves, "]") + [statement.format("leaves")]
+        """`statement` with the leaf list in place of {}, wrapped under its opening bracket."""
+        before, _, after = statement.partition("{}")
+        return self.wrapped(before + "[", leaves, "]" + after)
 
     @staticmethod
     def wrapped(opening, items, closing, width=100):
@@ -898,15 +895,10 @@ class _Writer:
         lines = self.test_head("test_case")
         lines += ["    only_fusions(monkeypatch, fusions)"] if self.te else []
         lines += [
-            "    expected = EXPECTED[0]" if self.expected else "    expected = reference()",
-            *(
-                ["    baseline = reference(DTYPE)  # the rounding baseline"]
-                if self.baseline
-                else []
-            ),
             "    model, ops = build()" if self.repeats else "    got, changed = run(*build())",
             *(["    got, changed = run(model, ops)"] if self.repeats else []),
-            f"    problems = check_all(got, expected{', baseline' if self.baseline else ''})",
+            f"    problems = check_all(got, {'EXPECTED[0]' if self.expected else 'reference()'}"
+            + (", reference(DTYPE))  # and the rounding baseline" if self.baseline else ")"),
             '    problems += [f"{n}: changed by the call (a caller tensor)" for n in changed]',
         ]
         if self.repeats:
@@ -1008,6 +1000,10 @@ class _Writer:
 
 
 # run()'s caller tensors by name, where the literal dict does not fit a line.
+CALLER_LINE = (
+    '    caller = {"input": x, '
+    '**{f"cotangent[{k}]": c for k, c in enumerate(dys) if c is not None}}'
+)
 CALLER_LINES = [
     '    caller = {"input": x, **{f"extra_input[{k}]": e for k, e in enumerate(extras)}}',
     '    caller.update({f"cotangent[{k}]": c for k, c in enumerate(dys) if c is not None})',

@@ -68,12 +68,14 @@ def _dtype_name(dtype):
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _spelled(t, dtype):
+def spelled(t, dtype):
     """The one-line source of value `t` held exactly in `dtype` (the case dtype, or float64
     for bounds and expected values): a float64 (or int64) tensor when the script runs it."""
-    widen = "" if dtype == torch.float64 else ".double()"
     if not t.is_floating_point():
-        dtype, widen = torch.int64, ""
+        dtype = torch.int64
+    elif bool(t.isnan().any()):
+        dtype = torch.float64  # converting a NaN to bfloat16 can drop its payload bits
+    widen = "" if dtype in (torch.float64, torch.int64) else ".double()"
     shape = list(t.shape)
     if t.numel() == 0:
         return f"torch.zeros({shape}, dtype=torch.{_dtype_name(dtype)}){widen}"
@@ -140,7 +142,7 @@ class ScriptValues:
             if id(t) in self.by_id:
                 continue
             # Allowances and expected values are float64, not values rounded to the case dtype.
-            source = _spelled(t, torch.float64 if role == "allowance" else self.dtype)
+            source = spelled(t, torch.float64 if role == "allowance" else self.dtype)
             self.by_id[id(t)] = source
             if source.startswith("unpack("):
                 entries.append((len(source), key, t, role))
