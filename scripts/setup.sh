@@ -53,7 +53,9 @@ prefix="$("$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_pa
 if [ ! -f "$build/build.ninja" ]; then
   log "configuring $build"
   launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # ccache and the precompiled LibTorch header: see cmake/GradfuzzWarnings.cmake.
+  command -v ccache >/dev/null &&
+    launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_SLOPPINESS=pch_defines,time_macros;ccache")
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" ${GRADFUZZ_CMAKE_ARGS:-}
 fi
