@@ -286,6 +286,10 @@ class _Writer:
         self.channel_fusers = multi
 
     @staticmethod
+    def flag(op, attr):
+        return float(op.attrs.get(attr, 0)) == 1.0
+
+    @staticmethod
     def plain_te_params(op):
         """Whether TE's parameters of `op` are plain tensors the script copies by name."""
         if any(float(op.attrs.get(k, 0)) == 1.0 for k in PARAM_HELPER_ATTRS):
@@ -658,18 +662,40 @@ class _Writer:
                     copies.append(f"        {t}.copy_({value}{index})")
                     if not op.param_requires_grad[j]:
                         after.append(f"    {t}.requires_grad_(False)")
+                    if j == 0 and self.flag(op, "accumulate_into_main_grad"):
+                        # What a Megatron-LM user attaches before backward (te/params.py:
+                        # attach_main_grads): TE's wgrad GEMM accumulates into it.
+                        after.append(
+                            f"    {t}.main_grad = torch.zeros({t}.shape, dtype=torch.float32, "
+                            "device=DEVICE)"
+                        )
         if copies:
             lines += ["    with torch.no_grad():", *copies]
         lines += after
         lines += self.build_tail("te.ops.Sequential")
         # The adapter's FusedResidual, registered in the passes the paths name (as
-        # te/extensions.py: register_fusions registers all three).
+        # te/extensions.py: register_fusions registers all three), where it can fire.
         named = {f for path in self.paths for f in path.get("fusions") or []}
         for fusion, (function, register) in RESIDUAL_FUSIONS.items():
-            if fusion in named:
+            if fusion in named and self.residual_window():
                 self.picker.add(f"te.extensions.{function}")
                 self.tail.append(f"te.ops.{register}({function})  # {fusion}")
         return lines
+
+    def residual_window(self):
+        """Whether a fuser holds MakeExtraOutput, an op without extra tensors, AddExtraInput
+        in a row: the only place FusedResidual can fire (te/extensions.py: residual_pattern,
+        which also needs the two bound to one channel; other fusions only ever replace ops
+        by fused ops, which it skips). Without one, registering it would change nothing."""
+        ops = self.case.ops
+        return any(
+            a.name == "MakeExtraOutput"
+            and c.name == "AddExtraInput"
+            and a.fuser == b.fuser == c.fuser
+            and not (b.extra_input_kinds or b.extra_output_kinds)
+            for a, b, c in zip(ops, ops[1:], ops[2:])
+            if not b.boundary
+        )
 
     def section_build_torch(self):
         case = self.case
@@ -823,6 +849,8 @@ class _Writer:
                 else:
                     leaf = f"{var}.params[{j}]"
                 leaves.append(f'("grad_param[{op.index}].{op.name}[{j}]", {leaf})')
+            if self.te and op.params and op.param_requires_grad[0]:
+                finish += self.weight_gradient(op, var)
         for k, e in enumerate(case.extra_inputs):
             if case.extra_input_requires_grad[k] and e.is_floating_point():
                 leaves.append(f'("grad_extra_input[{k}]", extras[{k}])')
@@ -855,6 +883,31 @@ class _Writer:
             return f"{name}.to(DEVICE, copy=True)"
         return f"{name}.to(DEVICE, DTYPE, copy=True)" + (
             ".requires_grad_()" if requires_grad else ""
+        )
+
+    def weight_gradient(self, op, var):
+        """run()'s lines that read a te op's weight gradient where TE puts it outside
+        autograd's result (te/params.py: model_param_grads): in main_grad with
+        accumulate_into_main_grad, in .grad after backward_dw with delay_wgrad_compute."""
+        main, delay = (
+            self.flag(op, k) for k in ("accumulate_into_main_grad", "delay_wgrad_compute")
+        )
+        if not (main or delay):
+            return []
+        lines = [f"if {var}.need_backward_dw():", f"    {var}.backward_dw()"] if delay else []
+        attr = "main_grad" if main else "grad"
+        tensors = [f"{t}.{attr}" for t in self.te_param_tensors(op, 0, var)]
+        value = f"torch.stack([{', '.join(tensors)}])" if op.name == "GroupedLinear" else tensors[0]
+        return lines + [f'got["grad_param[{op.index}].{op.name}[0]"] = {value}  # not autograd\'s']
+
+    def grad_buffers(self):
+        """Whether a repeat call must first clear gradients TE accumulated (driver.py:
+        before_repeat_call): main_grad buffers, .grad of delayed weight gradients."""
+        return bool(self.helper_ops) or any(
+            self.flag(op, k)
+            for op in self.case.catalog_ops
+            for k in ("accumulate_into_main_grad", "delay_wgrad_compute")
+            if self.te
         )
 
     def leaves_then(self, statement, leaves):
@@ -936,7 +989,7 @@ class _Writer:
                 "# no channels in repeats",
                 "        wanted = {n: t for n, t in wanted.items() if not n.startswith(skip)}",
             ]
-        if self.helper_ops:
+        if self.grad_buffers():
             self.helpers.add("before_repeat_call")
             lines.append("        before_repeat_call(ops)")
         lines.append("        got, changed = run(model, ops, input_requires_grad, no_grad)")
@@ -1016,14 +1069,9 @@ RESIDUAL_FUSIONS = {
     "FusedResidual.joint": ("fuse_residual_joint", "register_forward_backward_fusion"),
 }
 
-# GroupedLinear options under which TE's parameters are not plain tensors per group (or
-# their gradients not in autograd's result): te/params.py's helpers read them.
-PARAM_HELPER_ATTRS = (
-    "accumulate_into_main_grad",
-    "single_grouped_weight",
-    "single_grouped_bias",
-    "delay_wgrad_compute",
-)
+# GroupedLinear options under which TE keeps a parameter as one GroupedTensor, whose values
+# live in its packed data: te/params.py's helpers read and write those.
+PARAM_HELPER_ATTRS = ("single_grouped_weight", "single_grouped_bias")
 
 # Script-local helpers, emitted when used (in this order).
 HELPER_ORDER = (

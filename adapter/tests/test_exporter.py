@@ -442,3 +442,52 @@ def test_te_repeat_calls_check_the_plans_against_a_fresh_sequential(tmp_path, st
     assert result.returncode == 1, result.stdout + result.stderr
     assert "call[1] plans [[[('MakeExtraOutput', [0])" in result.stdout
     assert "a fresh Sequential's [[[('FusedResidual.joint', [0, 1, 2])" in result.stdout
+
+
+def test_te_weight_gradients_outside_autograd_are_read_where_te_puts_them():
+    """accumulate_into_main_grad (drawn for half of TE's Linears) and delay_wgrad_compute:
+    the script attaches main_grad and reads it, or runs backward_dw and reads .grad, as
+    te/params.py does, without embedding it; repeat calls clear them first."""
+    linear = [{"name": "Linear", "attrs": {"out": 4, "accumulate_into_main_grad": 1}}]
+    script = export(spec(linear, dtype="float32", repeat_calls=[{}]), "te")
+    compile(script, "exported_te.py", "exec")
+    for expected in (
+        "    op0.weight.main_grad = torch.zeros(op0.weight.shape, dtype=torch.float32, "
+        "device=DEVICE)",
+        '        got["grad_param[0].Linear[0]"] = ops[0].weight.main_grad',
+        "        before_repeat_call(ops)",
+    ):
+        assert expected in script, expected
+    grouped = [
+        {"name": "GroupedLinear", "attrs": {"groups": 2, "out": 4, "delay_wgrad_compute": 1}}
+    ]
+    script = export(spec(grouped, shape=(6, 8), dtype="bfloat16"), "te")
+    compile(script, "exported_te.py", "exec")
+    for expected in (
+        "        op0.weight1.copy_(W0[1])",
+        "    if ops[0].need_backward_dw():",
+        "        ops[0].backward_dw()",
+        '    got["grad_param[0].GroupedLinear[0]"] = torch.stack([ops[0].weight0.grad, '
+        "ops[0].weight1.grad])",
+    ):
+        assert expected in script, expected
+    for script_text in (script,):
+        assert (
+            "def model_param_grads" not in script_text and "before_repeat_call" not in script_text
+        )
+
+
+def test_te_script_registers_fused_residual_only_where_it_can_fire():
+    paths = [{"name": "fused", "fusions": ["FusedResidual.backward", "FusedResidual.joint"]}]
+    no_window = [
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+        {"name": "RMSNorm"},
+    ]
+    script = export(spec(no_window, dtype="float32"), "te", paths=paths)
+    assert "FusedResidual" not in script.split("@pytest.mark.parametrize")[1].split("\n", 1)[1]
+    assert EMBEDDED_MARK not in script and len(script.splitlines()) <= 150
+    script = export(spec(RESIDUAL[:3], dtype="float32"), "te", paths=paths)
+    assert "class FusedResidual(te.ops.FusedOperation):" in script
+    assert "te.ops.register_backward_fusion(fuse_residual_backward)" in script
+    assert "te.ops.register_forward_backward_fusion(fuse_residual_joint)" in script
+    assert "fuse_residual_forward" not in script  # no path names the forward pass
