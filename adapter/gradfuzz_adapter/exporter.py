@@ -270,6 +270,7 @@ class _Writer:
             for c in case.spec.get("repeat_calls") or []
         ]
         self.helpers = set()  # script-local helpers (TEMPLATES) the script needs
+        self.own_fusions = False  # whether OWN_FUSIONS adds the adapter's to TE's
         # te ops whose parameters go through te/params.py's helpers: TE's grouped
         # parameters (single_grouped_*), main_grad buffers, delayed weight gradients.
         self.helper_ops = {
@@ -365,6 +366,10 @@ class _Writer:
         text = TEMPLATES[name].strip("\n")
         if name != "only_fusions":
             return text
+        if self.own_fusions:
+            text = text.replace("OWN.get(", "OWN_FUSIONS.get(")
+        else:
+            text = text.replace(" + OWN.get(attr, [])", "")
         named = {f for path in self.paths for f in path.get("fusions") or []}
         owners = {k: v for k, v in FUNCTION_OWNERS.items() if v in named}
         if not owners:
@@ -676,10 +681,19 @@ class _Writer:
         # The adapter's FusedResidual, registered in the passes the paths name (as
         # te/extensions.py: register_fusions registers all three), where it can fire.
         named = {f for path in self.paths for f in path.get("fusions") or []}
-        for fusion, (function, register) in RESIDUAL_FUSIONS.items():
+        own = {}
+        for fusion, (function, attr) in RESIDUAL_FUSIONS.items():
             if fusion in named and self.residual_window():
                 self.picker.add(f"te.extensions.{function}")
-                self.tail.append(f"te.ops.{register}({function})  # {fusion}")
+                own[attr] = f"[{function}]"
+        if own:
+            entries = ", ".join(f'"{attr}": {functions}' for attr, functions in own.items())
+            self.own_fusions = True
+            self.tail = [
+                "# The adapter's FusedResidual, added to TE's fusion lists for each test by",
+                "# only_fusions (TE's register functions would add it for the whole process)",
+                *self.wrapped("OWN_FUSIONS = {", [entries], "}"),
+            ]
         return lines
 
     def residual_window(self):
@@ -1062,11 +1076,12 @@ CALLER_LINES = [
     '    caller.update({f"cotangent[{k}]": c for k, c in enumerate(dys) if c is not None})',
 ]
 
-# The adapter's fusion per name: its function and TE's registration (ops/__init__.py).
+# The adapter's fusion per name: its function and TE's list of that pass (fuser.py, as
+# ops/__init__.py: register_*_fusion append to it).
 RESIDUAL_FUSIONS = {
-    "FusedResidual.forward": ("fuse_residual_forward", "register_forward_fusion"),
-    "FusedResidual.backward": ("fuse_residual_backward", "register_backward_fusion"),
-    "FusedResidual.joint": ("fuse_residual_joint", "register_forward_backward_fusion"),
+    "FusedResidual.forward": ("fuse_residual_forward", "forward_fusion_functions"),
+    "FusedResidual.backward": ("fuse_residual_backward", "backward_fusion_functions"),
+    "FusedResidual.joint": ("fuse_residual_joint", "forward_backward_fusion_functions"),
 }
 
 # GroupedLinear options under which TE keeps a parameter as one GroupedTensor, whose values
@@ -1186,8 +1201,8 @@ def only_fusions(monkeypatch, names):
         owner = parts[-2] if len(parts) > 1 and parts[-2] != "<locals>" else None
         return getattr(f, "gradfuzz_fusion_name", None) or owner or OWNERS.get(parts[-1], parts[-1])
     for attr in [a for a in dir(OperationFuser) if a.endswith("_fusion_functions")]:
-        kept = [f for f in getattr(OperationFuser, attr) if name(f) in names]
-        monkeypatch.setattr(OperationFuser, attr, kept)
+        functions = getattr(OperationFuser, attr) + OWN.get(attr, [])
+        monkeypatch.setattr(OperationFuser, attr, [f for f in functions if name(f) in names])
 ''',
     "channel_leaves": '''
 def channel_leaves(model):

@@ -246,7 +246,8 @@ def test_the_scripts_fusion_filter_names_fusions_as_the_backend_does():
         def setattr(self, owner, attr, value):
             setattr(owner, attr, value)
 
-    only = template("only_fusions", OperationFuser=Fuser, OWNERS=FUNCTION_OWNERS)["only_fusions"]
+    scope = {"OperationFuser": Fuser, "OWNERS": FUNCTION_OWNERS, "OWN": {}}
+    only = template("only_fusions", **scope)["only_fusions"]
     for keep in functions:
         Fuser.forward_fusion_functions = list(functions)
         only(Patch(), {fusion_name(keep)})

@@ -485,6 +485,10 @@ def test_te_script_registers_fused_residual_only_where_it_can_fire():
     assert EMBEDDED_MARK not in script and len(script.splitlines()) <= 150
     script = export(spec(RESIDUAL[:3], dtype="float32"), "te", paths=paths)
     assert "class FusedResidual(te.ops.FusedOperation):" in script
-    assert "te.ops.register_backward_fusion(fuse_residual_backward)" in script
-    assert "te.ops.register_forward_backward_fusion(fuse_residual_joint)" in script
+    # Added to TE's lists per test, not registered for the whole process.
+    assert (
+        'OWN_FUSIONS = {"backward_fusion_functions": [fuse_residual_backward], '
+        '"forward_backward_fusion_functions": [fuse_residual_joint]}'
+    ) in script
+    assert "OWN_FUSIONS.get(attr, [])" in script and "register_" not in script
     assert "fuse_residual_forward" not in script  # no path names the forward pass
