@@ -1,26 +1,32 @@
 """`export`: a case as a pytest file that a TE maintainer can read and paste into TE's
-tests/pytorch (../shared/spec/te-backend.md "Export", issue 15 item 4).
+tests/pytorch (../shared/spec/te-backend.md "Export", issue 15 item 4; docs/TE.md
+"Exported scripts").
 
-The compact form (the default) holds only what the case uses, laid out as TE's own tests
-lay out a fusible-op test: the drawn values (script_values.py), a float64 plain-PyTorch
-reference written out op by op with gradfuzz's catalog functions of those ops only, the
-case built with te.ops as a user builds it (constructors, parameter copies, standalone
-calls, channel bindings, Sequential; the adapter's custom ops' classes where used), and one
-test per path that makes every check gradfuzz's oracle makes for such a case:
+The compact form (the default) holds only what the case uses, laid out as TE's
+test_fusible_ops.py lays out a test: the drawn values and the oracle's bounds, one line
+each (script_values.py); reference(), the case in plain float64 PyTorch written out op by
+op (reference_lines: the catalog's torch calls with the attrs filled in); build(), the case
+with te.ops as a user builds it (constructors, parameters copied by name, standalone calls,
+channel bindings, Sequential); run(), one call as the oracle makes it; and one test per
+path that makes every check gradfuzz's oracle makes for such a case:
 
-- every output and gradient against the reference, under the request's per-tensor bounds
-  (`expect.tensors`: {"atol", "rtol", "allowance", "norm_bound"} by the oracle's tensor
-  name; else `expect.tolerance` with the rounding baseline, the reference in the case dtype);
+- every output and gradient against the reference (or, for a quantizing case, the shipped
+  EXPECTED values), under the request's per-tensor bounds (`expect.tensors`: {"atol",
+  "rtol", "allowance", "norm_bound"} by the oracle's tensor name; else `expect.tolerance`
+  with the rounding baseline, the reference in the case dtype);
 - no caller-owned tensor (input, extra inputs, cotangents) changed by the call;
 - an expected error raised with TE's type and message (te/classify.py RAISES) or the
   runtime's kind (torch), and no op left locked by a failed construction;
-- each repeat call (`spec.repeat_calls`): its values against the reference, and each
+- each repeat call (`spec.repeat_calls`): its values against the reference, and on te each
   fuser's plans equal to those of a fresh Sequential at its first call with that call's
   requires-grad pattern.
 
-The script fails exactly where replay finds a defect (channel gradients excepted for te:
-TE does not expose them to a user). `"full": true` in the request writes the full,
-self-contained form instead (exporter_full.py). Generating a te script never imports TE.
+The comparison helpers follow the test; after EMBEDDED_MARK comes what the case's ops need
+to run: on te the adapter's custom ops and FusedResidual (te/extensions.py, only where
+used), on torch the runtime under test (torch_runtime.py and the catalog). The script fails
+exactly where replay finds a defect (channel gradients excepted for te: TE does not expose
+them to a user). `"full": true` in the request writes the full, self-contained form instead
+(exporter_full.py). Generating a te script never imports TE.
 """
 
 import keyword
