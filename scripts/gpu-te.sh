@@ -8,17 +8,22 @@
 # .te/cN/partN /tmp/teparts/`; then this call carries .te/rest and build/tools/gradfuzz (a
 # binary built on the CPU machines: the GPU machine has the same LibTorch 2.11 + CUDA 13).
 #   STAGES    space-separated, run in this order (default: all of call A):
-#             caps te32 te16 export          call A: TE campaigns with the known file, every
-#                                            finding replayed, exported and run under pytest
-#             selftest recipes delayed quick tput
-#                                            call B: planted TE faults, per-recipe campaigns,
-#                                            DelayedScaling repeat calls, the README's TE quick
-#                                            start (scripts/fuzz.sh --backend te), throughput
+#             caps probe te32 te16 export   call A: TE's capabilities and FP8 probe (issue 14),
+#                                           the TE campaigns with the known file (issues 12,
+#                                           13), every finding replayed, exported and run under
+#                                           pytest (issue 15)
+#             recipes selftest-fp8 export   call B: one campaign per recipe TE has here (both
+#                                           dtypes, mixed shapes, the tight FP8 rule), the
+#                                           planted FP8 faults, the recipe findings exported
+#             tput delayed quick            call C: throughput (issue 15), DelayedScaling
+#                                           repeat calls, the README's TE quick start
+#             selftest                      the plain planted TE faults (no recipe)
+#   EXPORT_FROM  campaigns whose findings the export stage takes (default: te32 te16 and
+#             every recipe-* campaign of this call)
 #   CASES     cases of the te32, te16 and each recipe campaign (default 2000)
-#   TE32_S TE16_S RECIPE_S  the most seconds each of them may take (100, 100, 80)
-#   RECIPE_EDGE=1           also each recipe in float32 on edge shapes (RECIPE_EDGE_S, 45 s)
-#   SELFTEST_S SELFTEST_FP8_S  limits of the plain and the FP8 selftest stages (150, 150: on
-#             2026-12-02 the plain faults took 31 s, the five FP8 ones more than 70)
+#   TE32_S TE16_S RECIPE_S  the most seconds each of them may take (100, 100, 75)
+#   SELFTEST_S SELFTEST_FP8_S  limits of the plain and of each of the two FP8 selftest
+#             stages (150, 90)
 #   EXPORT_MAX EXPORT_JOBS  case files exported (80) and exports run at a time (8)
 #   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12")
 #   TAG       name of the tarball and summary (default: the first stage)
@@ -28,7 +33,7 @@
 #             te on CUDA, no TE install (the stages' logic, the packing and the summaries).
 set -uo pipefail
 out="${OUT:-/tmp/gradfuzz-te}"
-stages="${STAGES:-caps te32 te16 export}"
+stages="${STAGES:-caps probe te32 te16 export}"
 tag="${TAG:-${stages%% *}}"
 budget="${BUDGET_S:-540}"
 seed="${SEED:-11}"
@@ -131,6 +136,17 @@ if has caps || [ ! -s "$state/te-capabilities.json" ]; then
     say "caps failed: $(tail -3 "$work/caps.err")"
 fi
 cp "$state/te-capabilities.json" "$work/te-capabilities.json" 2>/dev/null
+python3 - "$work/te-capabilities.json" <<'PY' | tee -a "$summary"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))
+except Exception as e:  # noqa: BLE001
+    sys.exit(f"no capabilities: {e}")
+print("fp8_reference_exact", c.get("fp8_reference_exact"), "fp8_gemm_accumulation", c.get("fp8_gemm_accumulation"),
+      "recipes", [r["name"] for r in c.get("recipes", []) if r.get("available")])
+PY
+# Issue 14: TE's quantizers and FP8 GEMMs against the reference's rules (prints ok/DIFF lines).
+[ "${DRY_RUN:-0}" = 1 ] || { has probe && stage probe-fp8 60 env OUT="$work" python3 adapter/tests/probe_te_fp8.py; }
 # Issue 13 and 12: the known causes as known clusters, what is new explained; bfloat16 judged
 # in its own dtype. Tiny shapes, seeds other than 21 and 11 of the issue's measurements.
 # CASES cases each (default 2000, the issues' size), stopped at TE32_S / TE16_S seconds.
@@ -138,14 +154,57 @@ has te32 && campaign_cases te32 "${CASES:-2000}" "${TE32_S:-100}" --seed "${TE32
   --shapes tiny --known "$known" --max-shrink-calls 60
 has te16 && campaign_cases te16 "${CASES:-2000}" "${TE16_S:-100}" --seed "${TE16_SEED:-52}" --dtypes bfloat16 \
   --shapes tiny --known "$known" --max-shrink-calls 60
+if has recipes; then
+  # Issue 14: each recipe TE has here, one campaign of CASES cases under it (every case), in
+  # float32 and bfloat16 on mixed shapes (tiny, edge and large by time), the tight FP8 rule
+  # where the capabilities say fp8_reference_exact, stopped at RECIPE_S seconds.
+  recipes=$(python3 -c "import json; print(' '.join(r['name'] for r in json.load(open('$work/te-capabilities.json'))['recipes'] if r['available']))" 2>/dev/null)
+  say "recipes available: ${recipes:-none}"
+  for r in $recipes; do
+    campaign_cases "recipe-$r" "${CASES:-2000}" "${RECIPE_S:-75}" --seed 41 --dtypes float32,bfloat16 --shapes mix \
+      --recipe "$r" --known "$known" --max-shrink-calls 30
+  done
+fi
+# Issue 13 item 5 and issue 14 item 5: every planted TE fault found as a new finding with the
+# known file loaded, and passing without it.
+faults=$("$gf" list faults --backend "$backend" 2>/dev/null | cut -f1)
+selftest() {  # selftest NAME SECONDS FAULTS ARGS...
+  local name="$1" limit="$2" list="$3"; shift 3
+  [ -n "$list" ] || { say "$name: no faults"; return 0; }
+  stage "$name" "$limit" "$gf" selftest --backend "$backend" --device "$device" --faults "$list" --known "$known" \
+    --workers "$workers" --shapes tiny --corpus "$work/$name" --report "$work/$name.json" "$@"
+  say "  $name: $(python3 -c "
+import json, sys
+try:
+    r = json.load(open('$work/$name.json'))
+except Exception as e:
+    sys.exit(f'no report ({e})')
+for f in r.get('selftest', []):
+    print(f['name'], 'ok' if f.get('ok') else 'FAILED', 'detected in', f.get('cases_to_detect'), 'cases, shrunk to',
+          f.get('shrunk_ops'), 'ops, replay', f.get('replay_with_fault_exit'), '/', f.get('replay_without_fault_exit'), end='; ')
+" 2>&1)"
+}
+if has selftest-fp8; then
+  # The FP8 faults (BackwardActivationBias fuses only under a recipe: its fault goes with
+  # them) in bfloat16 under the recipes, in two stages; DelayedScaling's scale update under
+  # that recipe alone (it shows from the second call).
+  fp8=$(echo "$faults" | grep -E 'fp8|activation-bias')
+  selftest selftest-fp8-a "${SELFTEST_FP8_S:-90}" "$(echo "$fp8" | head -n 2 | paste -sd, -)" --cases 2000 \
+    --dtypes bfloat16 --recipe any
+  selftest selftest-fp8-b "${SELFTEST_FP8_S:-90}" "$(echo "$fp8" | tail -n +3 | paste -sd, -)" --cases 2000 \
+    --dtypes bfloat16 --recipe any
+  selftest selftest-delayed 60 "$(echo "$faults" | grep -E 'delayed' | paste -sd, -)" --cases 2000 \
+    --dtypes bfloat16 --recipe DelayedScaling
+fi
 if has export; then
   # Issue 15: every finding (new clusters and known ones) replayed and exported; the scripts
   # run under one pytest (TE imports once); outcomes compared in the summary.
   mkdir -p "$work/export"
-  # Every cluster of te32 (new, crashing, then one case per known cluster), then te16's:
-  # at most EXPORT_MAX.
+  # Every cluster of each campaign of EXPORT_FROM (new, crashing, then one case per known
+  # cluster), in that order: at most EXPORT_MAX.
   copied=0
-  for dir in te32 te16; do
+  from="${EXPORT_FROM:-te32 te16 $(cd "$work" && ls -d recipe-* 2>/dev/null | grep -v '\.' | paste -sd' ' -)}"
+  for dir in $from; do
     for sub in findings crashing findings/known; do
       for f in "$work/$dir/$sub"/*.json; do
         [ -f "$f" ] && [ "$copied" -lt "${EXPORT_MAX:-80}" ] || continue
@@ -194,42 +253,10 @@ for name in sorted(n[:-5] for n in os.listdir(os.path.join(work, "export")) if n
 print(f"export: {agree} scripts agree with replay, {disagree} disagree")
 PY
 fi
-# Issue 13 item 5 and issue 14 item 5: every planted TE fault found as a new finding with the
-# known file loaded, and passing without it.
 if has selftest; then
-  # The high-precision faults without recipes; the FP8 ones in bfloat16 under the recipes
-  # (DelayedScaling's scale update under that recipe alone: it shows from the second call).
-  faults=$("$gf" list faults --backend "$backend" 2>/dev/null | cut -f1)
-  # BackwardActivationBias fuses only under a recipe: its fault goes with the FP8 ones.
-  plain=$(echo "$faults" | grep -v -E 'fp8|delayed|activation-bias' | paste -sd, -)
-  fp8=$(echo "$faults" | grep -E 'fp8|activation-bias' | paste -sd, -)
-  delayed=$(echo "$faults" | grep -E 'delayed' | paste -sd, -)
-  selftest() {  # selftest NAME SECONDS FAULTS ARGS...
-    local name="$1" limit="$2" list="$3"; shift 3
-    [ -n "$list" ] || { say "$name: no faults"; return 0; }
-    stage "$name" "$limit" "$gf" selftest --backend "$backend" --device "$device" --faults "$list" --known "$known" \
-      --workers "$workers" --shapes tiny --corpus "$work/$name" --report "$work/$name.json" "$@"
-  }
-  selftest selftest "${SELFTEST_S:-150}" "$plain" --cases 2000 --dtypes float32,bfloat16 --recipe none
-  selftest selftest-fp8 "${SELFTEST_FP8_S:-150}" "$fp8" --cases 2000 --dtypes bfloat16 --recipe any
-  selftest selftest-delayed 60 "$delayed" --cases 2000 --dtypes bfloat16 --recipe DelayedScaling
-fi
-if has recipes; then
-  # Issue 14: each recipe TE has here, bfloat16, every case under it.
-  recipes=$(python3 -c "import json; print(' '.join(r['name'] for r in json.load(open('$work/te-capabilities.json'))['recipes'] if r['available']))" 2>/dev/null)
-  say "recipes available: ${recipes:-none}"
-  # CASES cases per recipe in bfloat16 on tiny shapes; with RECIPE_EDGE=1 also float32 on
-  # edge shapes (stopped at RECIPE_EDGE_S).
-  for r in $recipes; do
-    campaign_cases "recipe-$r" "${CASES:-2000}" "${RECIPE_S:-80}" --seed 41 --dtypes bfloat16 --shapes tiny \
-      --recipe "$r" --known "$known" --max-shrink-calls 30
-  done
-  if [ "${RECIPE_EDGE:-0}" = 1 ]; then
-    for r in $recipes; do
-      campaign_cases "recipe-edge-$r" "${CASES:-2000}" "${RECIPE_EDGE_S:-45}" --seed 42 --dtypes float32 \
-        --shapes edge --recipe "$r" --known "$known" --max-shrink-calls 20
-    done
-  fi
+  # The high-precision faults without recipes.
+  selftest selftest "${SELFTEST_S:-150}" "$(echo "$faults" | grep -v -E 'fp8|delayed|activation-bias' | paste -sd, -)" \
+    --cases 2000 --dtypes float32,bfloat16 --recipe none
 fi
 has delayed && campaign delayed "${DELAYED_S:-30}" --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
   --known "$known" --max-shrink-calls 30
