@@ -277,6 +277,7 @@ class _Writer:
         ]
         self.helpers = set()  # script-local helpers (TEMPLATES) the script needs
         self.own_fusions = False  # whether OWN_FUSIONS adds the adapter's to TE's
+        self.tail_constants = []  # module-level constants the test reads (error kinds)
         # te ops whose parameters go through te/params.py's helpers: TE's grouped
         # parameters (single_grouped_*), main_grad buffers, delayed weight gradients.
         self.helper_ops = {
@@ -331,12 +332,14 @@ class _Writer:
     # -- the script
 
     def script(self):
-        body = self.section_values()
+        values = self.section_values()
+        body = []
         if not self.expects_error and not self.expected:
             body += ["", ""] + self.section_reference()
         body += ["", ""] + (self.section_build_te() if self.te else self.section_build_torch())
         body += ["", ""] + self.section_run()
         body += ["", ""] + self.section_tests()
+        body = values + self.tail_constants + body
         for name in self.values.helpers:
             self.picker.add(f"script_support.{name}")
         head = self.section_head()
@@ -625,8 +628,11 @@ class _Writer:
         if self.expects_error:
             self.helpers.add("locked_te" if self.te else "locked_torch")
             lines.append('    state["locked_before"] = [locked(op) for op in ops]')
-        lines.append(f"    model = {sequential}({ops})")
+        # An error script records how far construction got (see error_test).
+        built = '    state["model"] = ' if self.expects_error else "    "
+        lines.append(f"{'    ' if self.te else built}model = {sequential}({ops})")
         lines += self.late_binds()
+        lines += ['    state["model"] = model'] if self.te and self.expects_error else []
         lines.append("    return model, ops")
         return lines
 
@@ -1049,9 +1055,18 @@ class _Writer:
                 '    and a failed construction must leave every op as it was (unlocked)."""',
                 "    only_fusions(monkeypatch, fusions)",
                 "    state = {}",
-                f"    with pytest.raises({raises}{match}):",
+                f"    with pytest.raises({raises}{match}){' as raised' if not pattern else ''}:",
                 "        run(*build(state))",
             ]
+            if not pattern:
+                # Replay takes any message of these types but one it reads as another kind
+                # (te/classify.py: KINDS, in order; a message it cannot read agrees with any).
+                self.picker.library.add("re")
+                others = "|".join(p for p, k in te_package.KINDS if k != kind)
+                self.tail_constants.append(f"OTHER_KINDS = {others!r}  # te/classify.py: KINDS")
+                lines.append(
+                    "    assert not re.search(OTHER_KINDS, str(raised.value)), raised.value"
+                )
         else:
             self.picker.add("errors.GradfuzzError")
             lines += [
@@ -1062,9 +1077,20 @@ class _Writer:
                 "        run(*build(state))",
                 f"    assert raised.value.kind == {kind!r}, raised.value",
             ]
+        # A failed construction must leave its ops unlocked, where the backend checks it
+        # (te/backend.py, torch_backend.py: left_locked): TE builds its fusers at the
+        # first forward, and one that fails there leaves _module_groups unset; the torch
+        # runtime builds them in the Sequential's constructor. An error after that (a
+        # late bind into a locked op) is no failed construction.
+        failed = (
+            '    model = state.get("model")  # TE\'s fusers: built at the first forward\n'
+            '    if model is not None and getattr(model, "_module_groups", None) is None:'
+            if self.te
+            else '    if "locked_before" in state and "model" not in state:  # in Sequential()'
+        )
         lines += [
-            '    before = state.get("locked_before")  # None: it failed before the Sequential',
-            "    if before is not None:",
+            *failed.split("\n"),
+            '        before = state["locked_before"]',
             '        left = [i for i, op in enumerate(state["ops"]) '
             "if locked(op) and not before[i]]",
             '        assert not left, f"ops {left} left locked by the failed construction"',

@@ -20,6 +20,7 @@ LIBRARY_NAMES = {
     "contextlib": "import contextlib",
     "math": "import math",
     "os": "import os",
+    "re": "import re",
     "zlib": "import zlib",
     "F": "import torch.nn.functional as F",
     "dataclass": "from dataclasses import dataclass",

@@ -19,11 +19,12 @@ it), so the rest is importable without TE and exported te scripts embed parts of
 The names below are the TE-free ones the exporter uses.
 """
 
-from .classify import RAISES, classify
+from .classify import KINDS, RAISES, classify
 from .embed import RECIPE_IMPORT, recipe_call, script_sections
 from .op_table import op_recipe, render_call
 
 __all__ = [
+    "KINDS",
     "RAISES",
     "RECIPE_IMPORT",
     "classify",
