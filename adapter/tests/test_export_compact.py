@@ -343,7 +343,7 @@ def test_a_case_of_up_to_3_ops_exports_to_at_most_150_lines():
     on its own, after EMBEDDED_MARK, and only there:
     - te: the ops and the fusion TE lacks (RowStat, Dispatch, Combine, DualExtraOutput,
       Boundary, FusedResidual), written as a TE user writes a te.ops extension (about
-      20-100 lines each): the test cannot run without them, and a TE test of such a case
+      20-110 lines each): the test cannot run without them, and a TE test of such a case
       needs them just as much;
     - torch: the runtime under test, gradfuzz's own te.ops model on plain PyTorch (about
       720 lines: torch_runtime.py and the catalog), which is what that script tests.
