@@ -18,6 +18,7 @@ using harness::BuildOptions;
 using harness::BuildStage;
 using harness::BuiltCase;
 using harness::create_ops;
+using harness::fired_each_of;
 using harness::RepeatCall;
 using harness::run_guarded;
 using harness::scalar_type_from_name;
@@ -271,7 +272,11 @@ std::vector<PathRun> ModelBackend::run_paths(const CaseSpec& spec, const CasePla
                                              const std::vector<PathRequest>& paths) {
   std::vector<PathRun> runs;
   for (const auto& request : paths) {
-    if (request.skip_if_nothing_fused && !runs.empty() && runs.front().ok() && !any_fused(runs.front())) {
+    const bool nothing_fused =
+        request.skip_if_nothing_fused && !runs.empty() && runs.front().ok() && !any_fused(runs.front());
+    const bool not_fired =
+        !request.only_if_fired.empty() && (runs.empty() || !fired_each_of(runs.front(), request.only_if_fired));
+    if (nothing_fused || not_fired) {
       PathRun skipped;
       skipped.name = request.name;
       skipped.status = PathStatus::kSkipped;

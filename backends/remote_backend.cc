@@ -126,7 +126,15 @@ json with_tensor_offsets(const json& j, int64_t offset) {
 json paths_json(const std::vector<PathRequest>& paths) {
   json out = json::array();
   for (const auto& p : paths) {
-    out.push_back({{"name", p.name}, {"fusions", p.fusions}, {"skip_if_nothing_fused", p.skip_if_nothing_fused}});
+    json path{{"name", p.name}, {"fusions", p.fusions}, {"skip_if_nothing_fused", p.skip_if_nothing_fused}};
+    // Defaults (docs/BACKENDS.md "run"): writers watched in the path's own run, one fresh
+    // Sequential per requires-grad pattern, no condition.
+    if (p.writers == harness::WriterSearch::kRerun) path["modified_by"] = "rerun";
+    if (p.writers == harness::WriterSearch::kNone) path["modified_by"] = false;
+    if (p.expected_plans == harness::ExpectedPlans::kPerCall) path["expected_plans"] = "per_call";
+    if (p.expected_plans == harness::ExpectedPlans::kNone) path["expected_plans"] = false;
+    if (!p.only_if_fired.empty()) path["only_if_fired"] = p.only_if_fired;
+    out.push_back(std::move(path));
   }
   return out;
 }

@@ -132,6 +132,7 @@ void WorkerPool::start(Slot& slot) {
   }
   const auto& r = options_.run_options;
   if (!r.finite_differences) process.argv.push_back("--no-finite-differences");
+  if (!r.shared_runs) process.argv.push_back("--no-shared-runs");
   if (!options_.devices.empty()) {
     process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
   }

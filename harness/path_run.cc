@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "ops/errors.h"
@@ -21,6 +22,22 @@ bool any_fused(const PathRun& run) {
     if (any_fused(repeat)) return true;
   }
   return false;
+}
+
+bool fired_each_of(const PathRun& first, const std::vector<std::vector<std::string>>& lists) {
+  if (!first.ok()) return false;
+  for (const auto& names : lists) {
+    bool fired = false;
+    for (const auto& fuser : first.plans) {
+      for (const auto* pass : {&fuser.forward, &fuser.backward}) {
+        for (const auto& group : *pass) {
+          fired = fired || (group.fused && std::find(names.begin(), names.end(), group.name) != names.end());
+        }
+      }
+    }
+    if (!fired) return false;
+  }
+  return true;
 }
 
 std::string describe_error(const PathRun& run) {

@@ -91,6 +91,29 @@ struct PathRun {
   std::vector<FuserPlans> expected_plans;
 };
 
+/// How a backend names the writer of a changed caller tensor (PathRun::modified_by).
+enum class WriterSearch {
+  /// Watching the path's own first call (the default): a comparison of the caller's tensors
+  /// per plan group of every path.
+  kDuringRun,
+  /// Running the path a second time, watched, where a caller tensor changed: a path's time
+  /// again, only then.
+  kRerun,
+  /// Not at all (the in-place ablation's rerun reads only its findings' kinds and tensors).
+  kNone,
+};
+
+/// How a backend plans the repeat calls' expected plans (PathRun::expected_plans).
+enum class ExpectedPlans {
+  /// One fresh Sequential per requires-grad pattern, the path's own first call serving for
+  /// its pattern (it is a fresh Sequential's first call); the default.
+  kPerPattern,
+  /// One fresh Sequential per repeat call (the earlier way).
+  kPerCall,
+  /// None: expected_plans stays empty, so no plan is checked.
+  kNone,
+};
+
 /// "fused", "unfused", "forward_fused", "backward_fused": which fusions a path enables.
 struct PathRequest {
   std::string name;
@@ -98,7 +121,15 @@ struct PathRequest {
   /// Skip when the first path ran without error and no fused op ran in it (this path would
   /// repeat it).
   bool skip_if_nothing_fused = false;
+  WriterSearch writers = WriterSearch::kDuringRun;
+  ExpectedPlans expected_plans = ExpectedPlans::kPerPattern;
+  /// Non-empty: skip unless the first path ran without error and its plans hold, for each
+  /// list, a fused group named in it (the single-pass paths, sent in the case's one request).
+  std::vector<std::vector<std::string>> only_if_fired = {};
 };
+
+/// Whether a request's only_if_fired condition holds for `first`, the first path's run.
+bool fired_each_of(const PathRun& first, const std::vector<std::vector<std::string>>& lists);
 
 /// Whether any group of any pass of `run` (or of its repeat calls) is a fused op.
 bool any_fused(const PathRun& run);

@@ -593,20 +593,31 @@ class CaseRun {
 
   /// The case cost's counts of one backend request (runner/case_cost.h): the paths it ran,
   /// their repeat calls, the fresh Sequentials a fused path's repeat calls are planned
-  /// against, and the paths that changed a caller tensor (each run a second time to find
-  /// the writer, modified_by).
-  static void count_request(const std::vector<PathRequest>& requests, const std::vector<PathRun>& runs) {
+  /// against, and the paths watched for the writer of a changed caller tensor or run a
+  /// second time to find it (modified_by), as the request asked the backend to.
+  void count_request(const std::vector<PathRequest>& requests, const std::vector<PathRun>& runs) const {
     if (!case_cost_recording()) return;
     count_cost("requests");
-    for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t i = 0; i < runs.size() && i < requests.size(); ++i) {
       const PathRun& run = runs[i];
+      const PathRequest& request = requests[i];
       if (run.status == PathStatus::kSkipped) continue;
       count_cost("path:" + run.name);
       count_cost("repeat_calls", static_cast<int64_t>(run.repeats.size()));
-      if (i < requests.size() && !requests[i].fusions.empty()) {
+      if (!request.fusions.empty() && request.expected_plans == harness::ExpectedPlans::kPerCall) {
         count_cost("fresh_plans", static_cast<int64_t>(run.repeats.size()));
+      } else if (!request.fusions.empty() && request.expected_plans == harness::ExpectedPlans::kPerPattern) {
+        std::set<std::pair<bool, bool>> patterns;
+        for (size_t k = 0; k < run.repeats.size() && k < spec_.repeat_calls.size(); ++k) {
+          const RepeatCall& call = spec_.repeat_calls[k];
+          if (call.no_grad || call.input_requires_grad != spec_.input_requires_grad) {
+            patterns.insert({call.no_grad, call.input_requires_grad});
+          }
+        }
+        count_cost("fresh_plans", static_cast<int64_t>(patterns.size()));
       }
-      if (!run.modified.empty()) count_cost("writer_runs");
+      if (request.writers == harness::WriterSearch::kDuringRun) count_cost("watched_paths");
+      if (request.writers == harness::WriterSearch::kRerun && !run.modified.empty()) count_cost("writer_runs");
     }
   }
 
@@ -621,22 +632,60 @@ class CaseRun {
     result_.notes = what;
   }
 
+  /// A path of the case as options_ asks for it (how writers and expected plans are found).
+  /// Watching a path's own first call costs every plan group of every path a comparison of
+  /// the caller's tensors; a second run costs a path's time, but only where a tensor changed:
+  /// ops that write in place (in_place=1) make that likely, so those cases are watched.
+  PathRequest path_request(std::string name, std::vector<std::string> fusions, bool skip_if_nothing_fused) const {
+    PathRequest r{std::move(name), std::move(fusions), skip_if_nothing_fused};
+    const bool writes_in_place = std::any_of(spec_.ops.begin(), spec_.ops.end(), [](const OpSpec& op) {
+      const auto it = op.attrs.find("in_place");
+      return it != op.attrs.end() && it->second == 1;
+    });
+    r.writers = !options_.find_writers                    ? harness::WriterSearch::kNone
+                : options_.shared_runs && writes_in_place ? harness::WriterSearch::kDuringRun
+                                                          : harness::WriterSearch::kRerun;
+    r.expected_plans = !options_.check_plans  ? harness::ExpectedPlans::kNone
+                       : options_.shared_runs ? harness::ExpectedPlans::kPerPattern
+                                              : harness::ExpectedPlans::kPerCall;
+    return r;
+  }
+
   std::vector<PathRequest> path_requests() const {
-    std::vector<PathRequest> requests{{"fused", spec_.fusions, false}};
-    if (options_.run_unfused) requests.push_back({"unfused", {}, true});
+    std::vector<PathRequest> requests{path_request("fused", spec_.fusions, false)};
+    if (options_.run_unfused) requests.push_back(path_request("unfused", {}, true));
     return requests;
   }
 
   bool run_paths() {
     requests_ = path_requests();
-    if (!run_backend(spec_, requests_, runs_)) return false;
-    if (options_.single_pass_paths && !runs_.empty() && runs_.front().ok()) {
-      const BackendCapabilities& caps = backend_.capabilities();
-      const auto forward_only = fusions_of_pass(caps, ops::FusionPass::kForward);
-      const auto backward_only = fusions_of_pass(caps, ops::FusionPass::kBackward);
-      if (fired_any_of(runs_.front(), forward_only) && fired_any_of(runs_.front(), backward_only)) {
-        single_pass_ = {{"forward_fused", without(spec_.fusions, backward_only), false},
-                        {"backward_fused", without(spec_.fusions, forward_only), false}};
+    const BackendCapabilities& caps = backend_.capabilities();
+    const auto forward_only = fusions_of_pass(caps, ops::FusionPass::kForward);
+    const auto backward_only = fusions_of_pass(caps, ops::FusionPass::kBackward);
+    std::vector<PathRequest> single_pass;
+    if (options_.single_pass_paths) {
+      single_pass = {path_request("forward_fused", without(spec_.fusions, backward_only), false),
+                     path_request("backward_fused", without(spec_.fusions, forward_only), false)};
+    }
+    const bool one_request = options_.shared_runs && !single_pass.empty() && !forward_only.empty() &&
+                             !backward_only.empty() && !requests_.empty();
+    if (one_request) {
+      // The single-pass paths in the same request, run only where the fused path fires a
+      // forward-only and a backward-only fusion (what the second request would be sent for).
+      std::vector<PathRequest> all = requests_;
+      for (PathRequest r : single_pass) {
+        r.only_if_fired = {{forward_only.begin(), forward_only.end()}, {backward_only.begin(), backward_only.end()}};
+        all.push_back(std::move(r));
+      }
+      if (!run_backend(spec_, all, runs_)) return false;
+      if (runs_.size() == all.size() && runs_[requests_.size()].status != PathStatus::kSkipped) {
+        single_pass_ = single_pass;  // what ran, for the confirmation's rerun
+      }
+    } else {
+      if (!run_backend(spec_, requests_, runs_)) return false;
+      if (!single_pass.empty() && !runs_.empty() && runs_.front().ok() && fired_any_of(runs_.front(), forward_only) &&
+          fired_any_of(runs_.front(), backward_only)) {
+        single_pass_ = single_pass;
         if (!run_backend(spec_, single_pass_, runs_)) return false;
       }
     }
@@ -1184,6 +1233,12 @@ class CaseRun {
     o.attribute_in_place = false;
     o.confirm_in_wide_dtype = false;
     o.finite_differences = false;
+    // The rerun's findings are read by kind and tensor only: no writer is needed, nor the
+    // repeat calls' plan checks unless a finding to attribute is a plan's.
+    o.find_writers = options_.find_writers && !options_.shared_runs;
+    o.check_plans = options_.check_plans && (!options_.shared_runs ||
+                                             std::any_of(candidates.begin(), candidates.end(),
+                                                         [&](size_t k) { return result_.findings[k].role == "plan"; }));
     CaseResult without;
     try {
       without = run_case_impl(ablated, backend_, o);

@@ -58,6 +58,18 @@ struct RunOptions {
   /// in_place=1|<role>"), so aliasing's many symptoms are one cluster and a fused kernel's
   /// own defect (fused path wrong, unfused right) stays its own.
   bool attribute_in_place = true;
+  /// One run answers several questions where that yields the same findings (docs/
+  /// BENCHMARKS.md "The te worker: where a case's time goes"): a path's own first call names
+  /// the writer of a changed caller tensor, the repeat calls are planned against one fresh
+  /// Sequential per requires-grad pattern, the single-pass paths go in the case's one request.
+  /// false: each its own run, as before (slower; for comparing, `--no-shared-runs`).
+  bool shared_runs = true;
+  /// Name the writer of each changed caller tensor (PathRun::modified_by: signatures, notes).
+  /// The ablation's rerun, which reads only the kinds and tensors of its findings, does not.
+  bool find_writers = true;
+  /// Check repeat calls' plans against fresh Sequentials. The ablation's rerun does only when
+  /// a finding it may attribute is a plan's.
+  bool check_plans = true;
 };
 
 /// Whether the case asks for an error (invalid-configuration knobs or a static wiring

@@ -101,6 +101,7 @@ struct Flags {
   std::string output;
   bool python_format = false;
   bool no_finite_differences = false;
+  bool no_shared_runs = false;
   std::string shard;
   std::string shapes;
   int64_t max_tensor_elements = int64_t{1} << 24;
@@ -454,6 +455,7 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   }
   o.backend = f.backend;
   o.run_options.finite_differences = !f.no_finite_differences;
+  o.run_options.shared_runs = !f.no_shared_runs;
   if (!f.max_shrink_calls_text.empty()) {
     o.max_shrink_calls = static_cast<int64_t>(parse_whole(f.max_shrink_calls_text, "--max-shrink-calls", 0, 1000000));
   }
@@ -620,6 +622,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   Reporters reporters(f.report, out, /*quiet=*/true, f.ci);
   runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
+  run_options.shared_runs = !f.no_shared_runs;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
   const std::optional<std::string> fault = check_fault(f.fault, runner->capabilities());
   reports::CampaignInfo info;
@@ -828,6 +831,8 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
     sub.add_option("--devices", f.devices, "CUDA devices handed to workers round-robin (e.g. 0,1)")->delimiter(',');
   }
   sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
+  sub.add_flag("--no-shared-runs", f.no_shared_runs,
+               "run each check of a case as its own run, as before (slower, same findings; for comparing)");
   if (with_workers) {
     sub.add_option("--sanitize", f.sanitize,
                    "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
@@ -838,6 +843,7 @@ int cmd_worker(const Flags& f) {
   backends::BackendOptions backend = backend_options(f);
   runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
+  run_options.shared_runs = !f.no_shared_runs;
   return run_worker(backend, run_options);
 }
 

@@ -68,8 +68,8 @@ class Case:
     public_inputs: list = field(default_factory=list)
     public_outputs: list = field(default_factory=list)
     # The run request's "modified_by" (default true): whether a changed caller tensor's
-    # writer is looked for (driver.run_paths).
-    writers: bool = True
+    # writer is looked for, and how (driver.run_path: True, "rerun" or False).
+    writers: bool | str = True
 
     @property
     def catalog_ops(self):
@@ -86,6 +86,13 @@ def _tensor(tensors, ref) -> torch.Tensor | None:
 
 def _flag(flags, i, default=True):
     return bool(flags[i]) if i < len(flags) else default
+
+
+def _writers_mode(value):
+    """A request's "modified_by": true (the default), false or "rerun"."""
+    if value is True or value is False or value == "rerun":
+        return value
+    raise ValueError(f'"modified_by" must be true, false or "rerun", got {value!r}')
 
 
 def decode_case(request, tensors):
@@ -203,7 +210,7 @@ def decode_case(request, tensors):
         fusers=fusers,
         public_inputs=[tuple(p) for p in plan.get("public_inputs") or []],
         public_outputs=[tuple(p) for p in plan.get("public_outputs") or []],
-        writers=request.get("modified_by", True) is not False,
+        writers=_writers_mode(request.get("modified_by", True)),
     )
 
 

@@ -281,13 +281,6 @@ class _CallerTensors:
         return sorted(changed, key=order.__getitem__)
 
 
-def _differs(given, snapshot):
-    try:
-        return not (given.shape == snapshot.shape and torch.equal(given.detach(), snapshot))
-    except RuntimeError:
-        return True  # the tensor's data was replaced or freed
-
-
 # ----------------------------------------------------------------------------------------
 # Writers of caller tensors (modified_by)
 
@@ -298,7 +291,11 @@ class WriterTracker:
     A group is {"name", "begin", "end", "pass"} (spec op indices, end exclusive, pass
     "forward" or "backward"). Between two checks the tracker compares every caller tensor
     with its value at the previous check; a change seen at the end of a group's run is that
-    group's, a change seen outside any group is nobody's (not reported)."""
+    group's, a change seen outside any group is nobody's (not reported).
+
+    It watches a path's own first call (run_path), so it never raises into the code it
+    watches: a check that fails marks the tracker `failed` (no writer reported), and each
+    check brings its verdicts to the host in one transfer (one GPU synchronisation)."""
 
     def __init__(self, caller):
         self.caller = caller
@@ -306,17 +303,43 @@ class WriterTracker:
         self.last = {}
         self.writers = {}
         self.patched = []
+        self.failed = False
 
     def _check(self):
+        if self.failed:
+            return
+        try:
+            self._compare()
+        except Exception:  # noqa: BLE001 - the attribution is best effort, the run is not ours
+            self.failed = True
+
+    def _compare(self):
+        changed, pending = [], []
         for name, given, pristine in self.caller.entries:
             if name in self.writers:
                 continue
             seen = self.last.get(name, pristine)
-            if _differs(given, seen):
-                if self.current is not None:
-                    self.writers[name] = dict(self.current)
+            try:
+                if given.shape != seen.shape:
+                    changed.append((name, given))
+                elif given.device.type == "cpu":
+                    if not torch.equal(given.detach(), seen):  # no transfer to spare: direct
+                        changed.append((name, given))
                 else:
-                    self.last[name] = given.detach().clone()
+                    pending.append((name, given, (given.detach() == seen).all()))
+            except RuntimeError:
+                changed.append((name, given))  # the tensor's data was replaced or freed
+        if pending:
+            device = pending[0][2].device
+            same = torch.stack([verdict.to(device) for _, _, verdict in pending]).tolist()
+            changed += [
+                (name, given) for (name, given, _), equal in zip(pending, same) if not equal
+            ]
+        for name, given in changed:
+            if self.current is not None:
+                self.writers[name] = dict(self.current)
+            else:
+                self.last[name] = given.detach().clone()
 
     def enter(self, group):
         """Closes the running group (if any) and opens `group` (None: no group runs)."""
@@ -411,7 +434,10 @@ def torch_writer_scope(seq, case, tracker):
             def forward(x, extras, _original=original, _group=backward_group):
                 y, outs = _original(x, extras)
                 if isinstance(y, torch.Tensor) and y.requires_grad:
-                    y.register_hook(lambda grad, g=_group: tracker.enter(g))
+                    try:
+                        y.register_hook(lambda grad, g=_group: tracker.enter(g))
+                    except RuntimeError:
+                        tracker.failed = True  # backward's groups cannot be told apart
                 return y, outs
 
             op.forward = forward
@@ -601,6 +627,9 @@ class _Call:
         self.grads = {}
         self.modified = []
         self.caller = _CallerTensors()
+        # With record_plans: the plans right after the first call's forward (what a fresh
+        # Sequential plans for this call's requires-grad pattern).
+        self.forward_plans = None
 
 
 def _run_call(
@@ -614,11 +643,13 @@ def _run_call(
     no_grad=False,
     first=True,
     tracker_scope=None,
+    record_plans=False,
 ):
     """Forward (and, unless `no_grad`, one autograd.grad of sum_k <output_k, cotangent_k>)
     of built.seq on fresh copies of the case's values; fills `call`. `first`: the path's
     first call (observers, channel gradients). `tracker_scope(caller)`: a context manager
-    entered around forward and backward (the writer instrumentation)."""
+    entered around forward and backward (the writer instrumentation). `record_plans`: keep
+    the plans as the forward made them (call.forward_plans)."""
     ops, seq = built.ops, built.seq
     built.phase = PHASE_FORWARD
     caller = call.caller
@@ -638,6 +669,11 @@ def _run_call(
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
         call.outputs = outputs
+        if record_plans:
+            try:
+                call.forward_plans = builder.plans(seq, case, ops)
+            except Exception:  # noqa: BLE001 - unreadable: the repeat calls plan afresh
+                call.forward_plans = None
         if first:
             builder.after_forward(seq, case, ops, outputs)
         if no_grad:
@@ -789,14 +825,26 @@ def repeat_calls(case):
 def run_path(builder, case, path, tensors, values=None, writers=True):
     """One path's reply entry (docs/BACKENDS.md "run" reply and Protocol 2); tensors go
     into `tensors`. `values`: the case's device values (shared by the case's paths);
-    `writers`: whether a changed caller tensor's writer is looked for (modified_by, a
-    second run of the path)."""
+    `writers` (the path's own "modified_by" overrides it): whether a changed caller
+    tensor's writer is looked for (modified_by): True watches the path's first call itself
+    (builder.writer_scope), "rerun" runs the path a second time watched, False not at all."""
     values = values or _DeviceValues(case)
+    writers = path.get("modified_by", writers)
     result = {"name": path["name"], "status": "ok"}
     fusions = path.get("fusions") or []
+    # The repeat calls' expected plans: "per_pattern" (one fresh Sequential per requires-grad
+    # pattern, the first call itself for its own), "per_call" (one each) or False (none).
+    plans_mode = path.get("expected_plans", "per_pattern")
+    if plans_mode not in ("per_pattern", "per_call", False):
+        raise ValueError(
+            f'"expected_plans" must be "per_pattern", "per_call" or false, got {plans_mode!r}'
+        )
+    fresh = {} if plans_mode == "per_pattern" else plans_mode
     built = _Built(case)
     call = _Call()
     repeats = []
+    watch = _Watch(builder, case, built) if writers is True else None
+    modified_by = {}
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(builder.fusion_scope(fusions))
@@ -811,7 +859,16 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
                     values,
                     call,
                     input_requires_grad=case.input_requires_grad,
+                    tracker_scope=watch.scope if watch else None,
+                    record_plans=isinstance(fresh, dict)
+                    and bool(fusions)
+                    and bool(repeat_calls(case)),
                 )
+            if call.forward_plans is not None:
+                fresh[
+                    _pattern({"no_grad": False, "input_requires_grad": case.input_requires_grad})
+                ] = call.forward_plans
+            modified_by = watch.writers(call) if watch and call.modified else {}
         except Exception as exc:  # noqa: BLE001 - every backend error becomes the path's result
             _fail(builder, result, exc, built.phase)
             result["left_locked"] = (
@@ -825,7 +882,9 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
         result.setdefault("left_locked", [])
         if result["status"] == "ok":
             for k, repeat_call in enumerate(repeat_calls(case), start=1):
-                repeat = _run_repeat(builder, case, built, values, device, fusions, repeat_call)
+                repeat = _run_repeat(
+                    builder, case, built, values, device, fusions, repeat_call, fresh
+                )
                 repeat["name"] = f"{path['name']}.call[{k}]"
                 _emit_repeat(repeat, tensors)
                 repeats.append(repeat)
@@ -833,17 +892,47 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
                     break  # the Sequential's state is unknown after a failed call (as the model)
     if repeat_calls(case):
         result["repeats"] = repeats
-    if result["modified"] and writers:
+    if result["modified"] and writers == "rerun":
         with _cost("writer_runs"):
             modified_by = _writers(builder, case, path, values)
-        if modified_by:
-            result["modified_by"] = modified_by
+    if result["modified"] and writers and modified_by:
+        result["modified_by"] = modified_by
     return result
 
 
-def _run_repeat(builder, case, built, values, device, fusions, repeat_call):
+class _Watch:
+    """A path's first call watched for writers of caller tensors (run_path with writers
+    True): the tracker of builder.writer_scope around its forward and backward."""
+
+    def __init__(self, builder, case, built):
+        self.builder, self.case, self.built = builder, case, built
+        self.tracker = None
+
+    def scope(self, caller):
+        self.tracker = WriterTracker(caller)
+        return self.builder.writer_scope(self.built.seq, self.case, self.built.ops, self.tracker)
+
+    def writers(self, call):
+        """{caller tensor: group} for the changed tensors of `call` (its first call), as
+        _writers finds them in a second run; {} where the tracker could not tell."""
+        tracker = self.tracker
+        if tracker is None:
+            return {}
+        tracker.leave()  # a change after the last group's start is that group's
+        if tracker.failed:
+            return {}
+        return {name: group for name, group in tracker.writers.items() if name in call.modified}
+
+
+def _pattern(repeat_call):
+    return (repeat_call["no_grad"], repeat_call["input_requires_grad"])
+
+
+def _run_repeat(builder, case, built, values, device, fusions, repeat_call, fresh):
     """One repeat call of built.seq (same Sequential, same values) and the plans a fresh
-    Sequential makes for it."""
+    Sequential makes for it. `fresh`: the plans already made per requires-grad pattern (a
+    dict, filled here), "per_call" (a fresh Sequential for this call whatever was made
+    before) or False (no expected plans)."""
     repeat = {"status": "ok"}
     call = _Call()
     try:
@@ -864,13 +953,18 @@ def _run_repeat(builder, case, built, values, device, fusions, repeat_call):
     repeat["plans"] = _safe_plans(builder, built.seq, case, built.ops)
     repeat["modified"] = call.modified if repeat["status"] == "ok" else []
     repeat["call"] = call
-    if not fusions:
+    if not fusions or fresh is False:
         # No fusion registered: nothing to cache wrongly (the model checks none either).
         repeat["expected_plans"] = []
+        return repeat
+    if isinstance(fresh, dict) and _pattern(repeat_call) in fresh:
+        repeat["expected_plans"] = fresh[_pattern(repeat_call)]
         return repeat
     try:
         with _cost("fresh_plans"):
             repeat["expected_plans"] = _fresh_plans(builder, case, device, values, repeat_call)
+        if isinstance(fresh, dict):
+            fresh[_pattern(repeat_call)] = repeat["expected_plans"]
     except Exception as exc:  # noqa: BLE001 - the first call built it: a failure is news
         repeat["expected_plans"] = []
         if repeat["status"] == "ok":
@@ -918,16 +1012,21 @@ def _writers(builder, case, path, values):
 
 
 def run_paths(builder, case, paths, tensors, writers=None):
-    """Every requested path in order, honouring skip_if_nothing_fused. `writers`: whether
-    modified_by is looked for (default: the request's "modified_by", true unless false; the
-    second run it costs is a path's worth of time per modified path, docs/BENCHMARKS.md)."""
+    """Every requested path in order, honouring skip_if_nothing_fused and only_if_fired.
+    `writers`: how modified_by is looked for (run_path; default: the request's
+    "modified_by": true, false or "rerun", the earlier way, which costs a path's worth of
+    time per modified path, docs/BENCHMARKS.md)."""
     if writers is None:
         writers = case.writers
     results = []
     first_ok_unfused = None
     values = _DeviceValues(case)
     for path in paths:
-        if path.get("skip_if_nothing_fused") and results and first_ok_unfused:
+        nothing_fused = path.get("skip_if_nothing_fused") and results and first_ok_unfused
+        not_fired = path.get("only_if_fired") and not (
+            results and _fired_each_of(results[0], path["only_if_fired"])
+        )
+        if nothing_fused or not_fired:
             results.append(
                 {
                     "name": path["name"],
@@ -946,6 +1045,21 @@ def run_paths(builder, case, paths, tensors, writers=None):
             )
         results.append(result)
     return results
+
+
+def _fired_each_of(first, lists):
+    """Whether `first` (the first path's result) ran without error and its plans hold, for
+    each list of names, a fused group named in it (harness/path_run.h: fired_each_of)."""
+    if first["status"] != "ok":
+        return False
+    fused = {
+        g["name"]
+        for fuser in first["plans"]
+        for pass_ in ("forward", "backward")
+        for g in fuser[pass_]
+        if g["fused"]
+    }
+    return all(fused.intersection(names) for names in lists)
 
 
 def protocol_hello(hello):

@@ -136,14 +136,103 @@ def test_the_writer_of_an_in_place_add_on_the_torch_runtime(torch_backend, monke
     }
 
 
-def test_no_writer_is_looked_for_when_nothing_changed(torch_backend, monkeypatch):
+def test_no_second_run_looks_for_a_writer_when_nothing_changed(torch_backend, monkeypatch):
     def fail(*args):
         raise AssertionError("the instrumented second run ran")
 
     monkeypatch.setattr(driver, "_writers", fail)
     ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}}]
-    _, results = run(torch_backend, spec(ops))
+    paths = [{"name": "fused", "modified_by": "rerun"}]
+    _, results = run(torch_backend, spec(ops), paths=paths)
     assert results[0]["modified"] == [] and "modified_by" not in results[0]
+
+
+def test_the_first_call_itself_names_the_writer_without_a_second_run(torch_backend, monkeypatch):
+    def fail(*args):
+        raise AssertionError("the instrumented second run ran")
+
+    monkeypatch.setattr(driver, "_writers", fail)
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    ops = [{"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]}]
+    _, results = run(torch_backend, spec(ops))
+    assert results[0]["modified_by"]["extra_input[0]"]["name"] == "AddExtraInput"
+    # A path that asks for no writer gets none.
+    _, results = run(torch_backend, spec(ops), paths=[{"name": "fused", "modified_by": False}])
+    assert results[0]["modified"] == ["extra_input[0]"] and "modified_by" not in results[0]
+
+
+def same_results(a, b):
+    """Whether two replies of a path agree on everything the oracle reads."""
+    assert a.keys() == b.keys(), (a.keys(), b.keys())
+    for key in a:
+        if key in ("outputs", "grad_extra_inputs"):
+            assert all(_same_tensor(x, y) for x, y in zip(a[key], b[key])), key
+        elif key == "grad_input":
+            assert _same_tensor(a[key], b[key])
+        elif key == "grad_params":
+            for x, y in zip(a[key], b[key]):
+                assert all(_same_tensor(g, h) for g, h in zip(x, y))
+        elif key == "channel_grads":
+            for x, y in zip(a[key], b[key]):
+                assert x.keys() == y.keys() and all(_same_tensor(x[k], y[k]) for k in x)
+        elif key != "repeats":
+            assert a[key] == b[key], key
+    for x, y in zip(a.get("repeats", []), b.get("repeats", [])):
+        same_results(x, y)
+    return True
+
+
+def _same_tensor(x, y):
+    return (x is None and y is None) or torch.equal(x, y)
+
+
+def test_a_watched_first_call_finds_the_writers_a_second_run_finds(torch_backend, monkeypatch):
+    monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
+    cases = [
+        [
+            {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+            {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
+            {"name": "GELU"},
+        ],
+        [
+            {"name": "Bias"},
+            {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
+            {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+            {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
+        ],
+    ]
+    for ops in cases:
+        found = {}
+        for mode in (True, "rerun"):
+            _, results = run(
+                torch_backend, spec(ops), paths=[{"name": "fused", "modified_by": mode}]
+            )
+            found[mode] = results[0]
+        assert found[True]["modified_by"], found[True]
+        assert same_results(found[True], found["rerun"])
+
+
+def test_a_tracker_that_cannot_compare_reports_no_writer_and_lets_the_call_run(monkeypatch):
+    caller = _CallerTensors()
+    a = torch.zeros(3)
+    caller.add("input", a)
+    tracker = WriterTracker(caller)
+
+    def broken():
+        raise ValueError("a comparison failed")
+
+    monkeypatch.setattr(tracker, "_compare", broken)
+
+    class Op:
+        def write(self, t):
+            t.add_(1)
+            return "ran"
+
+    op = Op()
+    tracker.instrument(op, "write", {"name": "A", "begin": 0, "end": 1, "pass": "forward"})
+    assert op.write(a) == "ran"
+    tracker.leave()
+    assert tracker.failed and tracker.writers == {}
 
 
 class UnwatchedTorchBuilder(TorchBuilder):
@@ -329,6 +418,27 @@ def test_te_writers_of_in_place_ops(te):
         "input": {"name": "AddExtraInput", "begin": 2, "end": 3, "pass": "forward"},
         "cotangent[0]": {"name": "MakeExtraOutput", "begin": 0, "end": 1, "pass": "backward"},
     }
+
+
+def test_te_writers_of_the_watched_first_call_are_those_of_a_second_run(te):
+    fused_ops = [
+        {"name": "ConstantScale", "attrs": {"scale": 2.0}},
+        {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+        {"name": "ConstantScale", "attrs": {"scale": 0.75}},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+    ]
+    for ops, fusions in ((IN_PLACE, []), (fused_ops, ["FusedResidual.joint"])):
+        found = {}
+        for mode in (True, "rerun"):
+            paths = [
+                {"name": "fused", "fusions": fusions, "modified_by": mode},
+                {"name": "unfused", "modified_by": mode},
+            ]
+            _, found[mode] = run(te, spec(ops, dtype="float32", repeat_calls=[{}]), paths=paths)
+        for watched, rerun in zip(found[True], found["rerun"]):
+            assert watched["modified_by"], watched
+            assert same_results(watched, rerun)
 
 
 def test_te_writer_inside_a_fused_op(te):
