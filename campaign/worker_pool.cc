@@ -88,6 +88,7 @@ constexpr int kMaxFailedStarts = 3;
 WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
   if (options_.workers < 1) throw std::invalid_argument("WorkerPool: expected at least one worker");
   options_.executable = executable_path(options_.executable);
+  if (options_.mps) mps_ = std::make_unique<MpsDaemon>(options_.mps_control);
   for (int i = 0; i < options_.workers; ++i) {
     slots_.push_back(std::make_unique<Slot>());
     slots_.back()->index = i;
@@ -135,6 +136,9 @@ void WorkerPool::start(Slot& slot) {
   if (!r.shared_runs) process.argv.push_back("--no-shared-runs");
   if (!options_.devices.empty()) {
     process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
+  }
+  if (mps_) {
+    for (const auto& [name, value] : mps_->env()) process.env[name] = value;
   }
   if (options_.sanitizer) {
     // One log per worker start, named by the supervisor: a memcheck error usually kills the

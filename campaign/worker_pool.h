@@ -11,6 +11,7 @@
 #include "backends/backend.h"
 #include "backends/process.h"
 #include "campaign/case_runner.h"
+#include "campaign/mps.h"
 #include "campaign/sanitizer.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
@@ -37,6 +38,11 @@ struct WorkerPoolOptions {
   /// Run every worker under compute-sanitizer; a case during which it reports an error gets
   /// the `sanitizer` verdict.
   std::optional<SanitizerOptions> sanitizer;
+  /// Start a CUDA MPS control daemon of the pool's own (campaign/mps.h) before the workers
+  /// and stop it after them, so the workers' kernels share each GPU's hardware context.
+  bool mps = false;
+  /// The MPS control program (default nvidia-cuda-mps-control in PATH; tests give a fake).
+  std::string mps_control = "nvidia-cuda-mps-control";
 };
 
 /// Raised when a worker reports a gradfuzz bug (an internal assertion) for a case.
@@ -91,6 +97,8 @@ class WorkerPool final : public CaseRunner {
   void start_failed(Slot& slot, const std::string& why);
 
   WorkerPoolOptions options_;
+  /// Declared before the slots: it outlives the workers (destroyed after them).
+  std::unique_ptr<MpsDaemon> mps_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::deque<JobResult> ready_;
   harness::BackendCapabilities capabilities_;

@@ -102,6 +102,7 @@ struct Flags {
   bool python_format = false;
   bool no_finite_differences = false;
   bool no_shared_runs = false;
+  bool mps = false;
   std::string shard;
   std::string shapes;
   int64_t max_tensor_elements = int64_t{1} << 24;
@@ -233,12 +234,15 @@ std::unique_ptr<CaseRunner> make_runner(const Flags& f, const runner::RunOptions
   }
   try {
     if (f.workers == 0) {
+      if (f.mps) throw InputError("--mps: shares a GPU among worker processes (--workers 1 or more)");
       auto runner = std::make_unique<InProcessRunner>(backends::make_backend(backend), run_options);
       runner->capabilities();  // starts a remote backend now: a missing TE is a usage error
       return runner;
     }
     WorkerPoolOptions pool;
+    if (f.mps && !f.sanitize.empty()) throw InputError("--mps: compute-sanitizer does not run under MPS; drop one");
     if (!f.sanitize.empty()) pool.sanitizer = sanitizer_options(f);
+    pool.mps = f.mps;
     pool.workers = f.workers;
     pool.backend = backend;
     pool.devices = f.devices;
@@ -247,6 +251,8 @@ std::unique_ptr<CaseRunner> make_runner(const Flags& f, const runner::RunOptions
     return std::make_unique<WorkerPool>(pool);
   } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("--backend ") + f.backend + ": " + e.what());
+  } catch (const campaign::MpsUnavailable& e) {
+    throw InputError(e.what());
   }
 }
 
@@ -836,6 +842,8 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   if (with_workers) {
     sub.add_option("--sanitize", f.sanitize,
                    "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
+    sub.add_flag("--mps", f.mps,
+                 "start a CUDA MPS daemon of this run's own, so the workers' kernels share each GPU (docs/GPU.md)");
   }
 }
 
