@@ -2,7 +2,7 @@
 worker append (runner/case_cost.h; docs/BENCHMARKS.md "The te worker: where a case's time
 goes"), and, when given, the adapters' GRADFUZZ_ADAPTER_TIMING=FILE lines.
 
-    python3 scripts/case_cost.py COST.jsonl [--adapter TIMING.jsonl] [--by verdict]
+    python3 scripts/case_cost.py COST.jsonl [--adapter TIMING.jsonl] [--by verdict|dtype|recipe]
 
 Prints, per case (mean over the cases): milliseconds per stage of run_case (exclusive of
 the stages nested in it; "x/backend" is the round trip to the backend, the adapter's work
@@ -71,7 +71,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cost", help="the GRADFUZZ_CASE_COST file")
     parser.add_argument("--adapter", help="the GRADFUZZ_ADAPTER_TIMING file")
-    parser.add_argument("--by", choices=("verdict", "dtype", "recipe"), help="also summarize per value")
+    parser.add_argument(
+        "--by", choices=("verdict", "dtype", "recipe"), help="also summarize per value"
+    )
     args = parser.parse_args(argv)
     cases = load(args.cost)
     summarize(cases, sys.stdout)

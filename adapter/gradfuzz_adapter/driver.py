@@ -294,16 +294,25 @@ class WriterTracker:
     group's, a change seen outside any group is nobody's (not reported).
 
     It watches a path's own first call (run_path), so it never raises into the code it
-    watches: a check that fails marks the tracker `failed` (no writer reported), and each
-    check brings its verdicts to the host in one transfer (one GPU synchronisation)."""
+    watches: a check that fails marks the tracker `failed` (no writer reported). Tensors on
+    the CPU are compared at once; on a GPU (or with `deferred`) each check only queues
+    "changed since the previous check" flags and a copy, and leave() brings all flags to
+    the host in one transfer and attributes them in order: a watched call then waits for
+    the GPU once, not at every group (with many workers on one GPU each wait can be a time
+    slice, docs/GPU.md)."""
 
-    def __init__(self, caller):
+    def __init__(self, caller, deferred=None):
         self.caller = caller
         self.current = None
         self.last = {}
         self.writers = {}
         self.patched = []
         self.failed = False
+        self.deferred = deferred
+        # Deferred comparisons: each tensor's value at the previous check, and per check
+        # (open group or None, tensor name, changed: a bool or a device bool tensor).
+        self.previous = {}
+        self.pending = []
 
     def _check(self):
         if self.failed:
@@ -314,32 +323,45 @@ class WriterTracker:
             self.failed = True
 
     def _compare(self):
-        changed, pending = [], []
+        changed = []
         for name, given, pristine in self.caller.entries:
             if name in self.writers:
                 continue
-            seen = self.last.get(name, pristine)
+            deferred = given.device.type != "cpu" if self.deferred is None else self.deferred
             try:
-                if given.shape != seen.shape:
+                if deferred:
+                    seen = self.previous.get(name, pristine)
+                    same_shape = given.shape == seen.shape
+                    flag = (given.detach() != seen).any() if same_shape else True
+                    self.pending.append((self.current, name, flag))
+                    self.previous[name] = given.detach().clone()
+                    continue
+                seen = self.last.get(name, pristine)
+                if given.shape != seen.shape or not torch.equal(given.detach(), seen):
                     changed.append((name, given))
-                elif given.device.type == "cpu":
-                    if not torch.equal(given.detach(), seen):  # no transfer to spare: direct
-                        changed.append((name, given))
-                else:
-                    pending.append((name, given, (given.detach() == seen).all()))
             except RuntimeError:
                 changed.append((name, given))  # the tensor's data was replaced or freed
-        if pending:
-            device = pending[0][2].device
-            same = torch.stack([verdict.to(device) for _, _, verdict in pending]).tolist()
-            changed += [
-                (name, given) for (name, given, _), equal in zip(pending, same) if not equal
-            ]
         for name, given in changed:
             if self.current is not None:
                 self.writers[name] = dict(self.current)
             else:
                 self.last[name] = given.detach().clone()
+
+    def _resolve(self):
+        """Attributes the deferred flags in check order: a tensor's first change seen while
+        a group ran is that group's (as _compare attributes it at once)."""
+        flags = [flag for _, _, flag in self.pending]
+        on_device = [flag for flag in flags if isinstance(flag, torch.Tensor)]
+        values = iter(
+            torch.stack([f.to(on_device[0].device) for f in on_device]).tolist()
+            if on_device
+            else []
+        )
+        for (group, name, _), flag in zip(self.pending, flags):
+            changed = next(values) if isinstance(flag, torch.Tensor) else flag
+            if changed and group is not None and name not in self.writers:
+                self.writers[name] = dict(group)
+        self.pending = []
 
     def enter(self, group):
         """Closes the running group (if any) and opens `group` (None: no group runs)."""
@@ -347,7 +369,13 @@ class WriterTracker:
         self.current = group
 
     def leave(self):
+        """Closes the running group and attributes what the deferred checks saw."""
         self.enter(None)
+        if self.pending and not self.failed:
+            try:
+                self._resolve()
+            except Exception:  # noqa: BLE001 - best effort, as _check
+                self.failed = True
 
     def instrument(self, obj, method, group):
         """Wraps obj.<method> (an instance attribute from then on) so that each of its runs

@@ -91,12 +91,14 @@ def test_an_origin_skips_torch_the_driver_and_the_builder():
 # Writers
 
 
-def test_the_tracker_attributes_a_change_to_the_group_that_made_it():
+@pytest.mark.parametrize("deferred", [None, True])
+def test_the_tracker_attributes_a_change_to_the_group_that_made_it(deferred):
+    # deferred: the comparisons a GPU tensor gets (flags resolved at leave), here on the CPU.
     caller = _CallerTensors()
     a, b = torch.zeros(3), torch.zeros(2)
     caller.add("input", a)
     caller.add("extra_input[0]", b)
-    tracker = WriterTracker(caller)
+    tracker = WriterTracker(caller, deferred=deferred)
     b += 1  # outside any group: nobody's
     first = {"name": "A", "begin": 0, "end": 1, "pass": "forward"}
     second = {"name": "B", "begin": 1, "end": 2, "pass": "forward"}
@@ -420,7 +422,8 @@ def test_te_writers_of_in_place_ops(te):
     }
 
 
-def test_te_writers_of_the_watched_first_call_are_those_of_a_second_run(te):
+@pytest.mark.parametrize("deferred", [None, True])
+def test_te_writers_of_the_watched_first_call_are_those_of_a_second_run(te, monkeypatch, deferred):
     fused_ops = [
         {"name": "ConstantScale", "attrs": {"scale": 2.0}},
         {"name": "AddExtraInput", "attrs": {"in_place": 1}, "extra_input_requires_grad": [0]},
@@ -428,15 +431,28 @@ def test_te_writers_of_the_watched_first_call_are_those_of_a_second_run(te):
         {"name": "ConstantScale", "attrs": {"scale": 0.75}},
         {"name": "AddExtraInput", "input_channels": ["r"]},
     ]
-    for ops, fusions in ((IN_PLACE, []), (fused_ops, ["FusedResidual.joint"])):
-        found = {}
-        for mode in (True, "rerun"):
+    cases = [(IN_PLACE, []), (fused_ops, ["FusedResidual.joint"])]
+
+    def run_all(mode):
+        out = []
+        for ops, fusions in cases:
             paths = [
                 {"name": "fused", "fusions": fusions, "modified_by": mode},
                 {"name": "unfused", "modified_by": mode},
             ]
-            _, found[mode] = run(te, spec(ops, dtype="float32", repeat_calls=[{}]), paths=paths)
-        for watched, rerun in zip(found[True], found["rerun"]):
+            out.append(run(te, spec(ops, dtype="float32", repeat_calls=[{}]), paths=paths)[1])
+        return out
+
+    reruns = run_all("rerun")
+    # deferred=True: the watched call's comparisons all wait for leave(), as on a GPU.
+    tracker_init = driver.WriterTracker.__init__
+    monkeypatch.setattr(
+        driver.WriterTracker,
+        "__init__",
+        lambda self, caller, deferred_=None: tracker_init(self, caller, deferred=deferred),
+    )
+    for watched_paths, rerun_paths in zip(run_all(True), reruns):
+        for watched, rerun in zip(watched_paths, rerun_paths):
             assert watched["modified_by"], watched
             assert same_results(watched, rerun)
 
