@@ -348,8 +348,14 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     file.backend = options.backend;
     return corpus::write_case_file(dir, file).string();
   };
-  auto mark = [&](harness::CaseResult& result) {
-    if (options.known) options.known->mark(result, version);
+  auto mark = [&](harness::CaseResult& result, const harness::CaseSpec& spec) {
+    if (options.known) options.known->mark(result, spec, version);
+  };
+  // The known issue with case-level conditions a finding matched (its cases cluster apart
+  // from the signature's other cases), else empty.
+  auto case_level_known = [&](const harness::Finding& finding) {
+    const KnownIssue* e = finding.is_known() && options.known ? options.known->entry(finding.known) : nullptr;
+    return e && e->case_level() ? e->id : std::string();
   };
   auto shrink_calls = [&](harness::VerdictKind kind) {
     return kind == harness::VerdictKind::kCrash     ? options.max_crash_shrink_calls
@@ -370,7 +376,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       ++count;
       seconds += record.seconds;
     }
-    mark(record.result);
+    mark(record.result, p.spec);
+    record.recipe = p.spec.recipe ? p.spec.recipe->name : reports::kNoRecipe;
     ++outcome.cases_run;
     if (record.result.passed()) {
       ++outcome.passed;
@@ -393,7 +400,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       for (const std::string& signature : record.result.signatures()) {
         const harness::Finding& first = *record.result.finding(signature);
         const bool attributable = !attribute || !persists.count(signature);
-        const std::string key = ClusterTable::key(signature, attributable);
+        const std::string key = ClusterTable::key(signature, attributable, case_level_known(first));
         ClusterTable::Cluster* cluster = clusters.find(key);
         if (!cluster) {
           harness::CaseSpec minimal = p.spec;
@@ -407,7 +414,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
                                shrink_calls(first.kind), [&] { return keep_going() && Clock::now() < shrink_end; });
             if (!(minimal == p.spec)) {
               minimal_result = runner.run_now(minimal, case_fault);
-              mark(minimal_result);
+              mark(minimal_result, minimal);
               // Shrinking is only trusted when the minimal case reproduces: keep the original.
               if (!minimal_result.finding(signature)) {
                 minimal = p.spec;
@@ -432,6 +439,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
           found.finding.fault = fault_opt;
           found.finding.cluster = key;
           found.finding.dtype = minimal.dtype;
+          found.finding.recipe = minimal.recipe;
           if (first.is_known() && options.known) {
             if (const KnownIssue* e = options.known->entry(first.known)) {
               found.finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};

@@ -4,8 +4,10 @@
 
 namespace gradfuzz::campaign {
 
-std::string ClusterTable::key(const std::string& signature, bool attributable) {
-  return attributable ? signature : signature + "|persists-without-fault";
+std::string ClusterTable::key(const std::string& signature, bool attributable, const std::string& case_known) {
+  std::string key = attributable ? signature : signature + "|persists-without-fault";
+  if (!case_known.empty()) key += "|known:" + case_known;
+  return key;
 }
 
 ClusterTable::Cluster* ClusterTable::find(const std::string& key) {

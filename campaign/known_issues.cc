@@ -7,6 +7,9 @@
 #include <sstream>
 
 #include "campaign/exit_codes.h"
+#include "ops/errors.h"
+#include "ops/quantization.h"
+#include "reports/reporter.h"
 
 namespace gradfuzz::campaign {
 
@@ -59,7 +62,114 @@ std::string string_at(const json& j, const char* key, const std::string& where, 
   return v.get<std::string>();
 }
 
+/// The recipes ops::QuantRecipe emulates: the ones whose options and values a file's
+/// conditions can be checked against (QuantRecipe::parse is the one table of them).
+const std::vector<std::string>& emulated_recipes() {
+  static const std::vector<std::string> names{"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"};
+  return names;
+}
+
+/// An error's message without its kind prefix ("unknown-name: ").
+std::string message_of(const Error& e) {
+  const std::string what = e.what();
+  const std::string prefix = e.kind() + ": ";
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+}
+
+/// Empty when `name` is a recipe gradfuzz knows (emulated, or known and refused: MXFP8,
+/// NVFP4), else why not, listing the known ones.
+std::string recipe_name_problem(const std::string& name) {
+  try {
+    ops::QuantRecipe::parse(name, "", {});
+  } catch (const ops::UnsupportedRecipeError&) {
+    return "";
+  } catch (const ops::UnknownNameError& e) {
+    return message_of(e) + " (or \"none\": a case without a recipe)";
+  }
+  return "";
+}
+
+/// Empty when recipe `name` (emulated) has option `key` with `value`, else QuantRecipe's
+/// message naming the recipe, the option and its known options or allowed values.
+std::string recipe_option_problem(const std::string& name, const std::string& key, const std::string& value) {
+  try {
+    ops::QuantRecipe::parse(name, "", {{key, value}});
+  } catch (const ops::InvalidArgumentError& e) {
+    return message_of(e);
+  }
+  return "";
+}
+
+/// Parses and checks one `recipe_options` item against `recipe` (the entry's recipe name,
+/// when it gives one); InputError at `path`.
+RecipeOptionCondition recipe_option_condition(const std::string& text, const std::optional<std::string>& recipe,
+                                              const std::string& where, const std::string& path) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    fail(where, path,
+         "expected \"option=value\" or \"option=value1|value2\" (e.g. \"backward_override=high_precision\", "
+         "\"fp8_format=HYBRID\"), got '" +
+             text + "'");
+  }
+  RecipeOptionCondition c;
+  c.key = text.substr(0, eq);
+  c.text = text;
+  std::stringstream in(text.substr(eq + 1));
+  std::string value;
+  while (std::getline(in, value, '|')) {
+    if (value.empty()) fail(where, path, "an empty value in '" + text + "'");
+    c.values.push_back(value);
+  }
+  if (text.back() == '|') fail(where, path, "an empty value in '" + text + "'");
+  for (const auto& v : c.values) {
+    if (c.key == "fp8_format") {
+      if (v != "E4M3" && v != "HYBRID") fail(where, path, "fp8_format is E4M3 or HYBRID, got '" + v + "'");
+      continue;
+    }
+    if (recipe) {
+      // MXFP8BlockScaling and NVFP4BlockScaling: gradfuzz has no table of their options.
+      const auto& emulated = emulated_recipes();
+      if (std::find(emulated.begin(), emulated.end(), *recipe) == emulated.end()) continue;
+      const std::string problem = recipe_option_problem(*recipe, c.key, v);
+      if (!problem.empty()) fail(where, path, problem);
+      continue;
+    }
+    // No recipe named: some recipe must have the option with that value.
+    std::string problems;
+    bool valid = false;
+    for (const auto& name : emulated_recipes()) {
+      const std::string problem = recipe_option_problem(name, c.key, v);
+      if (problem.empty()) {
+        valid = true;
+        break;
+      }
+      problems += (problems.empty() ? "" : "; ") + problem;
+    }
+    if (!valid) {
+      fail(where, path, "no recipe has option '" + c.key + "' with value '" + v + "' (" + problems + ")");
+    }
+  }
+  return c;
+}
+
+bool recipe_option_holds(const RecipeOptionCondition& c, const harness::RecipeSpec& recipe) {
+  const std::string* value = &recipe.fp8_format;
+  if (c.key != "fp8_format") {
+    auto it = recipe.options.find(c.key);
+    if (it == recipe.options.end()) return false;
+    value = &it->second;
+  }
+  return std::find(c.values.begin(), c.values.end(), *value) != c.values.end();
+}
+
 }  // namespace
+
+CaseFacts CaseFacts::of(const harness::CaseSpec& spec) {
+  CaseFacts facts;
+  facts.dtype = spec.dtype;
+  facts.recipe = spec.recipe;
+  return facts;
+}
 
 bool version_in_range(const std::string& version, const std::string& range) {
   std::stringstream in(range);
@@ -99,7 +209,9 @@ const std::vector<std::string>& steerable_features() {
   return features;
 }
 
-bool KnownIssue::matches(const harness::Finding& f, const std::string& found_backend,
+bool KnownIssue::case_level() const { return recipe || !recipe_options.empty() || dtype; }
+
+bool KnownIssue::matches(const harness::Finding& f, const CaseFacts& facts, const std::string& found_backend,
                          const std::string& backend_version) const {
   if (kind && f.kind != *kind) return false;
   if (op && f.op != *op) return false;
@@ -112,21 +224,32 @@ bool KnownIssue::matches(const harness::Finding& f, const std::string& found_bac
   if (signature && f.signature != *signature) return false;
   if (backend && found_backend != *backend) return false;
   if (versions && !version_in_range(backend_version, *versions)) return false;
+  if ((recipe || !recipe_options.empty()) && !facts.recipe_recorded) return false;
+  if (recipe && (facts.recipe ? facts.recipe->name : std::string(reports::kNoRecipe)) != *recipe) return false;
+  if (!recipe_options.empty()) {
+    if (!facts.recipe) return false;
+    for (const auto& c : recipe_options) {
+      if (!recipe_option_holds(c, *facts.recipe)) return false;
+    }
+  }
+  if (dtype && facts.dtype != *dtype) return false;
   if (message_pattern && !std::regex_search(f.message, *message_pattern)) return false;
   return true;
 }
 
-const KnownIssue* KnownIssues::match(const harness::Finding& finding, const std::string& backend,
-                                     const std::string& backend_version) const {
+const KnownIssue* KnownIssues::match(const harness::Finding& finding, const CaseFacts& facts,
+                                     const std::string& backend, const std::string& backend_version) const {
   for (const auto& e : entries) {
-    if (e.matches(finding, backend, backend_version)) return &e;
+    if (e.matches(finding, facts, backend, backend_version)) return &e;
   }
   return nullptr;
 }
 
-void KnownIssues::mark(harness::CaseResult& result, const std::string& backend_version) const {
+void KnownIssues::mark(harness::CaseResult& result, const harness::CaseSpec& spec,
+                       const std::string& backend_version) const {
+  const CaseFacts facts = CaseFacts::of(spec);
   for (auto& f : result.findings) {
-    const KnownIssue* e = match(f, result.backend, backend_version);
+    const KnownIssue* e = match(f, facts, result.backend, backend_version);
     f.known = e ? e->id : std::string();
   }
 }
@@ -163,8 +286,9 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
   if (!j.contains("entries") || !j["entries"].is_array()) fail(where, "/entries", "expected an array of entries");
   std::set<std::string> ids;
   static const std::set<std::string> entry_keys{"id", "status", "link", "note", "match", "steer"};
-  static const std::set<std::string> match_keys{"kind", "op",    "options", "error_kind", "message",
-                                                "role", "phase", "backend", "versions",   "signature"};
+  static const std::set<std::string> match_keys{
+      "kind",    "op",       "options",   "error_kind", "message",        "role", "phase",
+      "backend", "versions", "signature", "recipe",     "recipe_options", "dtype"};
   for (size_t i = 0; i < j["entries"].size(); ++i) {
     const json& e = j["entries"][i];
     const std::string path = "/entries/" + std::to_string(i);
@@ -191,9 +315,9 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
     const std::string mpath = path + "/match";
     for (const auto& [key, value] : m.items()) {
       if (!match_keys.count(key)) {
-        fail(
-            where, mpath + "/" + key,
-            "unknown field (known: kind, op, options, error_kind, message, role, phase, backend, versions, signature)");
+        fail(where, mpath + "/" + key,
+             "unknown field (known: kind, op, options, error_kind, message, role, phase, backend, versions, signature, "
+             "recipe, recipe_options, dtype)");
       }
     }
     if (m.contains("kind")) {
@@ -210,8 +334,36 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
                                      {"backend", &k.backend},
                                      {"signature", &k.signature},
                                      {"message", &k.message},
-                                     {"versions", &k.versions}}) {
+                                     {"versions", &k.versions},
+                                     {"recipe", &k.recipe},
+                                     {"dtype", &k.dtype}}) {
       if (m.contains(key)) *field = string_at(m, key, where, mpath);
+    }
+    if (k.recipe && *k.recipe != reports::kNoRecipe) {
+      const std::string problem = recipe_name_problem(*k.recipe);
+      if (!problem.empty()) fail(where, mpath + "/recipe", problem);
+    }
+    if (m.contains("recipe_options")) {
+      const std::string opath = mpath + "/recipe_options";
+      const json& list = m["recipe_options"];
+      if (!list.is_array() || list.empty()) {
+        fail(where, opath, "expected a non-empty array of \"option=value\" strings such as \"fp8_format=HYBRID\"");
+      }
+      if (k.recipe && *k.recipe == reports::kNoRecipe) {
+        fail(where, opath, "a case without a recipe (recipe \"none\") has no recipe options");
+      }
+      std::set<std::string> keys;
+      for (size_t o = 0; o < list.size(); ++o) {
+        const std::string item_path = opath + "/" + std::to_string(o);
+        if (!list[o].is_string()) fail(where, item_path, "expected a string, got " + std::string(list[o].type_name()));
+        RecipeOptionCondition c = recipe_option_condition(list[o].get<std::string>(), k.recipe, where, item_path);
+        if (!keys.insert(c.key).second) fail(where, item_path, "option '" + c.key + "' given twice");
+        k.recipe_options.push_back(std::move(c));
+      }
+    }
+    if (k.dtype && !harness::is_known_dtype(*k.dtype)) {
+      fail(where, mpath + "/dtype",
+           "unknown dtype '" + *k.dtype + "'; known dtypes: float64, float32, bfloat16, float16");
     }
     if (m.contains("options")) {
       if (!m["options"].is_array())
@@ -282,10 +434,17 @@ json known_issues_to_json(const KnownIssues& known) {
                                      {"message", &k.message},
                                      {"backend", &k.backend},
                                      {"versions", &k.versions},
-                                     {"signature", &k.signature}}) {
+                                     {"signature", &k.signature},
+                                     {"recipe", &k.recipe},
+                                     {"dtype", &k.dtype}}) {
       if (*field) m[key] = **field;
     }
     if (!k.options.empty()) m["options"] = k.options;
+    if (!k.recipe_options.empty()) {
+      json conditions = json::array();
+      for (const auto& c : k.recipe_options) conditions.push_back(c.text);
+      m["recipe_options"] = std::move(conditions);
+    }
     json e{{"id", k.id}, {"status", k.status}};
     if (!k.link.empty()) e["link"] = k.link;
     if (!k.note.empty()) e["note"] = k.note;

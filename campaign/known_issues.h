@@ -10,11 +10,36 @@
 #include <vector>
 
 #include "harness/case_result.h"
+#include "harness/case_spec.h"
 
 namespace gradfuzz::campaign {
 
 /// Version of the known-issues file format (docs/KNOWN.md).
 inline constexpr int kKnownIssuesSchemaVersion = 1;
+
+/// What a known issue's case-level match fields (recipe, recipe_options, dtype) read: the
+/// dtype and recipe of the case a finding came from. From the case itself (campaign, replay,
+/// selftest) or from a report's record of it (report merge and diff), where older reports
+/// lack them: then a case-level field does not hold, so the finding stays new.
+struct CaseFacts {
+  /// The case's dtype ("float32"); empty when not recorded.
+  std::string dtype;
+  /// The case's recipe; nullopt: the case ran without one.
+  std::optional<harness::RecipeSpec> recipe;
+  /// False when the record does not say which recipe the case ran under.
+  bool recipe_recorded = true;
+  /// The dtype and recipe of `spec`.
+  static CaseFacts of(const harness::CaseSpec& spec);
+};
+
+/// One `recipe_options` condition, "key=value" or "key=v1|v2": the case's recipe has option
+/// `key` (or its fp8_format, for key "fp8_format") with one of `values`.
+struct RecipeOptionCondition {
+  std::string key;
+  std::vector<std::string> values;
+  /// As written in the file (what known_issues_to_json writes back).
+  std::string text;
+};
 
 /// One known issue: what findings it covers, what it is, and how the generator may steer
 /// around it (docs/KNOWN.md). Every `match` field that is set must hold.
@@ -46,13 +71,28 @@ struct KnownIssue {
   /// compared with the backend's own version (transformer_engine for te, torch for torch).
   std::optional<std::string> versions;
 
+  // Case-level match fields: conditions on the case the finding came from.
+  /// The case's recipe name exactly ("DelayedScaling"), or "none" for a case without one.
+  std::optional<std::string> recipe;
+  /// Conditions that must all hold in the case's recipe (a case without one has none). An
+  /// option the case's recipe does not name does not hold (generated cases name every option
+  /// they draw): a hand-written case then reports the finding as new rather than hide it.
+  std::vector<RecipeOptionCondition> recipe_options;
+  /// The case's dtype ("float32").
+  std::optional<std::string> dtype;
+
   /// Steering: the case feature that triggers the issue ("generator_outputs",
   /// "call_then_bind", "in_place") and the share of cases that may draw it.
   std::optional<std::string> steer_feature;
   double steer_weight = 1;
 
-  /// Whether `finding`, found on `backend` at `backend_version`, is this issue.
-  bool matches(const harness::Finding& finding, const std::string& backend, const std::string& backend_version) const;
+  /// Whether `finding`, found in a case with `facts` on `backend` at `backend_version`, is
+  /// this issue.
+  bool matches(const harness::Finding& finding, const CaseFacts& facts, const std::string& backend,
+               const std::string& backend_version) const;
+  /// Whether a case-level field (recipe, recipe_options, dtype) is set: the entry then splits
+  /// the cases of one signature into known and new ones (ClusterTable::key).
+  bool case_level() const;
 };
 
 /// The case features a known issue may steer (the generator draws each in at most `weight`
@@ -65,11 +105,12 @@ struct KnownIssues {
   std::string description;
   std::vector<KnownIssue> entries;
 
-  /// The first entry matching `finding`, or nullptr.
-  const KnownIssue* match(const harness::Finding& finding, const std::string& backend,
+  /// The first entry matching `finding` of a case with `facts`, or nullptr.
+  const KnownIssue* match(const harness::Finding& finding, const CaseFacts& facts, const std::string& backend,
                           const std::string& backend_version) const;
-  /// Marks every finding of `result` that an entry matches (Finding::known = its id).
-  void mark(harness::CaseResult& result, const std::string& backend_version) const;
+  /// Marks every finding of `result`, the result of running `spec`, that an entry matches
+  /// (Finding::known = its id; empty for the others).
+  void mark(harness::CaseResult& result, const harness::CaseSpec& spec, const std::string& backend_version) const;
   /// The entry with `id`, or nullptr.
   const KnownIssue* entry(const std::string& id) const;
   /// Feature -> weight from the entries that steer (the smallest weight per feature), for
@@ -78,8 +119,9 @@ struct KnownIssues {
 };
 
 /// Reads a known-issues file; throws InputError naming the file and the JSON path of the
-/// problem (bad JSON, unknown field, a kind or feature that does not exist, an invalid
-/// pattern or version range, a duplicate id, a weight outside [0, 1]).
+/// problem (bad JSON, unknown field, a kind, feature, recipe, recipe option or value, or dtype
+/// that does not exist, an invalid pattern or version range, a duplicate id, a weight outside
+/// [0, 1]).
 KnownIssues load_known_issues(const std::filesystem::path& path);
 /// Parses a known-issues document; `where` names it in errors.
 KnownIssues known_issues_from_json(const nlohmann::json& j, const std::string& where);

@@ -71,7 +71,8 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
     } catch (const std::exception& e) {
       throw InternalError(c.path.string() + ": running the case raised: " + e.what(), c.path.string());
     }
-    if (known) known->mark(record.result, version);
+    if (known) known->mark(record.result, spec, version);
+    record.recipe = spec.recipe ? spec.recipe->name : reports::kNoRecipe;
     ++outcome.cases_run;
     if (record.result.failed()) {
       ++outcome.failed;
@@ -86,6 +87,7 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
         if (caps.backend != "model") finding.reproduce += " --backend " + caps.backend;
         finding.fault = fault_text;
         finding.dtype = spec.dtype;
+        finding.recipe = spec.recipe;
         if (first.is_known() && known) {
           if (const KnownIssue* e = known->entry(first.known)) {
             finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};

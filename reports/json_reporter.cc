@@ -62,7 +62,14 @@ Json detail_to_json(const harness::Finding& d) {
   return j;
 }
 
-Json finding_to_json(const Finding& finding, int64_t count, const std::vector<std::string>& examples) {
+Json recipe_to_json(const harness::RecipeSpec& recipe) {
+  Json options = Json::object();
+  for (const auto& [key, value] : recipe.options) options[key] = value;
+  return Json{{"name", recipe.name}, {"fp8_format", recipe.fp8_format}, {"options", std::move(options)}};
+}
+
+Json finding_to_json(const Finding& finding, int64_t count, const std::vector<std::string>& examples,
+                     const std::map<std::string, int64_t>& recipes) {
   const harness::CaseResult& r = finding.result;
   Json details = Json::array();
   Json others = Json::array();
@@ -90,7 +97,10 @@ Json finding_to_json(const Finding& finding, int64_t count, const std::vector<st
                              : Json(nullptr);
   j["fault"] = optional_json(finding.fault);
   j["backend"] = r.backend;
-  if (!finding.dtype.empty()) j["dtype"] = finding.dtype;
+  if (!finding.dtype.empty()) {
+    j["dtype"] = finding.dtype;
+    j["recipe"] = finding.recipe ? recipe_to_json(*finding.recipe) : Json(nullptr);
+  }
   j["case_file"] = finding.case_file;
   j["ops"] = r.op_types;
   j["details"] = std::move(details);
@@ -101,6 +111,7 @@ Json finding_to_json(const Finding& finding, int64_t count, const std::vector<st
   if (count > 0) {
     j["count"] = count;
     j["examples"] = examples;
+    if (!recipes.empty()) j["recipes"] = recipes;
   }
   return j;
 }
@@ -156,7 +167,10 @@ void JsonReporter::report_case(const CaseRecord& record) {
     seconds += record.seconds;
   }
   for (const auto& f : record.new_findings) findings_.push_back(f);
-  for (const auto& key : record.clusters) ++cluster_counts_[key];
+  for (const auto& key : record.clusters) {
+    ++cluster_counts_[key];
+    if (!record.recipe.empty()) ++cluster_recipes_[key][record.recipe];
+  }
   for (const auto& [key, file] : record.example_files) cluster_examples_[key].push_back(file);
 }
 
@@ -227,9 +241,11 @@ Json JsonReporter::document(const RunSummary& summary) const {
     const std::string& key = f.key();
     auto count = cluster_counts_.find(key);
     auto examples = cluster_examples_.find(key);
+    auto recipes = cluster_recipes_.find(key);
     findings.push_back(
         finding_to_json(f, count == cluster_counts_.end() ? 0 : count->second,
-                        examples == cluster_examples_.end() ? std::vector<std::string>{} : examples->second));
+                        examples == cluster_examples_.end() ? std::vector<std::string>{} : examples->second,
+                        recipes == cluster_recipes_.end() ? std::map<std::string, int64_t>{} : recipes->second));
   }
   doc["findings"] = std::move(findings);
   // The known findings by cause: one row per known-issue entry that matched.

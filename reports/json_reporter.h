@@ -63,15 +63,23 @@ class JsonReporter final : public Reporter {
   /// Per cluster key: failing cases counted in it, and example case files.
   std::map<std::string, int64_t> cluster_counts_;
   std::map<std::string, std::vector<std::string>> cluster_examples_;
+  /// Per cluster key: its failing cases per recipe name (kNoRecipe without one).
+  std::map<std::string, std::map<std::string, int64_t>> cluster_recipes_;
 };
 
 /// JSON form of one finding cluster: {signature, [cluster], kind, known, fault, backend,
-/// [dtype], case_file, ops, details[...], [other_signatures], seed, reproduce} (cluster when its
-/// key is not the signature, dtype when known; details: the saved case's findings with the
-/// cluster's signature; other_signatures: its other findings' signatures; plus error when the
-/// result carries notes; plus count and examples when given: the failing cases counted in it).
+/// [dtype, recipe], case_file, ops, details[...], [other_signatures], seed, reproduce} (cluster
+/// when its key is not the signature; dtype and recipe (null: none) of the saved case when
+/// known; details: the saved case's findings with the cluster's signature; other_signatures:
+/// its other findings' signatures; plus error when the result carries notes; plus count and
+/// examples when given: the failing cases counted in it, and recipes when given: those cases
+/// per recipe name).
 nlohmann::ordered_json finding_to_json(const Finding& finding, int64_t count = 0,
-                                       const std::vector<std::string>& examples = {});
+                                       const std::vector<std::string>& examples = {},
+                                       const std::map<std::string, int64_t>& recipes = {});
+
+/// JSON form of a case's recipe: {name, fp8_format, options}, as a case file writes it.
+nlohmann::ordered_json recipe_to_json(const harness::RecipeSpec& recipe);
 
 /// JSON form of one finding of a case (a finding's details entry).
 nlohmann::ordered_json detail_to_json(const harness::Finding& finding);

@@ -262,6 +262,17 @@ class Checker {
       if (f["count"].get<int64_t>() < 1) expected(p + "/count", "a count of at least 1", f["count"]);
     }
     if (f.contains("examples")) string_array(f, p, "examples");
+    if (f.contains("recipe") && !f["recipe"].is_null()) {
+      const Json& r = object(f, p, "recipe");
+      const std::string rp = p + "/recipe";
+      string(r, rp, "name");
+      string(r, rp, "fp8_format");
+      const Json& options = object(r, rp, "options");
+      for (const auto& [key, value] : options.items()) {
+        if (!value.is_string()) expected(rp + "/options/" + pointer_escape(key), "a string", value);
+      }
+    }
+    if (f.contains("recipes")) counts(f, p, "recipes");
   }
 
  private:
@@ -306,6 +317,17 @@ std::string cluster_key(const Json& finding) {
   auto it = finding.find("cluster");
   if (it != finding.end() && it->is_string()) return it->get<std::string>();
   return finding.at("signature").get<std::string>();
+}
+
+std::optional<std::optional<harness::RecipeSpec>> finding_recipe(const Json& finding) {
+  auto it = finding.find("recipe");
+  if (it == finding.end()) return std::nullopt;
+  if (it->is_null()) return std::optional<harness::RecipeSpec>();
+  harness::RecipeSpec recipe;
+  recipe.name = it->at("name").get<std::string>();
+  recipe.fp8_format = it->at("fp8_format").get<std::string>();
+  for (const auto& [key, value] : it->at("options").items()) recipe.options[key] = value.get<std::string>();
+  return std::optional<harness::RecipeSpec>(std::move(recipe));
 }
 
 int64_t cluster_count(const Json& finding) {

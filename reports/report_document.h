@@ -2,8 +2,11 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "harness/case_spec.h"
 
 namespace gradfuzz::reports {
 
@@ -38,6 +41,11 @@ nlohmann::ordered_json load_report(const std::string& path);
 /// key that is not just the signature, e.g. "...|persists-without-fault"), else its
 /// `signature`.
 std::string cluster_key(const nlohmann::ordered_json& finding);
+
+/// The recipe a finding of a checked report records for its saved case: nullopt when the
+/// report does not record it (older reports, a finding without its case's dtype), else the
+/// recipe (an empty optional: the case ran without one).
+std::optional<std::optional<harness::RecipeSpec>> finding_recipe(const nlohmann::ordered_json& finding);
 
 /// Failing cases counted in a finding's cluster: `count` when present, else 1 (a replay
 /// reports each failing file as its own finding, without a count).

@@ -247,6 +247,17 @@ class Merger {
           for (const auto& e : f["examples"]) kept["examples"].push_back(e);
         }
         trim_examples(kept["examples"]);
+        // The cluster's cases per recipe: summed where both shards count them; a shard that
+        // does not (an older gradfuzz) leaves the merged counts partial, so they are dropped.
+        if (kept.contains("recipes") && f.contains("recipes")) {
+          for (const auto& [name, value] : f["recipes"].items()) {
+            const int64_t before = kept["recipes"].contains(name) ? kept["recipes"][name].get<int64_t>() : 0;
+            kept["recipes"][name] =
+                add(before, value.get<int64_t>(), in, "/findings/" + std::to_string(i) + "/recipes/" + name);
+          }
+        } else {
+          kept.erase("recipes");
+        }
       }
     }
     return out;

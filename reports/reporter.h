@@ -7,11 +7,16 @@
 #include <vector>
 
 #include "harness/case_result.h"
+#include "harness/case_spec.h"
 
 namespace gradfuzz::reports {
 
 /// Version of the report document (fuzzer.md "Reports"); bumped on any incompatible change.
 inline constexpr int kReportSchemaVersion = 1;
+
+/// How a report names the recipe of a case without one (a cluster's `recipes` counts; the
+/// `recipe` value of a known-issue entry, campaign/known_issues.h).
+inline constexpr const char* kNoRecipe = "none";
 
 /// Which tool wrote a report. build_tool_info() gives the values of this build.
 struct ToolInfo {
@@ -109,6 +114,10 @@ struct Finding {
   /// dtype of the failing case ("float32"); empty when unknown. The HTML report plots
   /// errors per dtype from it.
   std::string dtype;
+  /// The failing case's recipe (nullopt: none); written with `dtype` (both come from the
+  /// saved case), so that report merge and diff can match known issues with case-level
+  /// conditions (campaign/known_issues.h).
+  std::optional<harness::RecipeSpec> recipe;
   /// The known issue it matches; nullopt: a new finding.
   std::optional<KnownRef> known;
   /// The cluster key (cluster, else signature).
@@ -134,6 +143,9 @@ struct CaseRecord {
   /// seconds from hand-out to result.
   std::string regime;
   double seconds = 0;
+  /// The case's recipe name, kNoRecipe without one; empty when not known. Counted per
+  /// cluster (a finding's `recipes`).
+  std::string recipe;
 };
 
 /// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").

@@ -10,6 +10,7 @@
 #include "campaign/exit_codes.h"
 #include "campaign/known_issues.h"
 #include "reports/report_document.h"
+#include "reports/reporter.h"
 #include "tools/report_tool.h"
 
 namespace gradfuzz::tools {
@@ -28,6 +29,19 @@ std::string short_hash(const std::string& text) {
   std::ostringstream os;
   os << std::hex << std::setw(8) << std::setfill('0') << h;
   return os.str();
+}
+
+/// The one recipe (its name, reports::kNoRecipe for none) every case of a report's cluster
+/// ran under, or empty when they differ or the report does not say: its `recipes` counts,
+/// else the recipe its saved case records (a replay's finding is that one case).
+std::string sole_recipe(const Json& finding) {
+  if (finding.contains("recipes")) {
+    const Json& recipes = finding["recipes"];
+    return recipes.size() == 1 ? recipes.begin().key() : std::string();
+  }
+  const auto recorded = reports::finding_recipe(finding);
+  if (!recorded) return "";
+  return *recorded ? (*recorded)->name : std::string(reports::kNoRecipe);
 }
 
 }  // namespace
@@ -63,6 +77,12 @@ int KnownCommand::run(std::ostream& out) const {
       break;
     }
   }
+  // A night that ran cases under a recipe tells which recipe a cluster needs: an entry for a
+  // cluster seen under one recipe only (or only without one) names it, so that the same
+  // signature under another stays new (a Linear's weight gradient wrong under DelayedScaling
+  // must not hide one wrong without a recipe). Widening it is the maintainer's call.
+  const Json& features = report["coverage"]["features"];
+  const bool ran_recipes = features.contains("recipe") && features["recipe"].get<int64_t>() > 0;
   std::set<std::string> ids;
   for (const auto& e : known.entries) ids.insert(e.id);
   int64_t added = 0;
@@ -73,10 +93,15 @@ int KnownCommand::run(std::ostream& out) const {
     e.id = backend + "-" + short_hash(signature);
     if (!ids.insert(e.id).second) continue;  // the same cluster twice (a replay lists each file)
     e.status = "open-defect";
+    const std::string recipe = ran_recipes ? sole_recipe(finding) : std::string();
     e.note = "accepted from " + report_ + ": " + finding["kind"].get<std::string>() + " in " +
              finding["case_file"].get<std::string>() +
+             (recipe.empty()                 ? std::string()
+              : recipe == reports::kNoRecipe ? std::string(", seen only in cases without a recipe")
+                                             : ", seen only under " + recipe) +
              "; say what it is, link the issue, set the status, and widen the match if it is one cause";
     e.signature = signature;
+    if (!recipe.empty()) e.recipe = recipe;
     e.backend = backend;
     if (!version.empty()) e.versions = "==" + version;
     known.entries.push_back(std::move(e));

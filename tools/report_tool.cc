@@ -134,7 +134,23 @@ void apply_known(Json& report, const campaign::KnownIssues& known) {
   }
   int64_t known_count = 0;
   for (auto& finding : report["findings"]) {
-    // A cluster is matched on its first detail: the finding that gave it its signature.
+    // A cluster is matched on its first detail, the finding that gave it its signature, and
+    // on the dtype and recipe its saved case records (case-level entries: a report without
+    // them leaves those entries unmatched, so the cluster stays new).
+    campaign::CaseFacts facts;
+    facts.dtype = finding.value("dtype", "");
+    const auto recipe = reports::finding_recipe(finding);
+    facts.recipe_recorded = recipe.has_value();
+    if (recipe) facts.recipe = *recipe;
+    // A recipe entry covers a cluster only if every case counted in it ran under that recipe
+    // (a campaign run with that entry clusters the others apart; one run without may not).
+    auto covers_recipes = [&finding](const campaign::KnownIssue& e) {
+      if (!e.recipe || !finding.contains("recipes")) return true;
+      for (const auto& item : finding["recipes"].items()) {
+        if (item.key() != *e.recipe) return false;
+      }
+      return true;
+    };
     harness::Finding f;
     f.signature = finding["signature"].get<std::string>();
     f.kind = harness::verdict_from_name(finding["kind"].get<std::string>());
@@ -147,7 +163,13 @@ void apply_known(Json& report, const campaign::KnownIssues& known) {
       f.message = d.value("message", "");
       f.phase = d.value("phase", "");
     }
-    const campaign::KnownIssue* e = known.match(f, backend, version);
+    const campaign::KnownIssue* e = nullptr;
+    for (const auto& entry : known.entries) {
+      if (entry.matches(f, facts, backend, version) && covers_recipes(entry)) {
+        e = &entry;
+        break;
+      }
+    }
     finding["known"] =
         e ? Json{{"id", e->id}, {"status", e->status}, {"link", e->link}, {"note", e->note}} : Json(nullptr);
     known_count += e ? 1 : 0;

@@ -4,10 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <deque>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "campaign/campaign.h"
 #include "campaign/clusters.h"
 #include "campaign/exit_codes.h"
+#include "campaign/files.h"
+#include "campaign/replay.h"
 
 namespace gradfuzz::campaign {
 namespace {
@@ -40,6 +46,33 @@ Finding in_place_write() {
 
 KnownIssues parse(const std::string& text) { return known_issues_from_json(nlohmann::json::parse(text), "k.json"); }
 
+/// A float32 case without a recipe (what the finding-level tests run in).
+CaseFacts plain_case() {
+  CaseFacts facts;
+  facts.dtype = "float32";
+  return facts;
+}
+
+/// A case of `dtype` under `recipe` with `format` and `options`.
+CaseFacts recipe_case(const std::string& recipe, const std::string& format = "HYBRID",
+                      std::map<std::string, std::string> options = {}, const std::string& dtype = "float32") {
+  CaseFacts facts;
+  facts.dtype = dtype;
+  facts.recipe = harness::RecipeSpec{recipe, format, std::move(options)};
+  return facts;
+}
+
+/// The finding of TE 2.20.2's DelayedScaling Linear -> Linear defect (docs/TE.md): the first
+/// Linear's weight gradient. The same signature without the recipe is another cause.
+Finding weight_gradient() {
+  Finding f;
+  f.kind = VerdictKind::kMismatch;
+  f.role = "grad_param";
+  f.op = "Linear";
+  f.signature = "mismatch|Linear|grad_param";
+  return f;
+}
+
 const char* kFile = R"({
   "schema_version": 1,
   "description": "test",
@@ -56,20 +89,20 @@ const char* kFile = R"({
 TEST(KnownIssues, AnEntryMatchesWhenEveryGivenFieldHolds) {
   const KnownIssues known = parse(kFile);
   ASSERT_EQ(known.entries.size(), 2u);
-  const KnownIssue* e = known.match(locked_error(), "te", "2.20.2");
+  const KnownIssue* e = known.match(locked_error(), plain_case(), "te", "2.20.2");
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->id, "review-3");
   // Another backend, another version, another message: not this issue.
-  EXPECT_EQ(known.match(locked_error(), "torch", "2.20.2"), nullptr);
-  EXPECT_EQ(known.match(locked_error(), "te", "2.21.0"), nullptr);
+  EXPECT_EQ(known.match(locked_error(), plain_case(), "torch", "2.20.2"), nullptr);
+  EXPECT_EQ(known.match(locked_error(), plain_case(), "te", "2.21.0"), nullptr);
   Finding other = locked_error();
   other.message = "Cannot change channels after construction";
-  EXPECT_EQ(known.match(other, "te", "2.20.2"), nullptr);
+  EXPECT_EQ(known.match(other, plain_case(), "te", "2.20.2"), nullptr);
   // The in-place entry: any backend, the flag must be among the finding's options.
-  EXPECT_EQ(known.match(in_place_write(), "model", "0.1.0")->id, "in-place");
+  EXPECT_EQ(known.match(in_place_write(), plain_case(), "model", "0.1.0")->id, "in-place");
   Finding plain = in_place_write();
   plain.option = "";
-  EXPECT_EQ(known.match(plain, "te", "2.20.2"), nullptr);
+  EXPECT_EQ(known.match(plain, plain_case(), "te", "2.20.2"), nullptr);
 }
 
 TEST(KnownIssues, MarkSetsTheIdOfEveryMatchingFindingOnly) {
@@ -80,11 +113,120 @@ TEST(KnownIssues, MarkSetsTheIdOfEveryMatchingFindingOnly) {
   wrong_value.kind = VerdictKind::kMismatch;
   wrong_value.signature = "mismatch|ForwardLinearBiasAdd|output";
   r.findings = {locked_error(), wrong_value, in_place_write()};
-  known.mark(r, "2.20.2");
+  known.mark(r, harness::CaseSpec{}, "2.20.2");
   EXPECT_EQ(r.findings[0].known, "review-3");
   EXPECT_EQ(r.findings[1].known, "");
   EXPECT_EQ(r.findings[2].known, "in-place");
   EXPECT_TRUE(r.has_new_findings());  // the wrong value behind the known ones is new
+}
+
+// Case-level fields (docs/KNOWN.md): conditions on the case a finding came from, so that an
+// entry for a defect only a recipe shows does not hide the same signature elsewhere.
+const char* kCaseLevelFile = R"({
+  "schema_version": 1,
+  "entries": [
+    {"id": "delayed-wgrad", "status": "open-defect",
+     "match": {"signature": "mismatch|Linear|grad_param", "recipe": "DelayedScaling"}},
+    {"id": "override", "status": "open-defect",
+     "match": {"kind": "mismatch", "recipe_options": ["backward_override=high_precision|dequantized",
+                                                      "fp8_format=HYBRID"]}},
+    {"id": "plain-bf16", "status": "documented-behaviour",
+     "match": {"role": "output", "recipe": "none", "dtype": "bfloat16"}}
+  ]
+})";
+
+TEST(KnownIssues, RecipeMatchesTheCasesRecipeByNameOrNoneForACaseWithout) {
+  const KnownIssues known = parse(kCaseLevelFile);
+  EXPECT_EQ(known.match(weight_gradient(), recipe_case("DelayedScaling"), "te", "2.20.2")->id, "delayed-wgrad");
+  EXPECT_EQ(known.match(weight_gradient(), recipe_case("DelayedScaling", "E4M3", {}, "bfloat16"), "te", "2.20.2")->id,
+            "delayed-wgrad");
+  // The same signature under another recipe, or without one: new.
+  EXPECT_EQ(known.match(weight_gradient(), recipe_case("Float8CurrentScaling", "E4M3"), "te", "2.20.2"), nullptr);
+  EXPECT_EQ(known.match(weight_gradient(), plain_case(), "te", "2.20.2"), nullptr);
+  // "none": only a case without a recipe (here with the dtype the entry also names).
+  Finding output = weight_gradient();
+  output.role = "output";
+  output.signature = "mismatch|Linear|output";
+  CaseFacts plain_bf16 = plain_case();
+  plain_bf16.dtype = "bfloat16";
+  EXPECT_EQ(known.match(output, plain_bf16, "te", "2.20.2")->id, "plain-bf16");
+  EXPECT_EQ(known.match(output, recipe_case("DelayedScaling", "HYBRID", {}, "bfloat16"), "te", "2.20.2"), nullptr);
+}
+
+TEST(KnownIssues, RecipeOptionsMustAllHoldInTheCasesRecipe) {
+  const KnownIssues known = parse(kCaseLevelFile);
+  Finding f = weight_gradient();
+  f.op = "GroupedLinear";
+  f.signature = "mismatch|GroupedLinear|grad_param";
+  for (const char* value : {"high_precision", "dequantized"}) {
+    for (const char* recipe : {"Float8CurrentScaling", "Float8BlockScaling"}) {
+      const KnownIssue* e =
+          known.match(f, recipe_case(recipe, "HYBRID", {{"backward_override", value}}), "te", "2.20.2");
+      ASSERT_NE(e, nullptr) << recipe << " " << value;
+      EXPECT_EQ(e->id, "override");
+    }
+  }
+  // One condition off: the option's other value, the other format, the option left out of
+  // the case's recipe (not assumed to be TE's default), no recipe at all.
+  EXPECT_EQ(known.match(f, recipe_case("Float8CurrentScaling", "HYBRID", {{"backward_override", "none"}}), "te", ""),
+            nullptr);
+  EXPECT_EQ(
+      known.match(f, recipe_case("Float8CurrentScaling", "E4M3", {{"backward_override", "high_precision"}}), "te", ""),
+      nullptr);
+  EXPECT_EQ(known.match(f, recipe_case("Float8CurrentScaling", "HYBRID", {{"use_power_2_scales", "0"}}), "te", ""),
+            nullptr);
+  EXPECT_EQ(known.match(f, plain_case(), "te", ""), nullptr);
+  // The finding-level fields still hold: not a mismatch, not this issue.
+  Finding error = locked_error();
+  EXPECT_EQ(known.match(error, recipe_case("Float8CurrentScaling", "HYBRID", {{"backward_override", "dequantized"}}),
+                        "te", ""),
+            nullptr);
+}
+
+TEST(KnownIssues, DtypeMatchesTheCasesDtypeExactly) {
+  const KnownIssues known = parse(R"({"schema_version": 1, "entries": [
+    {"id": "half", "status": "open-defect", "match": {"kind": "mismatch", "dtype": "float16"}}]})");
+  CaseFacts half = plain_case();
+  half.dtype = "float16";
+  EXPECT_EQ(known.match(weight_gradient(), half, "te", "")->id, "half");
+  EXPECT_EQ(known.match(weight_gradient(), recipe_case("DelayedScaling", "HYBRID", {}, "float16"), "te", "")->id,
+            "half");
+  EXPECT_EQ(known.match(weight_gradient(), plain_case(), "te", ""), nullptr);
+  EXPECT_EQ(known.match(weight_gradient(), recipe_case("DelayedScaling", "HYBRID", {}, "bfloat16"), "te", ""), nullptr);
+}
+
+TEST(KnownIssues, CaseLevelFieldsDoNotHoldWhereTheRecordDoesNotSayTheCase) {
+  // A report written before recipes were recorded (report merge/diff --known): the finding
+  // stays new rather than be taken for a recipe's known defect.
+  const KnownIssues known = parse(kCaseLevelFile);
+  CaseFacts unrecorded = recipe_case("DelayedScaling");
+  unrecorded.recipe_recorded = false;
+  EXPECT_EQ(known.match(weight_gradient(), unrecorded, "te", ""), nullptr);
+  CaseFacts no_dtype = plain_case();
+  no_dtype.dtype.clear();
+  Finding output = weight_gradient();
+  output.role = "output";
+  output.signature = "mismatch|Linear|output";
+  EXPECT_EQ(known.match(output, no_dtype, "te", ""), nullptr);
+  // An entry without case-level fields matches whatever the record says.
+  EXPECT_EQ(parse(kFile).match(locked_error(), unrecorded, "te", "2.20.2")->id, "review-3");
+}
+
+TEST(KnownIssues, MarkReadsTheCaseSpecsRecipe) {
+  const KnownIssues known = parse(kCaseLevelFile);
+  harness::CaseSpec spec;
+  spec.dtype = "bfloat16";
+  spec.recipe = harness::RecipeSpec{"DelayedScaling", "HYBRID", {{"margin", "0"}}};
+  harness::CaseResult r;
+  r.backend = "te";
+  r.findings = {weight_gradient()};
+  known.mark(r, spec, "2.20.2");
+  EXPECT_EQ(r.findings[0].known, "delayed-wgrad");
+  spec.recipe.reset();
+  known.mark(r, spec, "2.20.2");
+  EXPECT_EQ(r.findings[0].known, "");  // marked afresh: without the recipe it is new
+  EXPECT_TRUE(known.entry("delayed-wgrad")->case_level());
+  EXPECT_FALSE(parse(kFile).entry("review-3")->case_level());
 }
 
 TEST(KnownIssues, SteeringWeightsComeFromTheEntriesOfTheBackend) {
@@ -102,7 +244,22 @@ TEST(KnownIssues, RoundTripsThroughJson) {
   EXPECT_EQ(back.entries[0].steer_feature, std::optional<std::string>("call_then_bind"));
   EXPECT_DOUBLE_EQ(back.entries[0].steer_weight, 0.05);
   EXPECT_EQ(back.entries[1].options, (std::vector<std::string>{"in_place=1"}));
-  EXPECT_EQ(back.match(locked_error(), "te", "2.20.2")->id, "review-3");
+  EXPECT_EQ(back.match(locked_error(), plain_case(), "te", "2.20.2")->id, "review-3");
+}
+
+TEST(KnownIssues, CaseLevelFieldsRoundTripThroughJson) {
+  const KnownIssues known = parse(kCaseLevelFile);
+  const nlohmann::json j = known_issues_to_json(known);
+  EXPECT_EQ(j["entries"][0]["match"]["recipe"], "DelayedScaling");
+  EXPECT_EQ(j["entries"][1]["match"]["recipe_options"],
+            (nlohmann::json{"backward_override=high_precision|dequantized", "fp8_format=HYBRID"}));
+  EXPECT_EQ(j["entries"][2]["match"]["dtype"], "bfloat16");
+  const KnownIssues back = known_issues_from_json(j, "back");
+  ASSERT_EQ(back.entries.size(), 3u);
+  ASSERT_EQ(back.entries[1].recipe_options.size(), 2u);
+  EXPECT_EQ(back.entries[1].recipe_options[0].key, "backward_override");
+  EXPECT_EQ(back.entries[1].recipe_options[0].values, (std::vector<std::string>{"high_precision", "dequantized"}));
+  EXPECT_EQ(back.match(weight_gradient(), recipe_case("DelayedScaling"), "te", "")->id, "delayed-wgrad");
 }
 
 TEST(KnownIssues, MalformedFilesNameTheJsonPathOfTheProblem) {
@@ -140,6 +297,68 @@ TEST(KnownIssues, MalformedFilesNameTheJsonPathOfTheProblem) {
   EXPECT_THAT(error_of(R"({"schema_version": 1, "entries": [], "extra": 1})"), HasSubstr("/extra: unknown field"));
 }
 
+TEST(KnownIssues, MalformedCaseLevelFieldsNameTheJsonPathAndWhatIsKnown) {
+  auto error_of = [](const std::string& match) -> std::string {
+    try {
+      known_issues_from_json(
+          nlohmann::json::parse(R"({"schema_version": 1, "entries": [{"id": "a", "status": "open-defect", "match": )" +
+                                match + "}]}"),
+          "k.json");
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  // A recipe name gradfuzz does not know (a typo), listing the known ones.
+  EXPECT_THAT(error_of(R"({"recipe": "DelayedScalng"})"),
+              HasSubstr("k.json: /entries/0/match/recipe: unknown recipe 'DelayedScalng'; known recipes: "
+                        "DelayedScaling, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, "
+                        "NVFP4BlockScaling (or \"none\""));
+  EXPECT_THAT(error_of(R"({"recipe": 3})"), HasSubstr("/entries/0/match/recipe: expected a string, got number"));
+  // recipe_options: the form, an option the recipe does not have, a value it does not take.
+  EXPECT_THAT(error_of(R"({"recipe_options": "margin=1"})"),
+              HasSubstr("/entries/0/match/recipe_options: expected a non-empty array"));
+  EXPECT_THAT(error_of(R"({"recipe_options": []})"),
+              HasSubstr("/entries/0/match/recipe_options: expected a non-empty array"));
+  EXPECT_THAT(error_of(R"({"recipe_options": [1]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: expected a string, got number"));
+  for (const char* bad : {"margin", "=1", "margin=", "margin:1"}) {
+    EXPECT_THAT(error_of(std::string(R"({"recipe_options": [")") + bad + "\"]}"),
+                HasSubstr("/entries/0/match/recipe_options/0: expected \"option=value\""))
+        << bad;
+  }
+  EXPECT_THAT(error_of(R"({"recipe_options": ["backward_override=none||dequantized"]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: an empty value in"));
+  EXPECT_THAT(error_of(R"({"recipe_options": ["backward_override=none|"]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: an empty value in"));
+  EXPECT_THAT(error_of(R"({"recipe": "DelayedScaling", "recipe_options": ["margin=0", "backward_override=none"]})"),
+              HasSubstr("/entries/0/match/recipe_options/1: DelayedScaling: unknown option 'backward_override'; "
+                        "known options: amax_compute_algo, amax_history_len, margin"));
+  EXPECT_THAT(error_of(R"({"recipe": "Float8CurrentScaling", "recipe_options": ["backward_override=high_precison"]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: Float8CurrentScaling: option 'backward_override' must be "
+                        "one of \"none\", \"high_precision\", \"dequantized\", got \"high_precison\""));
+  EXPECT_THAT(error_of(R"({"recipe_options": ["backward_overide=dequantized"]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: no recipe has option 'backward_overide' with value "
+                        "'dequantized' (DelayedScaling: unknown option 'backward_overide'"));
+  EXPECT_THAT(error_of(R"({"recipe_options": ["fp8_format=E5M2"]})"),
+              HasSubstr("/entries/0/match/recipe_options/0: fp8_format is E4M3 or HYBRID, got 'E5M2'"));
+  EXPECT_THAT(error_of(R"({"recipe_options": ["margin=1", "margin=2"]})"),
+              HasSubstr("/entries/0/match/recipe_options/1: option 'margin' given twice"));
+  EXPECT_THAT(error_of(R"({"recipe": "none", "recipe_options": ["fp8_format=HYBRID"]})"),
+              HasSubstr("/entries/0/match/recipe_options: a case without a recipe (recipe \"none\") has no recipe "
+                        "options"));
+  // dtype.
+  EXPECT_THAT(error_of(R"({"dtype": "fp16"})"),
+              HasSubstr("/entries/0/match/dtype: unknown dtype 'fp16'; known dtypes: float64, float32, bfloat16, "
+                        "float16"));
+  // What is well-formed loads: a value list without a recipe where some recipe takes it, the
+  // recipes gradfuzz does not emulate (their options are checked for form only).
+  EXPECT_EQ(error_of(R"({"recipe_options": ["backward_override=high_precision|dequantized", "fp8_format=E4M3"]})"),
+            "no error");
+  EXPECT_EQ(error_of(R"({"recipe": "MXFP8BlockScaling", "recipe_options": ["enable_2d_quantization=1"]})"), "no error");
+  EXPECT_EQ(error_of(R"({"recipe": "none", "dtype": "bfloat16"})"), "no error");
+}
+
 TEST(VersionRange, ComparesDottedVersionsNumerically) {
   EXPECT_TRUE(version_in_range("2.20.2", ">=2.20,<2.21"));
   EXPECT_TRUE(version_in_range("2.20.2+cu130", "==2.20.2"));
@@ -160,6 +379,13 @@ TEST(ClusterTable, KeysSeparateFindingsTheFaultIsNotResponsibleFor) {
   EXPECT_THROW(table.add({sig, sig, VerdictKind::kMismatch, true, ""}), std::logic_error);
 }
 
+TEST(ClusterTable, AFindingACaseLevelEntryMatchedClustersApartFromItsSignature) {
+  const std::string sig = "mismatch|Linear|grad_param";
+  EXPECT_EQ(ClusterTable::key(sig, true, "te-delayed-wgrad"), sig + "|known:te-delayed-wgrad");
+  EXPECT_EQ(ClusterTable::key(sig, false, "te-delayed-wgrad"), sig + "|persists-without-fault|known:te-delayed-wgrad");
+  EXPECT_NE(ClusterTable::key(sig, true, "te-delayed-wgrad"), ClusterTable::key(sig, true));
+}
+
 TEST(KnownIssues, TheShippedTeFileCoversTheThreeKnownCausesAndNothingElse) {
   const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
   const KnownIssues known = load_known_issues(std::string(root ? root : ".") + "/known/te-2.20.2.json");
@@ -174,8 +400,8 @@ TEST(KnownIssues, TheShippedTeFileCoversTheThreeKnownCausesAndNothingElse) {
   left_locked.role = "left_locked";
   Finding in_place = in_place_write();
   for (const Finding& f : {generator, locked, left_locked, in_place}) {
-    EXPECT_NE(known.match(f, "te", "2.20.2"), nullptr) << f.signature << " " << f.role;
-    EXPECT_EQ(known.match(f, "te", "2.21.0") != nullptr, f.kind == VerdictKind::kModifiedInput)
+    EXPECT_NE(known.match(f, plain_case(), "te", "2.20.2"), nullptr) << f.signature << " " << f.role;
+    EXPECT_EQ(known.match(f, plain_case(), "te", "2.21.0") != nullptr, f.kind == VerdictKind::kModifiedInput)
         << "only the documented in-place behaviour is version-independent";
   }
   // A wrong value in a fused kernel, a dropped gradient, a modified tensor without in_place:
@@ -189,10 +415,140 @@ TEST(KnownIssues, TheShippedTeFileCoversTheThreeKnownCausesAndNothingElse) {
   dropped.role = "grad_channel";
   Finding written = in_place_write();
   written.option = "";
-  for (const Finding& f : {value, dropped, written}) EXPECT_EQ(known.match(f, "te", "2.20.2"), nullptr) << f.role;
+  for (const Finding& f : {value, dropped, written})
+    EXPECT_EQ(known.match(f, plain_case(), "te", "2.20.2"), nullptr) << f.role;
   // Steering: the two features whose every case fails for a known reason.
   EXPECT_EQ(known.feature_weights("te"),
             (std::map<std::string, double>{{"call_then_bind", 0.05}, {"generator_outputs", 0.05}}));
+}
+
+/// A te-like backend (the model's ops plus DelayedScaling, TE's version) whose every case
+/// has the same finding, the Linear weight gradient, whatever its recipe: a signature that is
+/// a known defect under DelayedScaling and would be a new one anywhere else.
+class SameFindingRunner final : public CaseRunner {
+ public:
+  SameFindingRunner() {
+    caps_ = harness::model_capabilities();
+    caps_.backend = "te";
+    caps_.versions["transformer_engine"] = "2.20.2";
+    harness::RecipeCapability delayed;
+    delayed.name = "DelayedScaling";
+    delayed.available = true;
+    delayed.fp8_formats = {"E4M3", "HYBRID"};
+    delayed.options = {{"margin", {"0", "1"}}};
+    caps_.recipes.push_back(delayed);
+  }
+  const harness::BackendCapabilities& capabilities() override { return caps_; }
+  int slots() const override { return 1; }
+  int idle() const override { return ready_.empty() ? 1 : 0; }
+  int in_flight() const override { return static_cast<int>(ready_.size()); }
+  int submit(Job job) override {
+    ready_.push_back(JobResult{job.id, run_now(job.spec, job.fault), 0});
+    return 0;
+  }
+  std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point>) override {
+    if (ready_.empty()) return std::nullopt;
+    JobResult r = std::move(ready_.front());
+    ready_.pop_front();
+    return r;
+  }
+  harness::CaseResult run_now(const harness::CaseSpec&, const std::string&) override {
+    harness::CaseResult r;
+    r.backend = "te";
+    r.findings = {weight_gradient()};
+    r.summarize();
+    return r;
+  }
+  void cancel_in_flight() override { ready_.clear(); }
+
+ private:
+  harness::BackendCapabilities caps_;
+  std::deque<JobResult> ready_;
+};
+
+class RecordingReporter final : public reports::Reporter {
+ public:
+  void report_context(const reports::ReportContext&) override {}
+  void report_case(const reports::CaseRecord& record) override { records.push_back(record); }
+  void finalize(const reports::RunSummary&) override {}
+  std::vector<reports::CaseRecord> records;
+};
+
+const char* kDelayedEntry = R"({"schema_version": 1, "entries": [
+  {"id": "te-delayed-wgrad", "status": "open-defect",
+   "match": {"signature": "mismatch|Linear|grad_param", "recipe": "DelayedScaling", "backend": "te",
+             "versions": ">=2.20,<2.21"}}]})";
+
+TEST(KnownIssuesCampaign, ARecipeEntryMarksOnlyTheFindingsOfCasesUnderThatRecipe) {
+  const std::filesystem::path dir = make_temp_dir("gradfuzz-known-recipe-");
+  CampaignOptions options;
+  options.cases = 24;
+  options.seed = 5;
+  options.max_ops = 3;
+  options.backend = "te";
+  options.shrink = false;
+  options.corpus_dir = dir;
+  options.known = std::make_shared<const KnownIssues>(parse(kDelayedEntry));
+  SameFindingRunner runner;
+  RecordingReporter reporter;
+  const CampaignOutcome outcome = run_campaign(options, runner, reporter, nullptr);
+  ASSERT_EQ(reporter.records.size(), 24u);
+  int64_t under_recipe = 0;
+  for (const auto& record : reporter.records) {
+    ASSERT_EQ(record.result.findings.size(), 1u);
+    const bool delayed = record.recipe == "DelayedScaling";
+    under_recipe += delayed ? 1 : 0;
+    EXPECT_TRUE(delayed || record.recipe == reports::kNoRecipe) << record.recipe;
+    EXPECT_EQ(record.result.findings[0].known, delayed ? "te-delayed-wgrad" : "");
+    ASSERT_EQ(record.clusters.size(), 1u);
+    EXPECT_EQ(record.clusters[0],
+              delayed ? "mismatch|Linear|grad_param|known:te-delayed-wgrad" : "mismatch|Linear|grad_param");
+  }
+  // The generator draws a recipe in about half the cases: both kinds are there.
+  EXPECT_GT(under_recipe, 0);
+  EXPECT_LT(under_recipe, 24);
+  EXPECT_EQ(outcome.known_failed, under_recipe);
+  // One signature, two clusters: the known one (its case under the recipe, kept as
+  // generated) and a new one, which alone fails the run.
+  ASSERT_EQ(outcome.findings.size(), 2u);
+  EXPECT_EQ(outcome.new_findings(), 1);
+  for (const auto& found : outcome.findings) {
+    const reports::Finding& f = found.finding;
+    EXPECT_EQ(f.signature, "mismatch|Linear|grad_param");
+    ASSERT_EQ(f.known.has_value(), f.recipe.has_value()) << f.cluster;
+    EXPECT_EQ(f.cluster, f.known ? "mismatch|Linear|grad_param|known:te-delayed-wgrad" : "mismatch|Linear|grad_param");
+    if (f.known) {
+      EXPECT_EQ(f.recipe->name, "DelayedScaling");
+      EXPECT_EQ(f.known->id, "te-delayed-wgrad");
+    }
+    EXPECT_EQ(corpus::load_case_file(f.case_file).spec.recipe, f.recipe);
+  }
+  remove_tree(dir);
+}
+
+TEST(KnownIssuesCampaign, ReplayMarksOnlyTheCaseUnderTheEntrysRecipe) {
+  const KnownIssues known = parse(kDelayedEntry);
+  LoadedCase plain;
+  plain.path = "plain.json";
+  plain.file.backend = "te";
+  plain.file.spec.dtype = "float32";
+  LoadedCase delayed = plain;
+  delayed.path = "delayed.json";
+  delayed.file.spec.recipe = harness::RecipeSpec{"DelayedScaling", "HYBRID", {{"margin", "0"}}};
+  SameFindingRunner runner;
+  std::ostringstream out;
+  const ReplayOutcome outcome = replay_cases({plain, delayed}, std::nullopt, runner, nullptr, &out, &known);
+  EXPECT_EQ(outcome.failed, 2);
+  EXPECT_EQ(outcome.known_failed, 1);
+  ASSERT_EQ(outcome.failures.size(), 2u);
+  EXPECT_FALSE(outcome.failures[0].known.has_value());
+  EXPECT_FALSE(outcome.failures[0].recipe.has_value());
+  EXPECT_EQ(outcome.failures[0].dtype, "float32");
+  ASSERT_TRUE(outcome.failures[1].known.has_value());
+  EXPECT_EQ(outcome.failures[1].known->id, "te-delayed-wgrad");
+  EXPECT_EQ(outcome.failures[1].recipe, delayed.file.spec.recipe);
+  EXPECT_THAT(out.str(), HasSubstr("FAIL mismatch plain.json [mismatch|Linear|grad_param]"));
+  EXPECT_THAT(out.str(), HasSubstr("KNOWN mismatch delayed.json [mismatch|Linear|grad_param] (te-delayed-wgrad)"));
 }
 
 }  // namespace

@@ -102,11 +102,15 @@ CaseRecord passing_record() {
 CaseRecord finding_record(const std::optional<std::string>& fault) {
   CaseRecord record;
   record.result = mismatch_result();
+  // The case ran under a recipe; the cluster's second member (cluster_member) without one.
+  record.recipe = "DelayedScaling";
   Finding f;
   f.result = mismatch_result();
   f.case_file = "gradfuzz-out/corpus/findings/0123456789abcdef.json";
   f.reproduce = reproduce_line(f.case_file, fault);
   f.fault = fault;
+  f.dtype = "float32";
+  f.recipe = harness::RecipeSpec{"DelayedScaling", "HYBRID", {{"amax_history_len", "16"}, {"margin", "0"}}};
   f.signature = f.result.findings.front().signature;
   record.new_findings = {f};
   // The failing case is the first of its cluster, which one more member joins below.
@@ -118,6 +122,7 @@ CaseRecord finding_record(const std::optional<std::string>& fault) {
 CaseRecord cluster_member() {
   CaseRecord record;
   record.result = mismatch_result();
+  record.recipe = kNoRecipe;
   const std::string key = record.result.findings.front().signature;
   record.clusters = {key};
   record.example_files = {{key, "gradfuzz-out/corpus/findings/examples/fedcba9876543210.json"}};
@@ -188,7 +193,7 @@ TEST(JsonReporter, CountsCoverageNamesOutsideTheListedOnes) {
   EXPECT_EQ(doc["summary"]["cases_per_s"], 2.0);
 }
 
-TEST(JsonReporter, FindingCarriesItsDtypeAndAClusterKeyOtherThanItsSignature) {
+TEST(JsonReporter, FindingCarriesItsDtypeRecipeAndAClusterKeyOtherThanItsSignature) {
   Finding f;
   f.result = mismatch_result();
   f.case_file = "x.json";
@@ -198,12 +203,39 @@ TEST(JsonReporter, FindingCarriesItsDtypeAndAClusterKeyOtherThanItsSignature) {
   auto j = finding_to_json(f);
   EXPECT_EQ(j["dtype"], "float32");
   EXPECT_EQ(j["cluster"], "mismatch|ForwardLinearBiasAdd|grad_channel|persists-without-fault");
-  // Neither is written when it says nothing: no dtype known, a cluster that is the signature.
+  // The recipe goes with the dtype (both from the saved case): null for a case without one.
+  EXPECT_TRUE(j["recipe"].is_null());
+  f.recipe = harness::RecipeSpec{"Float8CurrentScaling", "E4M3", {{"backward_override", "dequantized"}}};
+  j = finding_to_json(f);
+  EXPECT_EQ(j["recipe"], (nlohmann::ordered_json{{"name", "Float8CurrentScaling"},
+                                                 {"fp8_format", "E4M3"},
+                                                 {"options", {{"backward_override", "dequantized"}}}}));
+  // None is written when it says nothing: no dtype known (so no recipe either), a cluster that
+  // is the signature.
   f.dtype.clear();
   f.cluster = f.signature;
   j = finding_to_json(f);
   EXPECT_FALSE(j.contains("dtype"));
+  EXPECT_FALSE(j.contains("recipe"));
   EXPECT_FALSE(j.contains("cluster"));
+}
+
+// `known accept` names the recipe of a cluster seen under one only: the report counts a
+// cluster's cases per recipe (cases whose recipe is not known are not counted).
+TEST(JsonReporter, CountsAClustersCasesPerRecipe) {
+  std::ostringstream out;
+  JsonReporter reporter(out);
+  reporter.report_context(fixed_context("fuzz", std::nullopt));
+  reporter.report_case(finding_record(std::nullopt));
+  reporter.report_case(cluster_member());
+  reporter.report_case(cluster_member());
+  CaseRecord unknown = cluster_member();
+  unknown.recipe.clear();
+  reporter.report_case(unknown);
+  const auto doc = reporter.document(RunSummary{1.0, std::nullopt});
+  ASSERT_EQ(doc["findings"].size(), 1U);
+  EXPECT_EQ(doc["findings"][0]["count"], 4);
+  EXPECT_EQ(doc["findings"][0]["recipes"], (nlohmann::ordered_json{{"DelayedScaling", 1}, {"none", 2}}));
 }
 
 TEST(JsonReporter, AKnownClusterCarriesItsEntryAndCountsAsKnown) {

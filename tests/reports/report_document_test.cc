@@ -89,6 +89,31 @@ TEST(ReportDocument, RefusesAWrongTypeInAFindingsDetail) {
   EXPECT_EQ(error_of(doc), "night.json: /findings/1/details/0/atol: expected a number or null, got string \"1e-5\"");
 }
 
+TEST(ReportDocument, RefusesAMalformedRecipeOfAFindingNamingItsPath) {
+  Json doc = data_report("shard-1.json");
+  doc["findings"][0]["recipe"] =
+      Json{{"name", "DelayedScaling"}, {"fp8_format", "HYBRID"}, {"options", {{"margin", 1}}}};
+  EXPECT_EQ(error_of(doc), "night.json: /findings/0/recipe/options/margin: expected a string, got number 1");
+  doc["findings"][0]["recipe"] = "DelayedScaling";
+  EXPECT_EQ(error_of(doc), "night.json: /findings/0/recipe: expected an object, got string \"DelayedScaling\"");
+  doc["findings"][0]["recipe"] = nullptr;  // a case without a recipe
+  doc["findings"][0]["recipes"] = Json{{"none", -1}};
+  EXPECT_EQ(error_of(doc), "night.json: /findings/0/recipes/none: expected a non-negative integer, got number -1");
+}
+
+// What report merge and diff read of a finding's case: its recipe, or that it is not recorded.
+TEST(ReportDocument, ReadsTheRecipeAFindingRecords) {
+  Json f = data_report("shard-1.json")["findings"][0];
+  EXPECT_FALSE(finding_recipe(f).has_value());  // an older report: not recorded
+  f["recipe"] = nullptr;
+  ASSERT_TRUE(finding_recipe(f).has_value());
+  EXPECT_FALSE(finding_recipe(f)->has_value());  // recorded: no recipe
+  f["recipe"] =
+      Json{{"name", "Float8BlockScaling"}, {"fp8_format", "E4M3"}, {"options", {{"backward_override", "none"}}}};
+  const harness::RecipeSpec expected{"Float8BlockScaling", "E4M3", {{"backward_override", "none"}}};
+  EXPECT_EQ(finding_recipe(f), std::optional<std::optional<harness::RecipeSpec>>(expected));
+}
+
 TEST(ReportDocument, RefusesAZeroClusterCount) {
   Json doc = data_report("shard-1.json");
   doc["findings"][0]["count"] = 0;

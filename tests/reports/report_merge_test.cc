@@ -83,6 +83,21 @@ TEST(ReportMerge, MergesClustersSummingCountsAndKeepingThreeExamples) {
   EXPECT_EQ(findings[2]["count"], 1);
 }
 
+// A cluster's cases per recipe (what `known accept` reads) add up like its count; a shard
+// that does not count them (an older gradfuzz) leaves the merged cluster without counts
+// rather than with partial ones.
+TEST(ReportMerge, SumsAClustersCasesPerRecipeOnlyWhenEveryShardCountsThem) {
+  std::vector<NamedReport> inputs = two_shards();
+  inputs[0].doc["findings"][0]["recipes"] = Json{{"DelayedScaling", 2}, {"none", 1}};
+  inputs[1].doc["findings"][1]["recipes"] = Json{{"none", 1}, {"Float8CurrentScaling", 1}};
+  Json merged = merge_reports(inputs);
+  EXPECT_NO_THROW(check_report(merged, "merged"));
+  EXPECT_EQ(merged["findings"][0]["recipes"], (Json{{"DelayedScaling", 2}, {"none", 2}, {"Float8CurrentScaling", 1}}));
+  inputs[1].doc["findings"][1].erase("recipes");
+  merged = merge_reports(inputs);
+  EXPECT_FALSE(merged["findings"][0].contains("recipes"));
+}
+
 TEST(ReportMerge, TakesShardsInShardOrderWhateverTheArgumentOrder) {
   std::vector<NamedReport> reversed = two_shards();
   std::swap(reversed[0], reversed[1]);
