@@ -78,7 +78,9 @@ class ReportCommand {
 };
 
 /// Marks each finding cluster of a report document as known (its `known` set to the matching
-/// entry, matched on the cluster's signature and first detail) or new (null), and updates
+/// entry, matched on the cluster's signature and first detail, and for case-level fields on
+/// the dtype and recipe its saved case records: none recorded, no match; a `recipe` entry
+/// also needs every case the cluster counts under that recipe) or new (null), and updates
 /// summary.known_findings / new_findings and campaign.known_file.
 void apply_known(nlohmann::ordered_json& report, const campaign::KnownIssues& known);
 

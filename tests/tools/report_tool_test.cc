@@ -17,6 +17,7 @@
 
 #include "campaign/exit_codes.h"
 #include "campaign/files.h"
+#include "campaign/known_issues.h"
 #include "tools/cli.h"
 
 namespace gradfuzz::tools {
@@ -250,6 +251,110 @@ TEST_F(ReportToolTest, RunCommandsRefuseAnUnwritableOutputBeforeRunning) {
   r = run({"replay", "corpus/regression", "--junit", ""});
   EXPECT_EQ(r.exit, 2);
   EXPECT_THAT(r.err, HasSubstr("expected a file name, got an empty one"));
+}
+
+// report merge/diff --known on case-level entries (docs/KNOWN.md): a cluster is matched on
+// the recipe and dtype its saved case records, and a recipe entry covers it only if every
+// case counted in it ran under that recipe.
+const char* kRecipeKnown = R"({"schema_version": 1, "entries": [
+  {"id": "delayed", "status": "open-defect",
+   "match": {"signature": "mismatch|Dispatch,Linear|grad_channel", "recipe": "DelayedScaling", "dtype": "float64",
+             "recipe_options": ["fp8_format=HYBRID"]}},
+  {"id": "locked", "status": "open-defect", "match": {"kind": "unexpected_error"}}]})";
+
+/// last.json's first cluster as a campaign under DelayedScaling records it.
+Json delayed_report() {
+  Json doc = Json::parse(read(data("last.json")));
+  doc["findings"][0]["recipe"] =
+      Json{{"name", "DelayedScaling"}, {"fp8_format", "HYBRID"}, {"options", Json::object()}};
+  doc["findings"][0]["recipes"] = Json{{"DelayedScaling", 1}};
+  return doc;
+}
+
+TEST(ApplyKnown, MatchesCaseLevelEntriesOnTheRecipeAndDtypeAClusterRecords) {
+  const campaign::KnownIssues known = campaign::known_issues_from_json(nlohmann::json::parse(kRecipeKnown), "k.json");
+  Json doc = delayed_report();
+  apply_known(doc, known);
+  EXPECT_EQ(doc["findings"][0]["known"]["id"], "delayed");
+  EXPECT_EQ(doc["findings"][1]["known"]["id"], "locked");  // a finding-level entry: as before
+  EXPECT_EQ(doc["summary"]["new_findings"], 0);
+  // Each condition off: no recipe, another format, another dtype, a case of the cluster under
+  // another recipe, a report that does not record the recipe (older gradfuzz).
+  const std::vector<void (*)(Json&)> edits{
+      [](Json& f) { f["recipe"] = nullptr; },  [](Json& f) { f["recipe"]["fp8_format"] = "E4M3"; },
+      [](Json& f) { f["dtype"] = "float32"; }, [](Json& f) { f["recipes"]["none"] = 2; },
+      [](Json& f) { f.erase("recipe"); },
+  };
+  for (size_t i = 0; i < edits.size(); ++i) {
+    Json edited = delayed_report();
+    edits[i](edited["findings"][0]);
+    apply_known(edited, known);
+    EXPECT_TRUE(edited["findings"][0]["known"].is_null()) << "edit " << i;
+    EXPECT_EQ(edited["summary"]["new_findings"], 1) << "edit " << i;
+  }
+  // Counts per recipe are optional (a replay's finding is its one case).
+  doc = delayed_report();
+  doc["findings"][0].erase("recipes");
+  apply_known(doc, known);
+  EXPECT_EQ(doc["findings"][0]["known"]["id"], "delayed");
+}
+
+TEST_F(ReportToolTest, DiffWithARecipeEntryCountsTheClusterNewOnlyWithoutTheRecipe) {
+  const std::string known = write("known.json", kRecipeKnown);
+  const std::string last = write("last.json", Json::parse(read(data("last.json"))).dump(2));
+  auto night = [&](const std::string& name, void (*edit)(Json&)) {
+    Json doc = delayed_report();
+    doc["findings"][0]["cluster"] = "mismatch|Dispatch,Linear|grad_channel|known:delayed";
+    edit(doc);
+    return write(name, doc.dump(2));
+  };
+  // Under the recipe: the cluster is new to the diff but known, exit 0.
+  CliRun r = run({"report", "diff", last, night("under.json", [](Json&) {}), "--known", known});
+  EXPECT_EQ(r.exit, 0) << r.out << r.err;
+  // The same signature in a case without a recipe: new, exit 1.
+  r = run({"report", "diff", last, night("plain.json", [](Json& d) { d["findings"][0]["recipe"] = nullptr; }),
+           "--known", known});
+  EXPECT_EQ(r.exit, 1) << r.out << r.err;
+}
+
+// known accept writes the recipe of a cluster whose cases all ran under one (or all without
+// one) when the night ran recipe cases; a cluster seen under several, or a night without any
+// recipe case, gets none.
+TEST_F(ReportToolTest, KnownAcceptNamesTheOneRecipeAClustersCasesRanUnder) {
+  auto accept = [&](void (*edit)(Json&)) {
+    Json doc = Json::parse(read(data("last.json")));
+    doc["coverage"]["features"]["recipe"] = 3;
+    edit(doc);
+    const std::string report = write("night.json", doc.dump(2));
+    const CliRun r = run({"known", "accept", report, "-o", path("known.json")});
+    EXPECT_EQ(r.exit, 0) << r.err;
+    // What accept writes loads again (recipe names are checked on load).
+    const campaign::KnownIssues loaded = campaign::load_known_issues(path("known.json"));
+    return Json::parse(read(path("known.json")));
+  };
+  Json known = accept([](Json& d) {
+    d["findings"][0]["recipes"] = Json{{"DelayedScaling", 4}};
+    d["findings"][1]["recipes"] = Json{{"none", 1}};
+  });
+  ASSERT_EQ(known["entries"].size(), 2u);
+  EXPECT_EQ(known["entries"][0]["match"]["recipe"], "DelayedScaling");
+  EXPECT_THAT(known["entries"][0]["note"].get<std::string>(), HasSubstr("seen only under DelayedScaling"));
+  EXPECT_EQ(known["entries"][1]["match"]["recipe"], "none");
+  EXPECT_THAT(known["entries"][1]["note"].get<std::string>(), HasSubstr("seen only in cases without a recipe"));
+  // Several recipes: no condition. No counts: the saved case's recipe (a replay's one case).
+  known = accept([](Json& d) {
+    d["findings"][0]["recipes"] = Json{{"DelayedScaling", 2}, {"none", 1}};
+    d["findings"][1]["recipe"] =
+        Json{{"name", "Float8CurrentScaling"}, {"fp8_format", "E4M3"}, {"options", Json::object()}};
+  });
+  EXPECT_FALSE(known["entries"][0]["match"].contains("recipe"));
+  EXPECT_EQ(known["entries"][1]["match"]["recipe"], "Float8CurrentScaling");
+  // A night without a recipe case says nothing about recipes.
+  known = accept([](Json& d) {
+    d["coverage"]["features"].erase("recipe");
+    d["findings"][0]["recipes"] = Json{{"none", 4}};
+  });
+  EXPECT_FALSE(known["entries"][0]["match"].contains("recipe"));
 }
 
 TEST_F(ReportToolTest, WriteFileAtomicallyReplacesTheFileWhole) {
