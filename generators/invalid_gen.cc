@@ -78,10 +78,10 @@ int64_t op_with_inputs(CaseSpec& spec) {
   return pos;
 }
 
-InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
+InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored, int64_t max_tensor_elements) {
   const auto layout = *compute_layout(spec);
   const int64_t n = static_cast<int64_t>(spec.ops.size());
-  const int64_t pos = pick(0, n);
+  int64_t pos = pick(0, n);
   const std::string x = "invalid_x";
   const bool to_caller = pick(0, 1) == 1;
   InvalidCase out;
@@ -138,7 +138,9 @@ InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
     case 3: {  // surplus or shortfall of public extra inputs
       const int64_t publics = count_public_inputs(spec, layout);
       // A backend that documents ignoring a surplus (TE's Sequential) is only given a shortfall.
-      if (surplus_ignored && publics == 0) return mutate(std::move(spec), 2, surplus_ignored);  // nothing to withhold
+      if (surplus_ignored && publics == 0) {
+        return mutate(std::move(spec), 2, surplus_ignored, max_tensor_elements);  // nothing to withhold
+      }
       std::vector<int64_t> deltas;
       if (!surplus_ignored) deltas = {1, 2};
       if (publics > 0) deltas.push_back(-1);
@@ -158,11 +160,21 @@ InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored) {
         }
       }
       if (!has_public_split) {
-        // A shape-preserving GroupedLinear (out = features here) with public split sizes.
+        // A shape-preserving GroupedLinear (out = features here) with public split sizes,
+        // where its weights ([features, features] per group) fit the tensor budget as valid
+        // cases' do; a case with no such place gets another kind of invalid configuration.
+        const int64_t groups = pick(1, 4);
+        std::vector<int64_t> places;
+        for (int64_t p = 0; p <= n; ++p) {
+          const int64_t f = shape_at(spec, layout, p)[1];
+          if (f * f <= max_tensor_elements) places.push_back(p);
+        }
+        if (places.empty()) return mutate(std::move(spec), 3, surplus_ignored, max_tensor_elements);
+        pos = places[static_cast<size_t>(pick(0, static_cast<int64_t>(places.size()) - 1))];
         const auto shape = shape_at(spec, layout, pos);
         const bool scale_bias = pick(0, 1) == 1;
         insert_ops(spec, pos,
-                   {make_op("GroupedLinear", {{"groups", static_cast<double>(pick(1, 4))},
+                   {make_op("GroupedLinear", {{"groups", static_cast<double>(groups)},
                                               {"out", static_cast<double>(shape[1])},
                                               {"bias", scale_bias ? 1.0 : static_cast<double>(pick(0, 1))},
                                               {"scale_bias", scale_bias ? 1.0 : 0.0}})});
@@ -236,10 +248,11 @@ rc::Gen<InvalidCase> gen_invalid_case(const GenOptions& options) {
     if (lazy && invalid_case_kinds()[static_cast<size_t>(k)] == std::string(ops::LockedError::kKind)) continue;
     kinds.push_back(k);
   }
-  return rc::gen::exec([base, kinds, surplus_ignored] {
+  const int64_t max_tensor_elements = options.max_tensor_elements;
+  return rc::gen::exec([base, kinds, surplus_ignored, max_tensor_elements] {
     const CaseSpec spec = *base;
     const int64_t which = kinds[static_cast<size_t>(pick(0, static_cast<int64_t>(kinds.size()) - 1))];
-    return mutate(spec, which, surplus_ignored);
+    return mutate(spec, which, surplus_ignored, max_tensor_elements);
   });
 }
 
