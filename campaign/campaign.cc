@@ -415,8 +415,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
             if (!(minimal == p.spec)) {
               minimal_result = runner.run_now(minimal, case_fault);
               mark(minimal_result, minimal);
-              // Shrinking is only trusted when the minimal case reproduces: keep the original.
-              if (!minimal_result.finding(signature)) {
+              // Shrinking is only trusted when the minimal case reproduces, and as the new
+              // finding it shrank for: a smaller case that a case-level known issue covers (the
+              // recipe shrunk away, an entry on "none") is that issue's. Else keep the original.
+              const harness::Finding* again = minimal_result.finding(signature);
+              if (!again || again->is_known()) {
                 minimal = p.spec;
                 minimal_result = record.result;
               }

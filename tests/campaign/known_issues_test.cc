@@ -526,6 +526,34 @@ TEST(KnownIssuesCampaign, ARecipeEntryMarksOnlyTheFindingsOfCasesUnderThatRecipe
   remove_tree(dir);
 }
 
+// A new finding under a recipe must not shrink into a case a case-level entry covers: the
+// shrinker drops the recipe when the finding stays without it, and then an entry on "none"
+// would take the saved case for a known issue while the cluster is new.
+TEST(KnownIssuesCampaign, ANewFindingIsNotShrunkIntoACaseAnEntryCovers) {
+  const std::filesystem::path dir = make_temp_dir("gradfuzz-known-shrink-");
+  CampaignOptions options;
+  options.cases = 12;
+  options.seed = 5;
+  options.max_ops = 3;
+  options.backend = "te";
+  options.recipe = "DelayedScaling";  // every case under the recipe
+  options.corpus_dir = dir;
+  options.known = std::make_shared<const KnownIssues>(parse(R"({"schema_version": 1, "entries": [
+    {"id": "plain-wgrad", "status": "open-defect",
+     "match": {"signature": "mismatch|Linear|grad_param", "recipe": "none"}}]})"));
+  SameFindingRunner runner;
+  RecordingReporter reporter;
+  const CampaignOutcome outcome = run_campaign(options, runner, reporter, nullptr);
+  ASSERT_EQ(outcome.findings.size(), 1u);
+  const reports::Finding& f = outcome.findings[0].finding;
+  EXPECT_FALSE(f.known.has_value());
+  ASSERT_TRUE(f.recipe.has_value()) << "shrunk into the case without a recipe that plain-wgrad covers";
+  EXPECT_EQ(f.recipe->name, "DelayedScaling");
+  EXPECT_FALSE(f.result.findings[0].is_known());
+  EXPECT_EQ(corpus::load_case_file(f.case_file).spec.recipe, f.recipe);
+  remove_tree(dir);
+}
+
 TEST(KnownIssuesCampaign, ReplayMarksOnlyTheCaseUnderTheEntrysRecipe) {
   const KnownIssues known = parse(kDelayedEntry);
   LoadedCase plain;
