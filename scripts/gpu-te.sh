@@ -267,24 +267,31 @@ if has quick; then
   say "  quick: $(report_line "$work/quick.json")"
 fi
 if has tput; then
-  # Issue 15: a default (mixed-shape) campaign's rate per regime, model and te, and the te
-  # worker table on tiny float32 cases without shrinking.
-  stage tput-model-mix 50 "$gf" fuzz --backend model --device "$device" --time 40 --seed 5 --workers 8 \
-    --corpus "$work/tput-model-mix" --report "$work/tput-model-mix.json" --quiet
-  say "  tput-model-mix: $(report_line "$work/tput-model-mix.json")"
-  stage tput-model-tiny 30 "$gf" fuzz --backend model --device "$device" --time 20 --seed 5 --workers 8 --shapes tiny \
-    --corpus "$work/tput-model-tiny" --report "$work/tput-model-tiny.json" --quiet
-  say "  tput-model-tiny: $(report_line "$work/tput-model-tiny.json")"
-  # The te default mix against te tiny, both 12 workers, no shrinking: the 70% target.
-  stage tput-te-mix 40 "$gf" fuzz --backend "$backend" --device "$device" --time 30 --seed 6 --dtypes float32 \
-    --workers 12 --max-shrink-calls 0 --known "$known" --corpus "$work/tput-te-mix" \
-    --report "$work/tput-te-mix.json" --quiet
-  say "  tput-te-mix: $(report_line "$work/tput-te-mix.json")"
-  for w in ${TPUT_WORKERS:-1 4 8 12}; do
-    stage "tput-te-w$w" 30 "$gf" fuzz --backend "$backend" --device "$device" --time 20 --seed 7 --dtypes float32 --shapes tiny \
-      --workers "$w" --max-shrink-calls 0 --known "$known" --corpus "$work/tput-te-w$w" \
-      --report "$work/tput-te-w$w.json" --quiet
-    say "  tput-te-w$w: $(report_line "$work/tput-te-w$w.json")"
+  # Issue 15 item 5: the te worker table on tiny float32 cases without shrinking, the default
+  # (mixed-shape) te campaign against it (the 70% target), one worker with and without
+  # shared runs (--no-shared-runs) with each case's cost ledger (GRADFUZZ_CASE_COST) and
+  # the adapter's timing, then CUDA MPS (--mps) for te and model workers on the one GPU.
+  { nproc; lscpu | grep -E 'Model name|Thread|Core|Socket'; command -v nvidia-cuda-mps-control; } >"$work/cpus.txt" 2>&1
+  tput() {  # tput NAME BACKEND WORKERS SHAPES ARGS...: a 20 s campaign without shrinking
+    local name="$1" b="$2" w="$3" shapes="$4"; shift 4
+    stage "$name" 35 "$gf" fuzz --backend "$b" --device "$device" --time 20 --seed 7 --dtypes float32 --shapes "$shapes" \
+      --workers "$w" --max-shrink-calls 0 --corpus "$work/$name" --report "$work/$name.json" --quiet "$@"
+    say "  $name: $(report_line "$work/$name.json")"
+  }
+  for w in ${TPUT_WORKERS:-1 4 8 12}; do tput "tput-te-w$w" "$backend" "$w" tiny --known "$known"; done
+  tput tput-te-mix "$backend" 12 mix --known "$known"
+  for mode in shared separate; do
+    extra=(); [ "$mode" = separate ] && extra=(--no-shared-runs)
+    GRADFUZZ_CASE_COST="$work/cost-te-w1-$mode.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$mode.jsonl" \
+      tput "tput-te-w1-$mode" "$backend" 1 tiny --known "$known" "${extra[@]}"
+    python3 scripts/case_cost.py "$work/cost-te-w1-$mode.jsonl" --adapter "$work/timing-te-w1-$mode.jsonl" \
+      --by recipe >"$work/cost-te-w1-$mode.txt" 2>&1
+    say "    $(head -3 "$work/cost-te-w1-$mode.txt" | paste -sd' ' -)"
   done
+  tput tput-model-w8 model 8 tiny
+  if [ "$device" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    tput tput-model-w8-mps model 8 tiny --mps
+    for w in 8 12; do tput "tput-te-w$w-mps" "$backend" "$w" tiny --known "$known" --mps; done
+  fi
 fi
 exit 0
