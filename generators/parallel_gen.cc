@@ -43,6 +43,9 @@ struct Draft {
   std::vector<OpSpec> ops;
   std::vector<int64_t> shape;
   Layout layout = Layout::kReplicated;
+  /// After an AllGather the whole tensor's gradient is a summand per rank (its backward sums
+  /// them): only ops that pass a gradient on as it comes may follow (harness/sharding.h).
+  bool summed_gradient = false;
   int64_t catalog_ops = 0;
   int64_t next_channel = 0;
   ShapeRegime regime = ShapeRegime::kTiny;
@@ -200,13 +203,17 @@ void block(Draft& d) {
   switch (d.layout) {
     case Layout::kReplicated:
     case Layout::kRows: {
+      if (d.summed_gradient) {
+        single_op(d);
+        break;
+      }
       const bool sp = d.layout == Layout::kRows && d.world > 1;
       const int64_t r = pick(0, 13);
       if (r < 4) {
         mlp_block(d, sp);
       } else if (r < 6) {
         if (sp) {
-          append(d, "AllGather", {}, Layout::kReplicated);
+          d.summed_gradient = append(d, "AllGather", {}, Layout::kReplicated);
         } else {
           append(d, "Linear", linear_attrs(draw_split_features(d), 1, false), Layout::kFeatures);
         }

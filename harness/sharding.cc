@@ -58,9 +58,6 @@ Placement value_placement(Layout layout) {
   return replicated();
 }
 
-Placement gradient_placement(Layout layout) {
-  return layout == Layout::kPartial ? replicated() : value_placement(layout);
-}
 
 namespace {
 
@@ -215,6 +212,80 @@ int64_t split_size(int64_t size, int64_t world_size, int64_t rank) {
 
 }  // namespace
 
+namespace {
+
+/// The gradients of replicated tensors: one variable per group of replicated tensors whose
+/// gradients lie alike (an op that passes its gradient on as it comes joins its input's and
+/// output's), each whole, summands, or not yet decided (then whole).
+class GradientSolver {
+ public:
+  enum Value { kFree = -1, kWhole = 0, kSummands = 1 };
+
+  int make() {
+    parent_.push_back(static_cast<int>(parent_.size()));
+    value_.push_back(kFree);
+    why_.emplace_back();
+    return static_cast<int>(parent_.size()) - 1;
+  }
+  int find(int v) {
+    while (parent_[static_cast<size_t>(v)] != v) v = parent_[static_cast<size_t>(v)] = parent_[static_cast<size_t>(parent_[static_cast<size_t>(v)])];
+    return v;
+  }
+  /// Decides `v`'s group; SpecError at `path` when it was decided otherwise.
+  void fix(int v, Value value, const std::string& why, const std::string& path) {
+    if (v < 0) return;
+    const int r = find(v);
+    if (value_[static_cast<size_t>(r)] == kFree) {
+      value_[static_cast<size_t>(r)] = value;
+      why_[static_cast<size_t>(r)] = why;
+    } else if (value_[static_cast<size_t>(r)] != value) {
+      conflict(why_[static_cast<size_t>(r)], why, path);
+    }
+  }
+  /// One group for `a` and `b`.
+  void join(int a, int b, const std::string& path) {
+    if (a < 0 || b < 0) return;
+    const int ra = find(a);
+    const int rb = find(b);
+    if (ra == rb) return;
+    const Value va = value_[static_cast<size_t>(ra)];
+    const Value vb = value_[static_cast<size_t>(rb)];
+    if (va != kFree && vb != kFree && va != vb) conflict(why_[static_cast<size_t>(ra)], why_[static_cast<size_t>(rb)], path);
+    parent_[static_cast<size_t>(rb)] = ra;
+    if (va == kFree) {
+      value_[static_cast<size_t>(ra)] = vb;
+      why_[static_cast<size_t>(ra)] = why_[static_cast<size_t>(rb)];
+    }
+  }
+  /// Where the gradient of a tensor of `layout` (variable `v` when replicated) lies.
+  Placement gradient(Layout layout, int v) {
+    if (layout == Layout::kPartial) return replicated();
+    if (layout != Layout::kReplicated) return value_placement(layout);
+    return v >= 0 && value_[static_cast<size_t>(find(v))] == kSummands ? partial() : replicated();
+  }
+  bool summands(int v) { return v >= 0 && value_[static_cast<size_t>(find(v))] == kSummands; }
+
+ private:
+  [[noreturn]] static void conflict(const std::string& one, const std::string& other, const std::string& path) {
+    throw SpecError(path, "a replicated tensor's gradient would have to lie two ways: " + one + ", but " + other);
+  }
+  std::vector<int> parent_;
+  std::vector<Value> value_;
+  std::vector<std::string> why_;
+};
+
+/// Whether op `name` passes the gradient of a replicated output on to its replicated input
+/// as it comes (linear in the output's gradient, with factors every rank holds alike).
+bool passes_gradient(const std::string& name, const OpSpec& op) {
+  if (name == "Linear") return attr_of(op, "tensor_parallel_mode") == 0;
+  if (name == "Bias") return attr_of(op, "tensor_parallel") == 0;
+  return name == "ConstantScale" || name == "Identity" || name == "ReLU" || name == "GELU" || name == "SReLU" ||
+         name == "SwiGLU" || name == "RMSNorm" || name == "LayerNorm" || name == "MakeExtraOutput" ||
+         name == "AddExtraInput";
+}
+
+}  // namespace
+
 ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan) {
   ShardingPlan out;
   out.world_size = spec.world_size;
@@ -223,13 +294,24 @@ ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan) {
   std::optional<ParallelConfigError> refused;
   if (many) refused = parallel_config_error(spec, plan);
   out.input = many ? input_layout_of(spec) : Layout::kReplicated;
-  out.channels.assign(static_cast<size_t>(plan.num_fusers), {});
-  std::map<std::pair<int64_t, std::string>, Layout> channel_layouts;
+  GradientSolver grads;
+  auto var_of = [&](Layout l) { return l == Layout::kReplicated ? grads.make() : -1; };
+  const int input_var = var_of(out.input);
+  // Per op: the gradient variables of its main input and output, and of its extra slots.
+  std::vector<int> in_vars(spec.ops.size(), -1);
+  std::vector<int> out_vars(spec.ops.size(), -1);
+  std::vector<std::vector<int>> extra_in_vars(spec.ops.size());
+  std::vector<std::vector<int>> extra_out_vars(spec.ops.size());
+  std::map<std::pair<int64_t, std::string>, std::pair<Layout, int>> channel_of;
   Layout x = out.input;
+  int x_var = input_var;
   for (size_t i = 0; i < spec.ops.size() && i < plan.ops.size(); ++i) {
     const OpPlan& op_plan = plan.ops[i];
     const OpSpec& op = spec.ops[i];
+    const std::string path = op_path(i);
+    const std::string at = op.name + " (op " + std::to_string(i) + ")";
     OpSharding rule;
+    bool refused_here = false;
     if (op_plan.boundary) {
       rule.input = rule.output = x;
     } else if (!many) {
@@ -238,44 +320,100 @@ ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan) {
       rule.params.assign(op_plan.signature.parameter_shapes.size(), replicated());
       rule.param_grads = rule.params;
     } else {
-      const bool constructs_not =
+      refused_here =
           refused && refused->at_construction && refused->op == static_cast<int64_t>(i) && !is_collective(op.name);
-      rule = op_rule(op, op_plan, i, x, constructs_not);
+      rule = op_rule(op, op_plan, i, x, refused_here);
+    }
+    in_vars[i] = x_var;
+    // The output's gradient variable: the input's where the op passes its gradient on.
+    const bool through = many && !op_plan.boundary && rule.input == Layout::kReplicated &&
+                         rule.output == Layout::kReplicated && passes_gradient(op.name, op);
+    int y_var = -1;
+    if (rule.output == Layout::kReplicated) {
+      y_var = (through || op_plan.boundary || !many) && x_var >= 0 ? x_var : grads.make();
+    }
+    out_vars[i] = y_var;
+    if (many && !refused_here && !op_plan.boundary) {
+      const int64_t mode = op.name == "Linear" ? static_cast<int64_t>(attr_of(op, "tensor_parallel_mode")) : 0;
+      if (op.name == "AllGather") {
+        grads.fix(y_var, GradientSolver::kSummands,
+                  at + "'s backward sums the ranks' gradients of its output (a reduce-scatter)", path);
+      } else if (op.name == "AllReduce") {
+        grads.fix(y_var, GradientSolver::kWhole, at + "'s backward hands each rank's gradient on as it is", path);
+      } else if (mode == 2 && rule.output == Layout::kReplicated) {
+        grads.fix(y_var, GradientSolver::kWhole,
+                  at + ", row-parallel, takes the whole gradient of its output on every rank", path);
+      } else if (mode == 1 && rule.input == Layout::kReplicated) {
+        grads.fix(x_var, GradientSolver::kWhole,
+                  at + ", column-parallel, hands every rank the whole input gradient (an all-reduce)", path);
+      }
+    }
+    // Extra slots of ops that pass gradients on lie as the main tensor does.
+    for (size_t s = 0; s < rule.extra_outputs.size(); ++s) {
+      extra_out_vars[i].push_back(rule.extra_outputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make()) : -1);
+    }
+    for (size_t s = 0; s < rule.extra_inputs.size(); ++s) {
+      extra_in_vars[i].push_back(rule.extra_inputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make()) : -1);
     }
     // Channels carry a producer's layout to its consumers, which must take it as it is.
     for (size_t s = 0; s < op.output_bindings.size() && s < rule.extra_outputs.size(); ++s) {
-      if (op.output_bindings[s].channel) {
-        channel_layouts[{op_plan.fuser, *op.output_bindings[s].channel}] = rule.extra_outputs[s];
-        if (op_plan.fuser >= 0 && op_plan.fuser < plan.num_fusers) {
-          out.channels[static_cast<size_t>(op_plan.fuser)][*op.output_bindings[s].channel] = rule.extra_outputs[s];
-        }
-      }
+      if (!op.output_bindings[s].channel) continue;
+      channel_of[{op_plan.fuser, *op.output_bindings[s].channel}] = {rule.extra_outputs[s], extra_out_vars[i][s]};
     }
     for (size_t s = 0; s < op.input_channels.size() && s < rule.extra_inputs.size(); ++s) {
       if (!op.input_channels[s]) continue;
-      auto it = channel_layouts.find({op_plan.fuser, *op.input_channels[s]});
-      if (it != channel_layouts.end() && it->second != rule.extra_inputs[s]) {
-        throw SpecError(op_path(i) + "/input_channels/" + std::to_string(s),
-                        op.name + " (op " + std::to_string(i) + ") extra input slot " + std::to_string(s) +
-                            " takes a " + layout_name(rule.extra_inputs[s]) + " tensor; channel '" +
-                            *op.input_channels[s] + "' carries a " + layout_name(it->second) + " one");
+      auto it = channel_of.find({op_plan.fuser, *op.input_channels[s]});
+      if (it == channel_of.end()) continue;
+      const std::string slot_path = path + "/input_channels/" + std::to_string(s);
+      if (it->second.first != rule.extra_inputs[s]) {
+        throw SpecError(slot_path, at + " extra input slot " + std::to_string(s) + " takes a " +
+                                       layout_name(rule.extra_inputs[s]) + " tensor; channel '" + *op.input_channels[s] +
+                                       "' carries a " + layout_name(it->second.first) + " one");
       }
+      grads.join(it->second.second, extra_in_vars[i][s], slot_path);
     }
     x = rule.output;
+    x_var = y_var;
     out.ops.push_back(std::move(rule));
   }
+  // Every gradient decided: placements.
+  out.input_grad = grads.gradient(out.input, input_var);
+  for (size_t i = 0; i < out.ops.size(); ++i) {
+    OpSharding& rule = out.ops[i];
+    rule.input_grad = grads.gradient(rule.input, in_vars[i]);
+    rule.output_grad = grads.gradient(rule.output, out_vars[i]);
+    // A copied parameter of an op on replicated tensors: its gradient is a summand where
+    // the output's gradient is.
+    if (many && rule.output == Layout::kReplicated && grads.summands(out_vars[i])) {
+      for (size_t p = 0; p < rule.params.size(); ++p) {
+        if (rule.params[p].kind == Placement::Kind::kReplicated) rule.param_grads[p] = partial();
+      }
+    }
+  }
   out.outputs.push_back(x);
+  out.output_grads.push_back(grads.gradient(x, x_var));
   for (const auto& slot : plan.public_outputs) {
-    const auto& rule = out.ops.at(static_cast<size_t>(slot.op));
-    out.outputs.push_back(static_cast<size_t>(slot.slot) < rule.extra_outputs.size()
-                              ? rule.extra_outputs[static_cast<size_t>(slot.slot)]
-                              : Layout::kReplicated);
+    const auto i = static_cast<size_t>(slot.op);
+    const auto s = static_cast<size_t>(slot.slot);
+    const auto& rule = out.ops.at(i);
+    const Layout l = s < rule.extra_outputs.size() ? rule.extra_outputs[s] : Layout::kReplicated;
+    out.outputs.push_back(l);
+    out.output_grads.push_back(grads.gradient(l, s < extra_out_vars[i].size() ? extra_out_vars[i][s] : -1));
   }
   for (const auto& slot : plan.public_inputs) {
-    const auto& rule = out.ops.at(static_cast<size_t>(slot.op));
-    out.extra_inputs.push_back(static_cast<size_t>(slot.slot) < rule.extra_inputs.size()
-                                   ? rule.extra_inputs[static_cast<size_t>(slot.slot)]
-                                   : Layout::kReplicated);
+    const auto i = static_cast<size_t>(slot.op);
+    const auto s = static_cast<size_t>(slot.slot);
+    const auto& rule = out.ops.at(i);
+    const Layout l = s < rule.extra_inputs.size() ? rule.extra_inputs[s] : Layout::kReplicated;
+    out.extra_inputs.push_back(l);
+    out.extra_input_grads.push_back(grads.gradient(l, s < extra_in_vars[i].size() ? extra_in_vars[i][s] : -1));
+  }
+  out.channel_grads.assign(static_cast<size_t>(plan.num_fusers), {});
+  for (const auto& [key, layout_var] : channel_of) {
+    if (key.first >= 0 && key.first < plan.num_fusers) {
+      out.channel_grads[static_cast<size_t>(key.first)][key.second] =
+          grads.gradient(layout_var.first, layout_var.second);
+    }
   }
   return out;
 }
@@ -335,7 +473,15 @@ std::vector<int64_t> shard_shape(const std::vector<int64_t>& shape, const Placem
 }
 
 at::Tensor shard(const at::Tensor& t, const Placement& p, int64_t world_size, int64_t rank) {
-  if (!t.defined() || p.kind != Placement::Kind::kSharded || world_size <= 1 || t.dim() == 0) return t;
+  if (!t.defined() || world_size <= 1 || t.dim() == 0 || p.kind == Placement::Kind::kReplicated) return t;
+  if (p.kind == Placement::Kind::kPartial) {
+    // Rank r's summand: its own rows, zeros elsewhere (the summands add up exactly).
+    at::Tensor summand = at::zeros_like(t);
+    at::Tensor rows = at::tensor_split(t, world_size, 0)[static_cast<size_t>(rank)];
+    const int64_t begin = rank * (t.size(0) / world_size) + std::min<int64_t>(rank, t.size(0) % world_size);
+    summand.narrow(0, begin, rows.size(0)).copy_(rows);
+    return summand;
+  }
   const int64_t dim = std::min<int64_t>(p.dim, t.dim() - 1);
   return at::tensor_split(t, world_size, dim)[static_cast<size_t>(rank)].contiguous();
 }
@@ -386,8 +532,8 @@ CaseTensors rank_tensors(const CaseTensors& tensors, const ShardingPlan& shardin
   for (size_t k = 0; k < out.extra_inputs.size() && k < sharding.extra_inputs.size(); ++k) {
     out.extra_inputs[k] = shard(tensors.extra_inputs[k], value_placement(sharding.extra_inputs[k]), n, rank);
   }
-  for (size_t k = 0; k < out.cotangents.size() && k < sharding.outputs.size(); ++k) {
-    out.cotangents[k] = shard(tensors.cotangents[k], gradient_placement(sharding.outputs[k]), n, rank);
+  for (size_t k = 0; k < out.cotangents.size() && k < sharding.output_grads.size(); ++k) {
+    out.cotangents[k] = shard(tensors.cotangents[k], sharding.output_grads[k], n, rank);
   }
   return out;
 }
@@ -427,6 +573,12 @@ std::vector<at::Tensor> collect(const std::vector<PathRun>& ranks, const std::fu
 }
 
 at::Tensor tensor_at(const std::vector<at::Tensor>& v, size_t i) { return i < v.size() ? v[i] : at::Tensor(); }
+
+Placement channel_grad_placement(const ShardingPlan& sharding, size_t fuser, const std::string& channel) {
+  if (fuser >= sharding.channel_grads.size()) return replicated();
+  auto it = sharding.channel_grads[fuser].find(channel);
+  return it == sharding.channel_grads[fuser].end() ? replicated() : it->second;
+}
 
 std::string rank_error_text(const PathRun& run, size_t rank) {
   return "rank " + std::to_string(rank) + " " +
@@ -489,8 +641,7 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
       out.outputs.push_back(
           combine(collect(ranks, [k](const PathRun& r) { return tensor_at(r.outputs, k); }), value_placement(layout)));
     }
-    out.grad_input = combine(collect(ranks, [](const PathRun& r) { return r.grad_input; }),
-                             gradient_placement(sharding.input));
+    out.grad_input = combine(collect(ranks, [](const PathRun& r) { return r.grad_input; }), sharding.input_grad);
     out.grad_params.resize(lead.grad_params.size());
     for (size_t i = 0; i < lead.grad_params.size(); ++i) {
       for (size_t p = 0; p < lead.grad_params[i].size(); ++p) {
@@ -507,19 +658,14 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
       }
     }
     for (size_t k = 0; k < lead.grad_extra_inputs.size(); ++k) {
-      const Layout layout = k < sharding.extra_inputs.size() ? sharding.extra_inputs[k] : Layout::kReplicated;
-      out.grad_extra_inputs.push_back(combine(
-          collect(ranks, [k](const PathRun& r) { return tensor_at(r.grad_extra_inputs, k); }),
-          gradient_placement(layout)));
+      const Placement where = k < sharding.extra_input_grads.size() ? sharding.extra_input_grads[k] : replicated();
+      out.grad_extra_inputs.push_back(
+          combine(collect(ranks, [k](const PathRun& r) { return tensor_at(r.grad_extra_inputs, k); }), where));
     }
     out.channel_grads.resize(lead.channel_grads.size());
     for (size_t f = 0; f < lead.channel_grads.size(); ++f) {
       for (const auto& [channel, ignored] : lead.channel_grads[f]) {
-        Layout layout = Layout::kReplicated;
-        if (f < sharding.channels.size()) {
-          auto it = sharding.channels[f].find(channel);
-          if (it != sharding.channels[f].end()) layout = it->second;
-        }
+        const Placement where = channel_grad_placement(sharding, f, channel);
         out.channel_grads[f][channel] = combine(collect(ranks,
                                                         [f, &channel](const PathRun& r) {
                                                           if (f >= r.channel_grads.size()) return at::Tensor();
@@ -527,7 +673,7 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
                                                           return it == r.channel_grads[f].end() ? at::Tensor()
                                                                                                 : it->second;
                                                         }),
-                                                gradient_placement(layout));
+                                                where);
       }
     }
   }
@@ -553,7 +699,7 @@ PathRun replica_view(const PathRun& rank_run, const ShardingPlan& sharding) {
     const Layout layout = k < sharding.outputs.size() ? sharding.outputs[k] : Layout::kReplicated;
     out.outputs.push_back(keep(rank_run.outputs[k], value_placement(layout)));
   }
-  out.grad_input = keep(rank_run.grad_input, gradient_placement(sharding.input));
+  out.grad_input = keep(rank_run.grad_input, sharding.input_grad);
   out.grad_params.resize(rank_run.grad_params.size());
   for (size_t i = 0; i < rank_run.grad_params.size(); ++i) {
     for (size_t p = 0; p < rank_run.grad_params[i].size(); ++p) {
@@ -564,18 +710,13 @@ PathRun replica_view(const PathRun& rank_run, const ShardingPlan& sharding) {
     }
   }
   for (size_t k = 0; k < rank_run.grad_extra_inputs.size(); ++k) {
-    const Layout layout = k < sharding.extra_inputs.size() ? sharding.extra_inputs[k] : Layout::kReplicated;
-    out.grad_extra_inputs.push_back(keep(rank_run.grad_extra_inputs[k], gradient_placement(layout)));
+    const Placement where = k < sharding.extra_input_grads.size() ? sharding.extra_input_grads[k] : replicated();
+    out.grad_extra_inputs.push_back(keep(rank_run.grad_extra_inputs[k], where));
   }
   out.channel_grads.resize(rank_run.channel_grads.size());
   for (size_t f = 0; f < rank_run.channel_grads.size(); ++f) {
     for (const auto& [channel, t] : rank_run.channel_grads[f]) {
-      Layout layout = Layout::kReplicated;
-      if (f < sharding.channels.size()) {
-        auto it = sharding.channels[f].find(channel);
-        if (it != sharding.channels[f].end()) layout = it->second;
-      }
-      const at::Tensor kept = keep(t, gradient_placement(layout));
+      const at::Tensor kept = keep(t, channel_grad_placement(sharding, f, channel));
       if (kept.defined()) out.channel_grads[f][channel] = kept;
     }
   }

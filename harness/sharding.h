@@ -54,13 +54,15 @@ Placement partial();
 std::string placement_name(const Placement& p);
 /// Where a tensor of `layout` lies: rows and features are slices, a partial tensor is summands.
 Placement value_placement(Layout layout);
-/// Where its gradient lies: as the value, except that the gradient of a partial tensor is
-/// the whole gradient on every rank (the gradient of a sum with respect to each summand).
-Placement gradient_placement(Layout layout);
 
-/// One op's rule: the layouts of its tensors and where its parameters and their gradients
-/// lie. A parameter copied on every rank whose op sees only a slice of the rows (or a
-/// summand) gets a partial gradient: rank r's share of the sum over rows.
+/// One op's rule: the layouts of its tensors and where its parameters lie, and where the
+/// gradients of all of them lie. A gradient lies as its tensor's values do, except: the
+/// gradient of a partial tensor is the whole gradient on every rank (of a sum with respect
+/// to each summand), and the gradient of a replicated tensor is either the whole gradient on
+/// every rank or a summand per rank, as the ops around it need (AllGather's backward sums
+/// the ranks' gradients: summands; AllReduce's and a row Linear's take the whole on every
+/// rank, a column Linear's makes it). A parameter copied on every rank whose op sees only
+/// a slice of the rows, or summands, gets a summand of its gradient.
 struct OpSharding {
   Layout input = Layout::kReplicated;
   Layout output = Layout::kReplicated;
@@ -70,6 +72,9 @@ struct OpSharding {
   /// Per parameter: its values and its gradient.
   std::vector<Placement> params;
   std::vector<Placement> param_grads;
+  /// The gradients of the op's main input and output.
+  Placement input_grad;
+  Placement output_grad;
 };
 
 /// Every tensor of a distributed case with its placement.
@@ -78,13 +83,17 @@ struct ShardingPlan {
   /// Per spec op (a Boundary passes its input's layout on).
   std::vector<OpSharding> ops;
   Layout input = Layout::kReplicated;
-  /// Main output, then the public extra outputs: values (their cotangents and gradients
-  /// lie at gradient_placement of the same layouts).
+  Placement input_grad;
+  /// Main output, then the public extra outputs: their values, and their gradients (where
+  /// the cotangents lie: a summand per rank is the cotangent's rows of that rank, zeros
+  /// elsewhere).
   std::vector<Layout> outputs;
-  /// Per public extra input passed (CasePlan::public_inputs order).
+  std::vector<Placement> output_grads;
+  /// Per public extra input passed (CasePlan::public_inputs order): values and gradients.
   std::vector<Layout> extra_inputs;
-  /// Per fuser: channel -> the layout of the value its producer makes.
-  std::vector<std::map<std::string, Layout>> channels;
+  std::vector<Placement> extra_input_grads;
+  /// Per fuser: channel -> where its gradient lies.
+  std::vector<std::map<std::string, Placement>> channel_grads;
 };
 
 /// The layouts of `spec` on spec.world_size ranks. One rank: everything replicated. More:
@@ -100,12 +109,17 @@ struct ShardingPlan {
 /// - ConstantScale, Identity, MakeExtraOutput: any layout; ReLU, GELU, SReLU,
 ///   AddExtraInput: all but partial (they are not linear, or add the same value N times);
 ///   SwiGLU, RMSNorm, LayerNorm: replicated or rows (they need every feature).
-/// An op that raises at construction on this world (parallel_config_error) has its output
-/// layout without its input's being checked: it never runs. Throws SpecError (naming the
-/// op's JSON path and both layouts) for a chain whose layouts do not compose, an op without
-/// a rule, a recipe, call-then-bind steps, late binds, other invalid-configuration knobs,
-/// cache_quantized_input=1 (a rank's quantizer scales by its slice's amax: not modelled),
-/// and an input layout whose dimension N does not divide.
+/// The gradients of replicated tensors follow (OpSharding): whole where a column Linear
+/// makes them or AllReduce or a row Linear takes them, summands where AllGather takes them,
+/// through the ops in between (they pass a gradient on as it comes); whole where nothing
+/// decides. An op that raises at construction on this world (parallel_config_error) has its
+/// output layout without its input's being checked: it never runs. Throws SpecError
+/// (naming the op's JSON path and the layouts) for a chain whose layouts do not compose, a
+/// replicated tensor whose gradient would have to be whole and summands at once (AllGather
+/// feeding a column Linear), an op without a rule, a recipe, call-then-bind steps, late
+/// binds, other invalid-configuration knobs, cache_quantized_input=1 (a rank's quantizer
+/// scales by its slice's amax: not modelled), and an input layout whose dimension N does
+/// not divide.
 ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan);
 
 /// A configuration te.ops refuses on spec.world_size > 1 ranks: an op split over ranks
@@ -122,9 +136,11 @@ struct ParallelConfigError {
 /// sequence_parallel on rows % N != 0 (forward). nullopt on one rank and for valid cases.
 std::optional<ParallelConfigError> parallel_config_error(const CaseSpec& spec, const CasePlan& plan);
 
-/// Rank `rank`'s part of `t` under `p`: the whole tensor (replicated, partial), or its
-/// slice along the placement's dimension, as torch.tensor_split cuts N slices (equal when N
-/// divides the dimension; the first ones one longer otherwise, in cases TE refuses anyway).
+/// Rank `rank`'s part of `t` under `p`: the whole tensor (replicated); its slice along the
+/// placement's dimension, as torch.tensor_split cuts N slices (equal when N divides the
+/// dimension; the first ones one longer otherwise, in cases TE refuses anyway); or, as a
+/// summand (partial), the tensor with every row outside rank `rank`'s row slice zeroed (the
+/// summands add up to `t` exactly).
 at::Tensor shard(const at::Tensor& t, const Placement& p, int64_t world_size, int64_t rank);
 /// The shape shard() gives.
 std::vector<int64_t> shard_shape(const std::vector<int64_t>& shape, const Placement& p, int64_t world_size,
@@ -133,7 +149,7 @@ std::vector<int64_t> shard_shape(const std::vector<int64_t>& shape, const Placem
 /// Rank `rank`'s plan: every shape as that rank holds it (inputs, outputs, slots, parameters).
 CasePlan rank_plan(const CasePlan& plan, const ShardingPlan& sharding, int64_t rank);
 /// Rank `rank`'s values: its part of every value of `tensors` (inputs, parameters, extra
-/// inputs at their layouts; cotangents at their outputs' gradient placements).
+/// inputs at their layouts; cotangents where the outputs' gradients lie).
 CaseTensors rank_tensors(const CaseTensors& tensors, const ShardingPlan& sharding, int64_t rank);
 
 /// One path's run from the ranks' runs of it (rank 0 first), kept in `ranks`: the status is
