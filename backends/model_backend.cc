@@ -278,8 +278,8 @@ std::vector<PathRun> ModelBackend::run_paths(const CaseSpec& spec, const CasePla
       PathRun declined;
       declined.name = request.name;
       declined.status = PathStatus::kUnsupported;
-      declined.error_message = "the model backend runs one process; the case has " +
-                               std::to_string(spec.world_size) + " ranks (use the torch or te backend)";
+      declined.error_message = "the model backend runs one process; the case has " + std::to_string(spec.world_size) +
+                               " ranks (use the torch or te backend)";
       runs.push_back(std::move(declined));
       continue;
     }

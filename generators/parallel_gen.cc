@@ -276,7 +276,8 @@ void append_boundary(Draft& d) {
 void draw_input(Draft& d) {
   int64_t rows = d.world * std::max<int64_t>(1, draw_local(d));
   int64_t features = d.world * std::max<int64_t>(1, d.regime == ShapeRegime::kTiny ? pick(1, 4) : draw_local(d));
-  while (rows > d.world && rows * features > d.max_tensor_elements) rows = d.world * std::max<int64_t>(1, rows / d.world / 2);
+  while (rows > d.world && rows * features > d.max_tensor_elements)
+    rows = d.world * std::max<int64_t>(1, rows / d.world / 2);
   while (features > d.world && rows * features > d.max_tensor_elements) {
     features = d.world * std::max<int64_t>(1, features / d.world / 2);
   }
@@ -320,7 +321,8 @@ void finish(CaseSpec& spec, Draft& d, const GenOptions& options) {
   if (options.capabilities) {
     for (const auto& f : options.capabilities->fusions) registrations.emplace_back(f.name, f.pass);
   } else {
-    for (const auto& entry : ops::FusionRegistry::catalog().entries()) registrations.emplace_back(entry.name, entry.pass);
+    for (const auto& entry : ops::FusionRegistry::catalog().entries())
+      registrations.emplace_back(entry.name, entry.pass);
   }
   std::vector<std::string> allowed;
   if (options.fusions) {
@@ -428,8 +430,8 @@ InvalidCase draw_parallel_invalid_case(const GenOptions& options) {
     default:
       append(d, "Linear", linear_attrs(draw_split_features(d), 1, false), Layout::kFeatures);
       append(d, "Linear", linear_attrs(draw_any_features(d), 2, true), Layout::kRows);
-      description = "a sequence-parallel row Linear whose output rows do not divide over " + std::to_string(n) +
-                    " ranks";
+      description =
+          "a sequence-parallel row Linear whose output rows do not divide over " + std::to_string(n) + " ranks";
       break;
   }
   if (chance(1, 2)) append(d, pick_act(d), {}, d.layout);

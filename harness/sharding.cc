@@ -58,7 +58,6 @@ Placement value_placement(Layout layout) {
   return replicated();
 }
 
-
 namespace {
 
 bool is_collective(const std::string& name) {
@@ -86,8 +85,8 @@ std::string layouts_text(std::initializer_list<Layout> layouts) {
 void require_input(const OpSpec& op, size_t i, Layout in, std::initializer_list<Layout> allowed,
                    const std::string& why) {
   if (std::find(allowed.begin(), allowed.end(), in) != allowed.end()) return;
-  throw SpecError(op_path(i), op.name + " (op " + std::to_string(i) + ") on " + layout_name(in) +
-                                  " input: it takes " + layouts_text(allowed) + " (" + why + ")");
+  throw SpecError(op_path(i), op.name + " (op " + std::to_string(i) + ") on " + layout_name(in) + " input: it takes " +
+                                  layouts_text(allowed) + " (" + why + ")");
 }
 
 /// The rule of op `i` on input layout `in` (N > 1). `constructs_not` : TE refuses the op at
@@ -189,7 +188,8 @@ void check_case_knobs(const CaseSpec& spec) {
                                    " ranks: each rank's quantizers scale by its own slice, which the reference "
                                    "(the unsharded tensors) does not model");
   }
-  if (!spec.call_then_bind.empty()) throw SpecError("/call_then_bind", "distributed cases take no call-then-bind steps");
+  if (!spec.call_then_bind.empty())
+    throw SpecError("/call_then_bind", "distributed cases take no call-then-bind steps");
   if (!spec.late_binds.empty()) throw SpecError("/late_binds", "distributed cases take no late binds");
   if (spec.extra_input_count_delta != 0 || spec.corrupt_split_sizes) {
     throw SpecError(spec.extra_input_count_delta != 0 ? "/extra_input_count_delta" : "/corrupt_split_sizes",
@@ -228,7 +228,8 @@ class GradientSolver {
     return static_cast<int>(parent_.size()) - 1;
   }
   int find(int v) {
-    while (parent_[static_cast<size_t>(v)] != v) v = parent_[static_cast<size_t>(v)] = parent_[static_cast<size_t>(parent_[static_cast<size_t>(v)])];
+    while (parent_[static_cast<size_t>(v)] != v)
+      v = parent_[static_cast<size_t>(v)] = parent_[static_cast<size_t>(parent_[static_cast<size_t>(v)])];
     return v;
   }
   /// Decides `v`'s group; SpecError at `path` when it was decided otherwise.
@@ -250,7 +251,8 @@ class GradientSolver {
     if (ra == rb) return;
     const Value va = value_[static_cast<size_t>(ra)];
     const Value vb = value_[static_cast<size_t>(rb)];
-    if (va != kFree && vb != kFree && va != vb) conflict(why_[static_cast<size_t>(ra)], why_[static_cast<size_t>(rb)], path);
+    if (va != kFree && vb != kFree && va != vb)
+      conflict(why_[static_cast<size_t>(ra)], why_[static_cast<size_t>(rb)], path);
     parent_[static_cast<size_t>(rb)] = ra;
     if (va == kFree) {
       value_[static_cast<size_t>(ra)] = vb;
@@ -350,10 +352,12 @@ ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan) {
     }
     // Extra slots of ops that pass gradients on lie as the main tensor does.
     for (size_t s = 0; s < rule.extra_outputs.size(); ++s) {
-      extra_out_vars[i].push_back(rule.extra_outputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make()) : -1);
+      extra_out_vars[i].push_back(rule.extra_outputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make())
+                                                                               : -1);
     }
     for (size_t s = 0; s < rule.extra_inputs.size(); ++s) {
-      extra_in_vars[i].push_back(rule.extra_inputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make()) : -1);
+      extra_in_vars[i].push_back(rule.extra_inputs[s] == Layout::kReplicated ? (y_var >= 0 ? y_var : grads.make())
+                                                                             : -1);
     }
     // Channels carry a producer's layout to its consumers, which must take it as it is.
     for (size_t s = 0; s < op.output_bindings.size() && s < rule.extra_outputs.size(); ++s) {
@@ -367,8 +371,8 @@ ShardingPlan plan_sharding(const CaseSpec& spec, const CasePlan& plan) {
       const std::string slot_path = path + "/input_channels/" + std::to_string(s);
       if (it->second.first != rule.extra_inputs[s]) {
         throw SpecError(slot_path, at + " extra input slot " + std::to_string(s) + " takes a " +
-                                       layout_name(rule.extra_inputs[s]) + " tensor; channel '" + *op.input_channels[s] +
-                                       "' carries a " + layout_name(it->second.first) + " one");
+                                       layout_name(rule.extra_inputs[s]) + " tensor; channel '" +
+                                       *op.input_channels[s] + "' carries a " + layout_name(it->second.first) + " one");
       }
       grads.join(it->second.second, extra_in_vars[i][s], slot_path);
     }
@@ -446,9 +450,10 @@ std::optional<ParallelConfigError> parallel_config_error(const CaseSpec& spec, c
       }
       // distributed.py: reduce_scatter_along_first_dim, in BasicLinear._functional_forward
       if (mode == 2 && attr_of(op, "sequence_parallel") != 0 && rows % n != 0 && !forward) {
-        forward = refuse(false, "First dimension of the tensor should be divisible by tensor parallel size, but got "
-                                "dim_size[0]=" +
-                                    std::to_string(rows) + " and world_size=" + std::to_string(n));
+        forward = refuse(false,
+                         "First dimension of the tensor should be divisible by tensor parallel size, but got "
+                         "dim_size[0]=" +
+                             std::to_string(rows) + " and world_size=" + std::to_string(n));
       }
     } else if (op.name == "Bias" && attr_of(op, "tensor_parallel") != 0 && features % n != 0) {
       // bias.py: Bias.__init__
@@ -650,9 +655,8 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
                                     : replicated();
         out.grad_params[i].push_back(combine(collect(ranks,
                                                      [i, p](const PathRun& r) {
-                                                       return i < r.grad_params.size()
-                                                                  ? tensor_at(r.grad_params[i], p)
-                                                                  : at::Tensor();
+                                                       return i < r.grad_params.size() ? tensor_at(r.grad_params[i], p)
+                                                                                       : at::Tensor();
                                                      }),
                                              where));
       }
@@ -666,14 +670,14 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
     for (size_t f = 0; f < lead.channel_grads.size(); ++f) {
       for (const auto& [channel, ignored] : lead.channel_grads[f]) {
         const Placement where = channel_grad_placement(sharding, f, channel);
-        out.channel_grads[f][channel] = combine(collect(ranks,
-                                                        [f, &channel](const PathRun& r) {
-                                                          if (f >= r.channel_grads.size()) return at::Tensor();
-                                                          auto it = r.channel_grads[f].find(channel);
-                                                          return it == r.channel_grads[f].end() ? at::Tensor()
-                                                                                                : it->second;
-                                                        }),
-                                                where);
+        out.channel_grads[f][channel] =
+            combine(collect(ranks,
+                            [f, &channel](const PathRun& r) {
+                              if (f >= r.channel_grads.size()) return at::Tensor();
+                              auto it = r.channel_grads[f].find(channel);
+                              return it == r.channel_grads[f].end() ? at::Tensor() : it->second;
+                            }),
+                    where);
       }
     }
   }

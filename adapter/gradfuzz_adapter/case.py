@@ -123,7 +123,9 @@ def decode_case(request, tensors):
         entry = plan_ops[i] if plan_ops else {}
         if name == BOUNDARY:
             previous_was_op = False
-            ops.append(OpCase(i, name, -1, {}, shape, shape, [], [], [], [], "vector", [], [], [], shape))
+            ops.append(
+                OpCase(i, name, -1, {}, shape, shape, [], [], [], [], "vector", [], [], [], shape)
+            )
             continue
         if not previous_was_op:
             fuser += 1

@@ -21,6 +21,7 @@ PR_SET_PDEATHSIG), and exits when its pipe to the adapter closes.
 
 import ctypes
 import datetime
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -67,7 +68,14 @@ def _rank_main(backend_name, rank, world_size, port, conn, device_type, timeout_
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         torch_parallel.init(rank, world_size)
-        backend = make_backend(backend_name)
+        # GRADFUZZ_RANK_BACKEND="module:function" makes each rank's backend instead (the te
+        # backend over the stubbed extension of tests/te_stub.py, on the CPU).
+        factory = os.environ.get("GRADFUZZ_RANK_BACKEND")
+        if factory:
+            module, _, function = factory.partition(":")
+            backend = getattr(importlib.import_module(module), function)(backend_name)
+        else:
+            backend = make_backend(backend_name)
         conn.send(("ready", os.getpid()))
     except Exception as e:  # noqa: BLE001 - a rank that cannot start says why and exits
         traceback.print_exc(file=sys.stderr)
@@ -186,12 +194,19 @@ class RankPool:
         """Each rank's (header, tensors) request; returns each rank's (paths, tensors) in rank
         order. Raises RankFailure (every rank killed and joined) for a rank that died or did
         not answer, ValueError for a rank's own request error (the pool stays up)."""
-        grace_s = float(os.environ.get("GRADFUZZ_RANK_GRACE_S", DEFAULT_GRACE_S)) if grace_s is None else grace_s
+        grace_s = (
+            float(os.environ.get("GRADFUZZ_RANK_GRACE_S", DEFAULT_GRACE_S))
+            if grace_s is None
+            else grace_s
+        )
         for rank, (conn, request) in enumerate(zip(self.conns, requests)):
             try:
                 conn.send(request)
             except (BrokenPipeError, ConnectionError, EOFError):
-                self._fail("crash", f"rank {rank} {_describe_exit(self.processes[rank])} before it read the case")
+                self._fail(
+                    "crash",
+                    f"rank {rank} {_describe_exit(self.processes[rank])} before it read the case",
+                )
         replies = [None] * self.world_size
         start = time.monotonic()
         deadline = start + timeout_s
@@ -215,7 +230,8 @@ class RankPool:
                 done = "; ".join(_reply_summary(r, replies[r]) for r in answered)
                 self._fail(
                     "timeout",
-                    f"rank(s) {', '.join(map(str, pending))} {what}" + (f"; {done}" if done else ""),
+                    f"rank(s) {', '.join(map(str, pending))} {what}"
+                    + (f"; {done}" if done else ""),
                 )
             ready = multiprocessing.connection.wait(
                 list(waiting) + list(sentinels), timeout=max(0.0, limit - now)
@@ -300,21 +316,26 @@ def _remap(value, index_of):
     return value
 
 
+def _renumbered(values, tensors):
+    """(values with tensor indices renumbered from 0, the tensors they now refer to)."""
+    used = []
+    position = {}
+
+    def index_of(i):
+        if i not in position:
+            position[i] = len(used)
+            used.append(tensors[i])
+        return position[i]
+
+    return _remap(values, index_of), used
+
+
 def rank_requests(header, tensors):
     """Per rank: (request header, its tensors) from a distributed `run` request, whose
     "ranks" list holds each rank's plan and values (indices into the frame's tensors)."""
     out = []
     for entry in header["ranks"]:
-        used = []
-        position = {}
-
-        def index_of(i):
-            if i not in position:
-                position[i] = len(used)
-                used.append(tensors[i])
-            return position[i]
-
-        values = _remap(entry["values"], index_of)
+        values, used = _renumbered(entry["values"], tensors)
         request = {
             "op": "run",
             "spec": header["spec"],
@@ -399,7 +420,9 @@ class Coordinator:
 
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if visible < world_size:
-                return {"unsupported": f"{world_size} ranks need {world_size} GPUs; {visible} visible"}
+                return {
+                    "unsupported": f"{world_size} ranks need {world_size} GPUs; {visible} visible"
+                }
         timeout_s = float(header.get("timeout_s") or 120.0)
         pool = self.start(world_size, device_type)
         try:

@@ -67,7 +67,8 @@ def reduce_scatter_rows(x):
         return x.clone()
     rows = x.shape[0]
     if rows % WORLD.size != 0:
-        # reduce_scatter.py: ReduceScatter.op_forward, distributed.py: reduce_scatter_along_first_dim
+        # reduce_scatter.py: ReduceScatter.op_forward; distributed.py:
+        # reduce_scatter_along_first_dim
         raise InvalidArgumentError(
             f"Attempted to reduce-scatter a tensor with shape={list(x.shape)} "
             f"over {WORLD.size} processes"

@@ -169,7 +169,8 @@ void register_catalog_ops(OpRegistry& registry) {
       });
   const NeutralOptions bias_neutral{{"tensor_parallel"}, {}};
   add_op(
-      registry, "Bias", with_neutral_note("y = x + b; bias [n], non-zero", bias_neutral), with_neutral({}, bias_neutral),
+      registry, "Bias", with_neutral_note("y = x + b; bias [n], non-zero", bias_neutral),
+      with_neutral({}, bias_neutral),
       [bias_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Bias", shape);
         check_neutral("Bias", a, bias_neutral);

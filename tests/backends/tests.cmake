@@ -2,6 +2,7 @@
 # shared runs against separate ones on te (TE's Python over the stub) and the model.
 gradfuzz_add_test(backends_test
   SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/shared_runs_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/torch_backend_test.cc
   LIBS gradfuzz::cli)
