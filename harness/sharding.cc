@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace gradfuzz::harness {
@@ -690,6 +691,33 @@ PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding)
   }
   out.ranks = std::move(ranks);
   return out;
+}
+
+nlohmann::json sharding_json(const ShardingPlan& sharding, const CasePlan& plan) {
+  auto names = [](const std::vector<Placement>& places) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : places) out.push_back(placement_name(p));
+    return out;
+  };
+  std::vector<Placement> outputs;
+  for (Layout l : sharding.outputs) outputs.push_back(value_placement(l));
+  std::vector<Placement> extra_inputs;
+  for (Layout l : sharding.extra_inputs) extra_inputs.push_back(value_placement(l));
+  nlohmann::json ops = nlohmann::json::array();
+  for (size_t i = 0; i < sharding.ops.size() && i < plan.ops.size(); ++i) {
+    ops.push_back({{"input_layout", layout_name(sharding.ops[i].input)},
+                   {"global_input_shape", plan.ops[i].input_shape},
+                   {"params", names(sharding.ops[i].params)},
+                   {"param_grads", names(sharding.ops[i].param_grads)}});
+  }
+  return {{"world_size", sharding.world_size},
+          {"input", placement_name(value_placement(sharding.input))},
+          {"input_grad", placement_name(sharding.input_grad)},
+          {"outputs", names(outputs)},
+          {"output_grads", names(sharding.output_grads)},
+          {"extra_inputs", names(extra_inputs)},
+          {"extra_input_grads", names(sharding.extra_input_grads)},
+          {"ops", std::move(ops)}};
 }
 
 PathRun replica_view(const PathRun& rank_run, const ShardingPlan& sharding) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -161,6 +162,13 @@ CaseTensors rank_tensors(const CaseTensors& tensors, const ShardingPlan& shardin
 /// missing a gradient another has contributes zeros. Throws std::invalid_argument for an
 /// empty `ranks`.
 PathRun assemble_ranks(std::vector<PathRun> ranks, const ShardingPlan& sharding);
+
+/// The placements of `sharding` as JSON, for exported scripts (adapter/gradfuzz_adapter/
+/// exporter_dist.py): {"world_size", "input", "input_grad", "outputs", "output_grads",
+/// "extra_inputs", "extra_input_grads", "ops": [{"input_layout", "global_input_shape",
+/// "params", "param_grads"}]}, each placement by placement_name (slices of dim 0 "rows",
+/// of the last dim "features").
+nlohmann::json sharding_json(const ShardingPlan& sharding, const CasePlan& plan);
 
 /// `rank_run` with only the tensors every rank holds whole (replicated placements); the
 /// others undefined. The copies on rank k > 0 must agree with rank 0's.

@@ -431,7 +431,10 @@ class CaseRun {
                      ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
                      : oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
     out.quantized = quantizes_;
-    if (!quantizes_) return out;
+    // The reference's own values go with a quantizing case (a script cannot recompute the FP8
+    // reference) and with a distributed one (its script compares the ranks' results, put
+    // together, with them).
+    if (!quantizes_ && !harness::is_distributed(spec_)) return out;
     auto on_cpu = [](std::map<std::string, at::Tensor> tensors) {
       for (auto& [name, t] : tensors) {
         if (t.defined()) t = t.detach().cpu();

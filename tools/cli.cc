@@ -31,6 +31,7 @@
 #include "harness/case_spec.h"
 #include "harness/dtype.h"
 #include "harness/limits.h"
+#include "harness/sharding.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
@@ -911,6 +912,23 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   }
   request.expect = {{"kind", "pass"}};
   if (const auto kind = runner::reference_error_kind(spec)) request.expect = {{"kind", "error"}, {"error_kind", *kind}};
+  const bool distributed = harness::is_distributed(spec);
+  if (distributed) {
+    // A torchrun script of one process per rank, its values in a file beside it.
+    if (request.data_file.empty()) {
+      throw InputError("export: a distributed case's script keeps its values beside it: give -o FILE");
+    }
+    if (request.expect.at("kind") != "pass") {
+      throw InputError("export: " + c.path.string() + " is a distributed case that must raise " +
+                       request.expect.at("error_kind").get<std::string>() +
+                       "; its scripts check passing cases only (replay checks this one)");
+    }
+    try {
+      request.expect["sharding"] = harness::sharding_json(harness::plan_sharding(spec, prepared.plan), prepared.plan);
+    } catch (const harness::SpecError& e) {
+      throw InputError(c.path.string() + ": not a valid distributed case: " + e.what());
+    }
+  }
   const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
   const oracle::Tolerance tolerance =
       oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
@@ -935,7 +953,7 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
       }
       request.expect["tensors"] = std::move(tensors);
     }
-    if (expectation.quantized) {
+    if (expectation.quantized || distributed) {
       // The FP8 reference's values: the script compares with these, not with the catalog's
       // unquantized math (docs/BACKENDS.md "export").
       auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {

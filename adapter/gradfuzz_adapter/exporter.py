@@ -49,6 +49,11 @@ TE_PARAMS["LayerNorm"] = ["weight", "bias"]
 def export_reply(case, request, default_backend, tensors=()):
     """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"}; writes
     the request's `data_file` when values do not fit the script (script_values.py)."""
+    if (request.get("expect") or {}).get("sharding"):
+        # A distributed case: a torchrun script, one process per rank (exporter_dist.py).
+        from .exporter_dist import export_distributed
+
+        return export_distributed(case, request, tensors, default_backend)
     data_file = request.get("data_file") or None
     expect = request.get("expect") or {"kind": "pass"}
     allowances = _allowances(expect, tensors)

@@ -216,6 +216,16 @@ TEST_F(Distributed, TeOpsTensorParallelCodeRunsOnGlooRanksOverTheStubbedExtensio
     EXPECT_EQ(r.exit, 1) << fault << ": " << r.out << r.err;
     EXPECT_THAT(r.out, HasSubstr("FAIL mismatch")) << fault;
   }
+  // TE's AllReduce all-reduces its input in place, and MakeExtraOutput hands that same
+  // tensor to the caller: the extra output, a rank's summand, comes back as the sum (a
+  // finding of te.ops's own code; the torch emulation sums into a copy and passes).
+  const std::string in_place = data + "te-tp-all-reduce-in-place.json";
+  const CliRun te_run = cli({"replay", in_place, "--backend", "te", "--python-exe", stub, "--workers", "0"});
+  EXPECT_EQ(te_run.exit, 1) << te_run.out << te_run.err;
+  EXPECT_THAT(te_run.out, HasSubstr("mismatch|MakeExtraOutput|extra_output"));
+  const CliRun torch_run = cli({"replay", in_place, "--backend", "torch", "--workers", "0"});
+  EXPECT_EQ(torch_run.exit, 0) << torch_run.out;
+  EXPECT_THAT(torch_run.out, HasSubstr("1 cases, 0 failed"));
   ::unsetenv("GRADFUZZ_TE_STUB_GEMM");
 }
 
