@@ -15,6 +15,7 @@ What the script leaves to replay: the unfused path, repeat calls and channel gra
 """
 
 import os
+import string
 
 import torch
 
@@ -73,7 +74,7 @@ def check(name, got, e, atol, rtol, allowance=None, norm_bound=None):
         return f"{name}: error norm {float(error):.3g} > {norm_bound:.3g}"
 
 
-def world():
+def rank_and_world():
     """This process's rank and the world's size (torchrun's environment)."""
     if not dist.is_initialized():
         dist.init_process_group("nccl" if DEVICE_TYPE == "cuda" else "gloo")
@@ -94,6 +95,85 @@ def only_fusions(names):
         for attr, funcs in saved.items():
             setattr(OperationFuser, attr, funcs)
 '''
+
+# The test: every rank runs its slice; the ranks' results, gathered, are judged whole.
+TEST = """
+
+def test_case():
+    rank, world = rank_and_world()
+    assert world == WORLD_SIZE, f"run with torchrun --nproc-per-node {WORLD_SIZE}"
+    if DEVICE_TYPE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    data = torch.load(DATA, weights_only=True)
+$init    ops = build(rank, world, device, data["params"])
+    model = $sequential(*ops)
+    x = shard(data["input"], SHARDING["input"], world, rank).to(device, DTYPE)
+    x.requires_grad_(INPUT_REQUIRES_GRAD)
+    extras = []
+    for e, w, rg in zip(data["extra_inputs"], SHARDING["extra_inputs"], EXTRA_INPUT_REQUIRES_GRAD):
+        e = shard(e, w, world, rank).to(device)
+        extras.append(e.to(DTYPE).requires_grad_(rg) if e.is_floating_point() else e)
+    names = $names
+    scope = only_fusions(FUSIONS) if "only_fusions" in globals() else contextlib.nullcontext()
+    with scope:
+        out = model(x, *extras)
+        outputs = list(out) if isinstance(out, tuple) else [out]
+        cotangents = []
+        for c, w, o in zip(data["cotangents"], SHARDING["output_grads"], outputs):
+            cotangents.append(None if c is None else shard(c, w, world, rank).to(device, o.dtype))
+        leaves = [("grad_input", x)]
+        leaves += [(f"grad_extra_input[{k}]", e) for k, e in enumerate(extras)]
+        for i, (op, name) in enumerate(zip(ops, names)):
+            if name == "Boundary":
+                continue
+            for j, t in enumerate($leaves):
+                leaves.append((f"grad_param[{i}].{name}[{j}]", t))
+        pairs = [(o, c) for o, c in zip(outputs, cotangents)
+                 if c is not None and o.is_floating_point() and o.requires_grad]
+        wanted = [(n, t) for n, t in leaves if t is not None and t.requires_grad]
+        grads = [None] * len(wanted)
+        if pairs and wanted:
+            grads = torch.autograd.grad([o for o, _ in pairs], [t for _, t in wanted],
+                                        [c for _, c in pairs], allow_unused=True)
+$finish    got = {(f"extra_output[{k - 1}]" if k else "output"): o.detach().cpu()
+           for k, o in enumerate(outputs)}
+    for (n, t), g in zip(wanted, grads):
+        got[n] = None if g is None else g.detach().cpu()
+    every = [None] * world
+    dist.all_gather_object(every, got)
+    where = {"output": SHARDING["outputs"][0], "grad_input": SHARDING["input_grad"]}
+    for k, w in enumerate(SHARDING["outputs"][1:]):
+        where[f"extra_output[{k}]"] = w
+    for k, w in enumerate(SHARDING["extra_input_grads"]):
+        where[f"grad_extra_input[{k}]"] = w
+    for i, op in enumerate(SHARDING["ops"]):
+        for j, w in enumerate(op["param_grads"]):
+            where[f"grad_param[{i}].{names[i]}[{j}]"] = w
+    problems = []
+    for name in dict.fromkeys([*data["expected"], *got]):
+        if name.startswith("grad_channel"):
+            continue
+        placement = where.get(name, "replicated")
+        whole = combine([g.get(name) for g in every], placement)
+        b = data["bounds"].get(name, {})
+        problems.append(check(name, whole, data["expected"].get(name), b.get("atol", 0.0),
+                              b.get("rtol", 0.0), b.get("allowance"), b.get("norm_bound")))
+        if placement == "replicated" and whole is not None:
+            for r in range(1, world):
+                copy = every[r].get(name)
+                problems.append(check(f"{name} on rank {r}", copy, whole, $pair_tolerance))
+    problems = [p for p in problems if p]
+    assert not problems, "; ".join(problems)
+"""
+
+# te: delayed weight gradients handed over after autograd (te/params.py).
+FINISH_TE = """        for op in ops:
+            if hasattr(op, "need_backward_dw"):
+                finish_weight_gradients(op)
+"""
 
 DTYPES = {
     "float64": "torch.float64",
@@ -162,7 +242,8 @@ def export_distributed(case, request, tensors, default_backend):
     writer = _Writer(case, backend, sharding, expect, request.get("case_file", ""), data_file)
     notes = [
         "a distributed case: run with torchrun --nproc-per-node "
-        f"{sharding['world_size']} -m pytest -q FILE; its values are in {os.path.basename(data_file)}",
+        f"{sharding['world_size']} -m pytest -q FILE; "
+        f"its values are in {os.path.basename(data_file)}",
         "the script checks the fused path's outputs, input, parameter and extra-input "
         "gradients; repeat calls and channel gradients are replay's",
     ]
@@ -182,8 +263,8 @@ class _Writer:
         case = self.case
         world = int(self.sharding["world_size"])
         lines = [
-            f'"""gradfuzz case {os.path.basename(self.case_file) or "(unsaved)"} on {self.backend}: '
-            f"a distributed case of {world} rank(s).",
+            f'"""gradfuzz case {os.path.basename(self.case_file) or "(unsaved)"} '
+            f"on {self.backend}: a distributed case of {world} rank(s).",
             "",
             f"Run: torchrun --nproc-per-node {world} -m pytest -q THIS_FILE (NCCL on CUDA,",
             "gloo on the CPU). Each rank builds the case's Sequential on its slice of the",
@@ -279,7 +360,8 @@ class _Writer:
                 if _splits(op.name, attrs):
                     out.append(
                         f"    op = ParallelOp({op.name!r}, {attrs!r}, {self._local_shape(i)!r}, "
-                        f"{list(global_shape)!r}, [list(p.shape) for p in mine], dtype=DTYPE, device=device)"
+                        f"{list(global_shape)!r}, [list(p.shape) for p in mine], "
+                        "dtype=DTYPE, device=device)"
                     )
                 else:
                     out.append(
@@ -314,96 +396,19 @@ class _Writer:
         return shape
 
     def _test(self):
-        case = self.case
         te = self.backend == "te"
-        param_leaves = (
-            "param_leaves(op, name)" if te else "[p for p in op.params if p.requires_grad]"
-        )
-        names = [op.name for op in case.ops]
-        out = [
-            "",
-            "",
-            "def test_case():",
-            "    rank, world = world()",
-            '    assert world == WORLD_SIZE, f"run with torchrun --nproc-per-node {WORLD_SIZE}"',
-            '    if DEVICE_TYPE == "cuda":',
-            '        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))',
-            '        device = torch.device("cuda", torch.cuda.current_device())',
-            "    else:",
-            '        device = torch.device("cpu")',
-            "    data = torch.load(DATA, weights_only=True)",
-            *(
-                ["    init(rank, world)  # the emulation's collectives over this world"]
-                if not te
-                else []
-            ),
-            "    ops = build(rank, world, device, data['params'])",
-            "    model = te.ops.Sequential(*ops)" if te else "    model = Sequential(*ops)",
-            "    x = shard(data['input'], SHARDING['input'], world, rank).to(device, DTYPE)",
-            "    x.requires_grad_(INPUT_REQUIRES_GRAD)",
-            "    extras = [shard(e, w, world, rank).to(device) for e, w in "
-            "zip(data['extra_inputs'], SHARDING['extra_inputs'])]",
-            "    extras = [e.to(DTYPE).requires_grad_(rg) if e.is_floating_point() else e for e, rg in "
-            "zip(extras, EXTRA_INPUT_REQUIRES_GRAD)]",
-            "    scope = only_fusions(FUSIONS) if 'only_fusions' in globals() else contextlib.nullcontext()",
-            "    with scope:",
-            "        out = model(x, *extras)",
-            "        outputs = list(out) if isinstance(out, tuple) else [out]",
-            "        cotangents = [None if c is None else shard(c, w, world, rank).to(device, o.dtype)",
-            "                      for c, w, o in zip(data['cotangents'], SHARDING['output_grads'], outputs)]",
-            f"        names = {names!r}",
-            "        leaves = [('grad_input', x)] + [(f'grad_extra_input[{k}]', e) for k, e in enumerate(extras)]",
-            "        for i, (op, name) in enumerate(zip(ops, names)):",
-            "            if name == 'Boundary':",
-            "                continue",
-            f"            for j, t in enumerate({param_leaves}):",
-            "                leaves.append((f'grad_param[{i}].{name}[{j}]', t))",
-            "        pairs = [(o, c) for o, c in zip(outputs, cotangents)",
-            "                 if c is not None and o.is_floating_point() and o.requires_grad]",
-            "        wanted = [(n, t) for n, t in leaves if t is not None and t.requires_grad]",
-            "        grads = [None] * len(wanted)",
-            "        if pairs and wanted:",
-            "            grads = torch.autograd.grad([o for o, _ in pairs], [t for _, t in wanted],",
-            "                                        [c for _, c in pairs], allow_unused=True)",
+        return [
+            string.Template(TEST).substitute(
+                names=repr([op.name for op in self.case.ops]),
+                init="" if te else "    init(rank, world)  # the emulation's collectives over it\n",
+                sequential="te.ops.Sequential" if te else "Sequential",
+                leaves="param_leaves(op, name)"
+                if te
+                else "[p for p in op.params if p.requires_grad]",
+                finish=FINISH_TE if te else "",
+                pair_tolerance=self._pair_tolerance(),
+            )
         ]
-        if te:
-            out += [
-                "        for op in ops:",
-                "            if hasattr(op, 'need_backward_dw'):",
-                "                finish_weight_gradients(op)",
-            ]
-        out += [
-            "    got = {('extra_output[%d]' % (k - 1)) if k else 'output': o.detach().cpu() "
-            "for k, o in enumerate(outputs)}",
-            "    for (n, t), g in zip(wanted, grads):",
-            "        got[n] = None if g is None else g.detach().cpu()",
-            "    every = [None] * world",
-            "    dist.all_gather_object(every, got)",
-            "    where = {'output': SHARDING['outputs'][0], 'grad_input': SHARDING['input_grad']}",
-            "    for k, w in enumerate(SHARDING['outputs'][1:]):",
-            "        where[f'extra_output[{k}]'] = w",
-            "    for k, w in enumerate(SHARDING['extra_input_grads']):",
-            "        where[f'grad_extra_input[{k}]'] = w",
-            "    for i, op in enumerate(SHARDING['ops']):",
-            "        for j, w in enumerate(op['param_grads']):",
-            "            where[f'grad_param[{i}].{names[i]}[{j}]'] = w",
-            "    problems = []",
-            "    for name in dict.fromkeys([*data['expected'], *got]):",
-            "        if name.startswith('grad_channel'):",
-            "            continue",
-            "        placement = where.get(name, 'replicated')",
-            "        whole = combine([g.get(name) for g in every], placement)",
-            "        b = data['bounds'].get(name, {})",
-            "        problems.append(check(name, whole, data['expected'].get(name), b.get('atol', 0.0),",
-            "                              b.get('rtol', 0.0), b.get('allowance'), b.get('norm_bound')))",
-            "        if placement == 'replicated' and whole is not None:",
-            "            for r in range(1, world):",
-            "                problems.append(check(f'{name} on rank {r}', every[r].get(name), whole,",
-            f"                                      {self._pair_tolerance()}))",
-            "    problems = [p for p in problems if p]",
-            "    assert not problems, '; '.join(problems)",
-        ]
-        return out
 
     def _pair_tolerance(self):
         t = self.expect.get("tolerance") or {}
