@@ -18,6 +18,7 @@
 
 #include "backends/remote_backend.h"
 #include "campaign/files.h"
+#include "corpus/case_file.h"
 #include "harness/case_result.h"
 #include "harness/case_spec.h"
 #include "runner/run_case.h"
@@ -177,11 +178,13 @@ TEST_F(Distributed, AHangingRankIsATimeoutAndADyingOneACrashWithNoRankLeft) {
 
 // te.ops's own AllGather, ReduceScatter, AllReduce, tensor-parallel Bias and column/row
 // BasicLinear on two gloo ranks, over the stubbed extension with torch's matmul for its
-// GEMM (adapter/tests/te_stub.py): the te backend's distributed path on the CPU. Each
-// case passes; each te fault of the ranks' communication is found.
+// GEMM (adapter/tests/te_stub.py): the te backend's distributed path on the CPU. Each case
+// passes; each te fault of the ranks' communication is found; and TE's AllReduce, which
+// all-reduces its input in place, overwrites the extra output MakeExtraOutput hands the
+// caller (the same tensor): a finding of te.ops's own code, where the torch emulation, which
+// sums into a copy, passes.
 TEST_F(Distributed, TeOpsTensorParallelCodeRunsOnGlooRanksOverTheStubbedExtension) {
   const std::string source = source_dir();
-  const std::string stub = source + "/adapter/tests/te_stub_python.sh";
   // The stub needs TE 2.20.2's Python source (tests/te_stub.py: te_source()).
   const char* te_src = std::getenv("GRADFUZZ_TE_SRC");
   const bool have_te = (te_src && std::filesystem::exists(std::string(te_src) + "/transformer_engine")) ||
@@ -189,43 +192,35 @@ TEST_F(Distributed, TeOpsTensorParallelCodeRunsOnGlooRanksOverTheStubbedExtensio
                        std::filesystem::exists(source + "/.te/rest/transformer_engine-2.20.2-py3-none-any.whl");
   if (!have_te) GTEST_SKIP() << "TE's Python source is not here (../shared/te/fetch.sh, or GRADFUZZ_TE_SRC)";
   ::setenv("GRADFUZZ_TE_STUB_GEMM", "1", 1);
+  backends::BackendOptions te_options;
+  te_options.name = "te";
+  te_options.python = source + "/adapter/tests/te_stub_python.sh";
+  te_options.case_timeout_s = 60;
+  backends::RemoteBackend te(te_options);
+  runner::RunOptions options;
+  options.finite_differences = false;
   const std::string data = source + "/tests/backends/data/";
-  std::vector<std::string> files;
+  auto spec_of = [&](const char* name) { return corpus::load_case_file(data + name).spec; };
   for (const char* name : {"te-tp-all-gather.json", "te-tp-bias.json", "te-tp-mlp.json", "te-tp-reduce-scatter.json"}) {
-    files.push_back(data + name);
+    const harness::CaseResult result = runner::run_case(spec_of(name), te, options);
+    EXPECT_EQ(result.verdict, harness::VerdictKind::kPass) << name << ": " << result;
   }
-  std::vector<std::string> args{"replay"};
-  args.insert(args.end(), files.begin(), files.end());
-  for (const char* a : {"--backend", "te", "--python-exe", "--workers", "0"}) {
-    args.emplace_back(a);
-    if (std::string(a) == "--python-exe") args.push_back(stub);
-  }
-  const std::string report = (dir_ / "replay.json").string();
-  args.push_back("--report");
-  args.push_back(report);
-  const CliRun clean = cli(args);
-  EXPECT_EQ(clean.exit, 0) << clean.out << clean.err;
-  const auto j = nlohmann::json::parse(std::ifstream(report));
-  EXPECT_EQ(j["summary"]["passed"], 4) << j["summary"].dump();
   const std::vector<std::pair<std::string, std::string>> faults = {
-      {"te-reduce-scatter-wrong-shard", files[3]},
-      {"te-column-parallel-dgrad-not-all-reduced", files[2]},
-      {"te-all-reduce-backward-reduced", files[2]}};
+      {"te-reduce-scatter-wrong-shard", "te-tp-reduce-scatter.json"},
+      {"te-column-parallel-dgrad-not-all-reduced", "te-tp-mlp.json"},
+      {"te-all-reduce-backward-reduced", "te-tp-mlp.json"}};
   for (const auto& [fault, file] : faults) {
-    const CliRun r = cli({"replay", file, "--fault", fault, "--backend", "te", "--python-exe", stub, "--workers", "0"});
-    EXPECT_EQ(r.exit, 1) << fault << ": " << r.out << r.err;
-    EXPECT_THAT(r.out, HasSubstr("FAIL mismatch")) << fault;
+    te.set_fault(fault);
+    const harness::CaseResult result = runner::run_case(spec_of(file.c_str()), te, options);
+    EXPECT_EQ(result.verdict, harness::VerdictKind::kMismatch) << fault << ": " << result;
   }
-  // TE's AllReduce all-reduces its input in place, and MakeExtraOutput hands that same
-  // tensor to the caller: the extra output, a rank's summand, comes back as the sum (a
-  // finding of te.ops's own code; the torch emulation sums into a copy and passes).
-  const std::string in_place = data + "te-tp-all-reduce-in-place.json";
-  const CliRun te_run = cli({"replay", in_place, "--backend", "te", "--python-exe", stub, "--workers", "0"});
-  EXPECT_EQ(te_run.exit, 1) << te_run.out << te_run.err;
-  EXPECT_THAT(te_run.out, HasSubstr("mismatch|MakeExtraOutput|extra_output"));
-  const CliRun torch_run = cli({"replay", in_place, "--backend", "torch", "--workers", "0"});
-  EXPECT_EQ(torch_run.exit, 0) << torch_run.out;
-  EXPECT_THAT(torch_run.out, HasSubstr("1 cases, 0 failed"));
+  te.set_fault("");
+  const harness::CaseSpec in_place = spec_of("te-tp-all-reduce-in-place.json");
+  const harness::CaseResult on_te = runner::run_case(in_place, te, options);
+  ASSERT_EQ(on_te.verdict, harness::VerdictKind::kMismatch) << on_te;
+  EXPECT_EQ(on_te.findings.front().signature, "mismatch|MakeExtraOutput|extra_output") << on_te;
+  backends::RemoteBackend torch(torch_options(60));
+  EXPECT_EQ(runner::run_case(in_place, torch, options).verdict, harness::VerdictKind::kPass);
   ::unsetenv("GRADFUZZ_TE_STUB_GEMM");
 }
 
