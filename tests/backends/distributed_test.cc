@@ -221,6 +221,27 @@ TEST_F(Distributed, TeOpsTensorParallelCodeRunsOnGlooRanksOverTheStubbedExtensio
   EXPECT_EQ(on_te.findings.front().signature, "mismatch|MakeExtraOutput|extra_output") << on_te;
   backends::RemoteBackend torch(torch_options(60));
   EXPECT_EQ(runner::run_case(in_place, torch, options).verdict, harness::VerdictKind::kPass);
+  // The exported te scripts, one process per rank under torchrun (TE over the stub): the MLP
+  // passes, the in-place AllReduce fails on the extra output, as replay says.
+  const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
+  const std::string py = python ? python : source + "/.venv/bin/python";
+  for (const auto& [name, passes] :
+       std::vector<std::pair<std::string, bool>>{{"te-tp-mlp", true}, {"te-tp-all-reduce-in-place", false}}) {
+    const std::string script = (dir_ / ("test_" + name + ".py")).string();
+    const CliRun r = cli({"export", "--python", data + name + ".json", "--backend", "te", "-o", script});
+    ASSERT_EQ(r.exit, 0) << r.err;
+    const std::string log = (dir_ / (name + ".log")).string();
+    const std::string command =
+        "cd " + dir_.string() + " && " + py + " -m torch.distributed.run --nproc-per-node 2 --no-python " + source +
+        "/adapter/tests/te_stub_pytest.sh -q -p no:cacheprovider " + script + " > " + log + " 2>&1";
+    const int status = std::system(command.c_str());
+    std::stringstream text;
+    text << std::ifstream(log).rdbuf();
+    EXPECT_EQ(status == 0, passes) << name << ":\n" << text.str();
+    if (!passes) {
+      EXPECT_THAT(text.str(), HasSubstr("extra_output[0]: 12 of 12 off")) << name;
+    }
+  }
   ::unsetenv("GRADFUZZ_TE_STUB_GEMM");
 }
 
