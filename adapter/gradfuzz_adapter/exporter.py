@@ -221,8 +221,10 @@ def reference_lines(op, h, extras, params, outs):
             f".index_select(0, {routing})",
             f"h = {h}.index_select(0, {routing})",
         ], "h"
-    if name in ("MakeExtraOutput", "RowStat", "DualExtraOutput", "Identity"):
+    if name in ("MakeExtraOutput", "RowStat", "DualExtraOutput", "Identity", *catalog.COLLECTIVES):
+        # The collectives are identities on the unsharded tensors (catalog.collective).
         line = {
+            **dict.fromkeys(catalog.COLLECTIVES),
             "MakeExtraOutput": f"{outs[0]} = {h}.view_as({h})" if outs else None,
             "RowStat": f"{outs[0]} = torch.mean(torch.square({h}), dim=-1)" if outs else None,
             "DualExtraOutput": f"{', '.join(outs[:2])} = {h} * {real('s0', 0.5)}, "
