@@ -320,11 +320,25 @@ std::optional<std::string> check_fault(const std::string& name, const harness::B
 /// `--sanitize memcheck` on CUDA, the process-killing faults only with worker processes; for
 /// te and torch, the adapter's planted faults.
 std::vector<std::string> parse_fault_list(const std::string& list, const harness::BackendCapabilities& caps,
-                                          bool sanitized, bool workers) {
+                                          bool sanitized, bool workers, std::vector<std::string>* too_many_ranks) {
   std::vector<std::string> faults;
+  // A fault of the ranks' communication needs cases of its world: where the backend runs
+  // fewer ranks (te on one GPU) it is left out and named, not an error (a list written for
+  // another machine still runs the rest).
+  auto runs_here = [&](const std::string& name) {
+    const auto* planted = caps.fault(name);
+    if (!planted || planted->world_size <= caps.max_world_size) return true;
+    if (too_many_ranks) {
+      too_many_ranks->push_back(name + " needs cases of " + std::to_string(planted->world_size) + " ranks; the " +
+                                caps.backend + " backend runs " + std::to_string(caps.max_world_size) + " here");
+    }
+    return false;
+  };
   if (list == "all") {
     if (caps.backend != "model") {
-      for (const auto& f : caps.faults) faults.push_back(f.name);
+      for (const auto& f : caps.faults) {
+        if (runs_here(f.name)) faults.push_back(f.name);
+      }
       if (faults.empty()) throw InputError("--faults all: the " + caps.backend + " backend has no planted faults");
       return faults;
     }
@@ -338,12 +352,19 @@ std::vector<std::string> parse_fault_list(const std::string& list, const harness
   }
   std::stringstream in(list);
   std::string name;
+  bool any = false;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    faults.push_back(*check_fault(name, caps, "--faults"));
+    any = true;
+    const std::string fault = *check_fault(name, caps, "--faults");
+    if (runs_here(fault)) faults.push_back(fault);
   }
-  if (faults.empty())
-    throw InputError("--faults: expected a comma-separated list of fault names or 'all', got '" + list + "'");
+  if (!any) throw InputError("--faults: expected a comma-separated list of fault names or 'all', got '" + list + "'");
+  if (faults.empty()) {
+    std::string why;
+    for (const auto& reason : too_many_ranks ? *too_many_ranks : std::vector<std::string>{}) why += "; " + reason;
+    throw InputError("--faults: none of '" + list + "' runs on this backend here" + why);
+  }
   return faults;
 }
 
@@ -692,7 +713,10 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   if (!sub.count("--case-timeout")) flags.case_timeout_s = kSelftestCaseTimeoutS;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, options.campaign.run_options);
   fit_to_backend(options.campaign, runner->capabilities(), sub.count("--dtypes") > 0);
-  options.faults = parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0);
+  std::vector<std::string> too_many_ranks;
+  options.faults =
+      parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0, &too_many_ranks);
+  for (const auto& why : too_many_ranks) err << "gradfuzz: selftest: not run: " << why << "\n";
   // Faults of the ranks' communication run distributed cases: the workers start their rank
   // processes with their adapters, so that the first such case does not pay for them.
   int64_t ranks = 0;

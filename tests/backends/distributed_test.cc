@@ -119,6 +119,29 @@ TEST_F(Distributed, SelftestFindsEveryDistributedFault) {
   }
 }
 
+// Where the backend runs fewer ranks than a fault's cases need (te on one GPU), the selftest
+// leaves the fault out and names it; a list of only such faults is a usage error.
+TEST_F(Distributed, SelftestLeavesOutFaultsOfMoreRanksThanTheBackendRuns) {
+  ::setenv("GRADFUZZ_MAX_WORLD_SIZE", "1", 1);  // read by the adapter at its start
+  const CliRun r = cli({"selftest", "--backend", "torch", "--faults", "torch-reduce-scatter-wrong-shard", "--workers",
+                        "0", "--cases", "10", "--corpus", (dir_ / "c").string()});
+  ::unsetenv("GRADFUZZ_MAX_WORLD_SIZE");
+  EXPECT_EQ(r.exit, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("none of 'torch-reduce-scatter-wrong-shard' runs on this backend here; "
+                               "torch-reduce-scatter-wrong-shard needs cases of 2 ranks; the torch backend runs 1 "
+                               "here"));
+  // With others in the list the rest runs; the left-out fault is named.
+  ::setenv("GRADFUZZ_MAX_WORLD_SIZE", "1", 1);
+  const CliRun mixed =
+      cli({"selftest", "--backend", "torch", "--faults",
+           "torch-reduce-scatter-wrong-shard,torch-fp8-scale-inv-applied-twice", "--recipe", "Float8CurrentScaling",
+           "--dtypes", "float32", "--workers", "0", "--cases", "50", "--corpus", (dir_ / "m").string()});
+  ::unsetenv("GRADFUZZ_MAX_WORLD_SIZE");
+  EXPECT_EQ(mixed.exit, 0) << mixed.out << mixed.err;
+  EXPECT_THAT(mixed.err, HasSubstr("not run: torch-reduce-scatter-wrong-shard needs cases of 2 ranks"));
+  EXPECT_THAT(mixed.out, HasSubstr("torch-fp8-scale-inv-applied-twice: ok"));
+}
+
 backends::BackendOptions torch_options(double case_timeout_s) {
   backends::BackendOptions o;
   o.name = "torch";
