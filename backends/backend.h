@@ -81,6 +81,11 @@ struct BackendOptions {
   double case_timeout_s = 120;
   /// Seconds the adapter may take to start and answer hello (TE imports in 6-9 s).
   double start_timeout_s = 120;
+  /// Rank processes a remote backend starts right after its adapter (a campaign of
+  /// distributed cases, --world-size), so that their start is not a case's time; 1: none
+  /// until a distributed case needs them. `rank_device`: "cpu" (gloo) or "cuda" (NCCL).
+  int64_t world_size = 1;
+  std::string rank_device = "cpu";
 };
 
 /// Throws std::invalid_argument listing the known names for an unknown one.

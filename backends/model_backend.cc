@@ -272,6 +272,17 @@ std::vector<PathRun> ModelBackend::run_paths(const CaseSpec& spec, const CasePla
                                              const std::vector<PathRequest>& paths) {
   std::vector<PathRun> runs;
   for (const auto& request : paths) {
+    if (spec.world_size > 1) {
+      // The model's runtime is one process: it has no ranks to split a case over (its
+      // capabilities say max_world_size 1, so the runner declines such cases first).
+      PathRun declined;
+      declined.name = request.name;
+      declined.status = PathStatus::kUnsupported;
+      declined.error_message = "the model backend runs one process; the case has " + std::to_string(spec.world_size) +
+                               " ranks (use the torch or te backend)";
+      runs.push_back(std::move(declined));
+      continue;
+    }
     const bool nothing_fused =
         request.skip_if_nothing_fused && !runs.empty() && runs.front().ok() && !any_fused(runs.front());
     const bool not_fired =

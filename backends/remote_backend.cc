@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/wire.h"
+#include "harness/sharding.h"
 
 #ifndef GRADFUZZ_DEFAULT_PYTHON
 #define GRADFUZZ_DEFAULT_PYTHON "python3"
@@ -179,6 +180,8 @@ void RemoteBackend::fail_dead(const std::string& what) {
   const std::string how = child_ ? child_->terminate() : std::string("not running");
   const std::string tail = child_ ? child_->stderr_tail() : std::string();
   child_.reset();
+  ranks_world_size_ = 0;
+  rank_pids_.clear();
   throw BackendCrash("the " + options_.name + " adapter " + what + " (" + how + ")" +
                      (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
 }
@@ -186,6 +189,8 @@ void RemoteBackend::fail_dead(const std::string& what) {
 void RemoteBackend::start() {
   if (child_ && child_->running()) return;
   child_.reset();
+  ranks_world_size_ = 0;
+  rank_pids_.clear();
   const ChildProcess::Options process = adapter_process_options(options_);
   try {
     child_ = std::make_unique<ChildProcess>(process);
@@ -221,6 +226,26 @@ void RemoteBackend::start() {
                              ", PYTHONPATH=" + process.env.at("PYTHONPATH") + ") did not start: " + e.what() + " (" +
                              how + ")" + (tail.empty() ? std::string() : "; its stderr ends with:\n" + tail));
   }
+  if (options_.world_size > 1) {
+    try {
+      start_ranks(options_.world_size, options_.rank_device);
+    } catch (const std::exception& e) {
+      throw BackendUnavailable("the " + options_.name + " adapter did not start " +
+                               std::to_string(options_.world_size) + " ranks: " + e.what());
+    }
+  }
+}
+
+void RemoteBackend::start_ranks(int64_t world_size, const std::string& device) {
+  if (ranks_world_size_ == world_size && ranks_device_ == device) return;
+  Reply reply = call(json{{"op", "start_ranks"},
+                          {"world_size", world_size},
+                          {"device", device},
+                          {"timeout_s", options_.start_timeout_s}},
+                     {}, options_.start_timeout_s);
+  rank_pids_ = reply.frame.header.value("pids", std::vector<int>{});
+  ranks_world_size_ = world_size;
+  ranks_device_ = device;
 }
 
 const BackendCapabilities& RemoteBackend::capabilities() {
@@ -262,8 +287,84 @@ RemoteBackend::Reply RemoteBackend::call(json header, const std::vector<at::Tens
   return reply;
 }
 
+std::vector<PathRun> RemoteBackend::run_ranks(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                              const std::vector<PathRequest>& paths) {
+  const harness::ShardingPlan sharding = harness::plan_sharding(spec, plan);
+  start_ranks(spec.world_size, spec.device);
+  // Each rank's shapes and values, cut from the case's (harness/sharding.h); every op also
+  // carries its unsharded input shape and layouts (te.ops's constructors take the whole
+  // sizes and split them themselves).
+  std::vector<at::Tensor> out_tensors;
+  json ranks = json::array();
+  for (int64_t r = 0; r < spec.world_size; ++r) {
+    const CasePlan local_plan = harness::rank_plan(plan, sharding, r);
+    const CaseTensors local = harness::rank_tensors(tensors, sharding, r);
+    json request = case_request_json(spec, local_plan, local, out_tensors);
+    json& plan_ops = request["plan"]["ops"];
+    for (size_t i = 0; i < plan_ops.size() && i < plan.ops.size(); ++i) {
+      plan_ops[i]["global_input_shape"] = plan.ops[i].input_shape;
+      plan_ops[i]["input_layout"] = harness::layout_name(sharding.ops[i].input);
+      plan_ops[i]["output_layout"] = harness::layout_name(sharding.ops[i].output);
+    }
+    ranks.push_back({{"plan", std::move(request["plan"])}, {"values", std::move(request["values"])}});
+  }
+  json header{{"op", "run"}, {"spec", spec}, {"ranks", std::move(ranks)}, {"paths", paths_json(paths)}};
+  if (!fault_.empty()) header["fault"] = fault_;
+  // The adapter answers for a lost rank before this side's own limit kills it.
+  header["timeout_s"] = 0.9 * options_.case_timeout_s;
+  Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
+  const json& h = reply.frame.header;
+  if (h.contains("failure")) {
+    // Every rank was killed: the next distributed case starts new ones.
+    ranks_world_size_ = 0;
+    rank_pids_.clear();
+    const std::string kind = h["failure"].value("kind", "crash");
+    const std::string message =
+        "the " + options_.name + " adapter's ranks: " + h["failure"].value("message", std::string("no reason given"));
+    if (kind == "timeout") throw BackendTimeout(message);
+    throw BackendCrash(message);
+  }
+  std::vector<PathRun> runs;
+  if (h.contains("unsupported")) {
+    for (const auto& p : paths) {
+      PathRun run;
+      run.name = p.name;
+      run.status = PathStatus::kUnsupported;
+      run.error_message = h["unsupported"].get<std::string>();
+      runs.push_back(std::move(run));
+    }
+    return runs;
+  }
+  try {
+    if (h.contains("pids")) rank_pids_ = h["pids"].get<std::vector<int>>();
+    const json& rank_replies = h.at("ranks");
+    if (static_cast<int64_t>(rank_replies.size()) != spec.world_size) {
+      throw std::runtime_error(std::to_string(rank_replies.size()) + " rank replies for " +
+                               std::to_string(spec.world_size) + " ranks");
+    }
+    std::vector<std::vector<PathRun>> per_rank;
+    for (const auto& rank : rank_replies) {
+      per_rank.emplace_back();
+      for (const auto& p : rank.at("paths")) per_rank.back().push_back(path_from(p, reply.frame));
+      if (per_rank.back().size() != paths.size()) {
+        throw std::runtime_error("a rank answered " + std::to_string(per_rank.back().size()) + " paths for " +
+                                 std::to_string(paths.size()) + " requested");
+      }
+    }
+    for (size_t k = 0; k < paths.size(); ++k) {
+      std::vector<PathRun> of_path;
+      for (auto& rank : per_rank) of_path.push_back(std::move(rank[k]));
+      runs.push_back(harness::assemble_ranks(std::move(of_path), sharding));
+    }
+  } catch (const std::exception& e) {
+    throw std::logic_error(std::string("the adapter's distributed run reply is malformed: ") + e.what());
+  }
+  return runs;
+}
+
 std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                               const std::vector<PathRequest>& paths) {
+  if (harness::is_distributed(spec)) return run_ranks(spec, plan, tensors, paths);
   std::vector<at::Tensor> out_tensors;
   json header = case_request_json(spec, plan, tensors, out_tensors);
   header["op"] = "run";

@@ -61,6 +61,9 @@ class RemoteBackend final : public Backend {
 
   /// Process id of the running adapter, or -1 (tests kill it to provoke a crash).
   int adapter_pid() const;
+  /// Process ids of the adapter's rank processes (distributed cases), empty when none run
+  /// (tests kill one).
+  const std::vector<int>& rank_pids() const { return rank_pids_; }
 
  private:
   void start();
@@ -69,12 +72,21 @@ class RemoteBackend final : public Backend {
   struct Reply;
   Reply call(nlohmann::json header, const std::vector<at::Tensor>& tensors, double timeout_s);
   [[noreturn]] void fail_dead(const std::string& what);
+  /// Has the adapter start `world_size` rank processes on `device` unless they run.
+  void start_ranks(int64_t world_size, const std::string& device);
+  /// A distributed case: each rank's plan and values, its replies assembled per path.
+  std::vector<PathRun> run_ranks(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths);
 
   BackendOptions options_;
   std::unique_ptr<ChildProcess> child_;
   BackendCapabilities capabilities_;
   bool have_capabilities_ = false;
   std::string fault_;
+  /// The adapter's rank processes: how many, on which device, their pids (0: none).
+  int64_t ranks_world_size_ = 0;
+  std::string ranks_device_;
+  std::vector<int> rank_pids_;
 };
 
 /// The argv and environment the adapter is started with for `options` (python, -m

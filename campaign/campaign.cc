@@ -110,6 +110,7 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   gen.set_max_tensor_elements(options.max_tensor_elements);
   gen.set_feature_weights(campaign_feature_weights(options, options.backend));
   gen.set_recipe(options.recipe);
+  gen.set_world_size(options.world_size);
   return gen;
 }
 

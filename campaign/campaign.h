@@ -68,6 +68,9 @@ struct CampaignOptions {
   std::map<std::string, double> feature_weights;
   /// generators::GenOptions::recipe: "any", "none" or a recipe's name.
   std::string recipe = "any";
+  /// generators::GenOptions::world_size: distributed cases of this many ranks (nullopt:
+  /// one-process cases).
+  std::optional<int64_t> world_size;
   std::filesystem::path corpus_dir = kDefaultCorpusDir;
   /// Stop after the first finding (selftest); with require_fault_attributable, after the
   /// first finding the fault is responsible for.

@@ -64,6 +64,10 @@ std::vector<reports::SelftestEntry> run_selftest(const SelftestOptions& options,
     if (progress) *progress << "[gradfuzz] selftest " << entry.name << '\n';
 
     CampaignOptions campaign = selftest_campaign(options.campaign, fault);
+    // A fault of the ranks' communication fires only in distributed cases of its world.
+    if (const auto* planted = runner.capabilities().fault(fault); planted && planted->world_size > 0) {
+      campaign.world_size = planted->world_size;
+    }
     campaign.stop_at_first_finding = true;
     campaign.require_fault_attributable = true;
     campaign.corpus_dir = options.corpus_dir / entry.name;

@@ -134,8 +134,24 @@ void WorkerPool::start(Slot& slot) {
   const auto& r = options_.run_options;
   if (!r.finite_differences) process.argv.push_back("--no-finite-differences");
   if (!r.shared_runs) process.argv.push_back("--no-shared-runs");
+  if (options_.backend.world_size > 1) {
+    // The worker's adapter starts its rank processes with it (docs/BACKENDS.md
+    // "Distributed cases"): not a case's time.
+    process.argv.push_back("--world-size");
+    process.argv.push_back(std::to_string(options_.backend.world_size));
+    process.argv.push_back("--rank-device");
+    process.argv.push_back(options_.backend.rank_device);
+  }
   if (!options_.devices.empty()) {
-    process.env["CUDA_VISIBLE_DEVICES"] = options_.devices[static_cast<size_t>(slot.index) % options_.devices.size()];
+    // One device per worker, or for distributed cases one per rank: worker k gets the
+    // world_size devices from k * world_size on, round-robin.
+    const size_t per_worker = static_cast<size_t>(std::max<int64_t>(1, options_.backend.world_size));
+    std::string visible;
+    for (size_t rank = 0; rank < per_worker; ++rank) {
+      const size_t at = (static_cast<size_t>(slot.index) * per_worker + rank) % options_.devices.size();
+      visible += (visible.empty() ? "" : ",") + options_.devices[at];
+    }
+    process.env["CUDA_VISIBLE_DEVICES"] = visible;
   }
   if (mps_) {
     for (const auto& [name, value] : mps_->env()) process.env[name] = value;

@@ -14,8 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "harness/builder.h"
 #include "harness/capabilities.h"
 #include "harness/limits.h"
+#include "harness/sharding.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
@@ -223,6 +225,19 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     const std::string prefix = e.json_path() + ": ";
     if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
     throw CorpusError(file, "/spec" + inner, message);
+  }
+  if (harness::is_distributed(out.spec)) {
+    // A distributed case whose layouts do not compose is no case at all (harness/sharding.h).
+    try {
+      harness::plan_sharding(out.spec, harness::plan_case(out.spec));
+    } catch (const harness::SpecError& e) {
+      std::string message = e.what();
+      const std::string prefix = e.json_path() + ": ";
+      if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+      throw CorpusError(file, "/spec" + e.json_path(), message);
+    } catch (const std::exception&) {
+      // Shapes that do not propagate: every path's op-creation error when the case runs.
+    }
   }
 
   if (j.contains("backend")) {

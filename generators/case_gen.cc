@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "generators/parallel_gen.h"
 #include "generators/validate.h"
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
@@ -312,7 +313,10 @@ void single_op_block(Draft& d) {
   const auto names = ops::OpRegistry::catalog().names();
   std::vector<std::string> eligible;
   for (const auto& n : names) {
-    if (fits(n, d) && d.has(n)) eligible.push_back(n);
+    // The collectives are drawn in distributed cases only (parallel_gen.h): one-process
+    // cases draw from the catalog as they did before those existed.
+    const bool collective = n == "AllGather" || n == "ReduceScatter" || n == "AllReduce";
+    if (fits(n, d) && d.has(n) && !collective) eligible.push_back(n);
   }
   const auto name = pick_of(eligible);
   append(d, name, choose_attrs(name, d));
@@ -743,6 +747,7 @@ rc::Gen<CaseSpec> gen_case(const GenOptions& options) {
   if (options.max_ops < 1) {
     throw std::invalid_argument("gen_case: expected max_ops >= 1, got " + std::to_string(options.max_ops));
   }
+  if (options.world_size) return gen_parallel_case(options);
   return rc::gen::exec([options] { return draw_case(options); });
 }
 

@@ -51,6 +51,11 @@ struct GenOptions {
   /// Quantization recipes (backends whose capabilities list available ones): "any" (the
   /// default) draws one in half the cases, "none" never, a recipe's name in every case.
   std::string recipe = "any";
+  /// Draw distributed cases of this many ranks (generators/parallel_gen.h: tensor- and
+  /// sequence-parallel chains) instead of one-process ones; nullopt: one-process cases, as
+  /// before distributed cases existed. 1 draws the same chains on one rank (te.ops turns the
+  /// modes off there and its collectives are identities).
+  std::optional<int64_t> world_size;
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -83,6 +88,10 @@ struct GenOptions {
   }
   GenOptions& set_recipe(std::string v) {
     recipe = std::move(v);
+    return *this;
+  }
+  GenOptions& set_world_size(std::optional<int64_t> v) {
+    world_size = v;
     return *this;
   }
   GenOptions& set_feature_weights(std::map<std::string, double> v) {

@@ -2,6 +2,7 @@
 
 #include <ostream>
 
+#include "generators/parallel_gen.h"
 #include "generators/validate.h"
 #include "ops/errors.h"
 
@@ -236,6 +237,14 @@ std::ostream& operator<<(std::ostream& os, const InvalidCase& c) {
 }
 
 rc::Gen<InvalidCase> gen_invalid_case(const GenOptions& options) {
+  // Distributed cases: a split te.ops refuses (parallel_gen.h); on one rank there is none,
+  // so the one-process mutations below on one-process cases.
+  if (options.world_size && *options.world_size > 1) return gen_parallel_invalid_case(options);
+  if (options.world_size) {
+    GenOptions one = options;
+    one.world_size.reset();
+    return gen_invalid_case(one);
+  }
   const auto base = gen_case(options);
   // Invalid configurations that a backend's documented deviation makes valid are not drawn
   // for it: TE ignores surplus extra inputs, and builds (and locks) its fusers at the first

@@ -164,7 +164,24 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
     raw.push_back(std::move(c));
   };
 
+  if (spec.world_size > 1) {
+    // A finding that stays on one rank is not the ranks' (the same chain, every split off).
+    CaseSpec c = spec;
+    c.world_size = 1;
+    c.input_layout = "replicated";
+    raw.push_back(std::move(c));
+  }
   for (size_t i = 0; i < spec.ops.size(); ++i) add_with_repair(remove_module(spec, static_cast<int64_t>(i)));
+  if (spec.world_size > 1) {
+    // Layouts come in pairs (a column Linear and its row Linear, a Linear making summands
+    // and the collective summing them): removing one alone leaves layouts that do not
+    // compose, so distributed cases also try removing two modules at once.
+    for (size_t i = 0; i < spec.ops.size(); ++i) {
+      for (size_t j = i + 1; j < spec.ops.size(); ++j) {
+        add_with_repair(remove_module(remove_module(spec, static_cast<int64_t>(j)), static_cast<int64_t>(i)));
+      }
+    }
+  }
   for (size_t k = 0; k < spec.fusions.size(); ++k) {
     CaseSpec c = spec;
     c.fusions.erase(c.fusions.begin() + static_cast<long>(k));

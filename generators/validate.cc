@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 
+#include "harness/builder.h"
+#include "harness/sharding.h"
 #include "ops/errors.h"
 
 namespace gradfuzz::generators {
@@ -275,6 +277,25 @@ std::vector<ValidationProblem> validate_case(const CaseSpec& spec, const std::ve
     }
   }
   if (!problems.empty()) return problems;
+
+  // Distributed cases: layouts that compose (harness/sharding.h), then the splits te.ops
+  // refuses (at construction, or in the forward before any communication).
+  if (harness::is_distributed(spec)) {
+    try {
+      const harness::CasePlan plan = harness::plan_case(spec);
+      harness::plan_sharding(spec, plan);
+      if (const auto refused = harness::parallel_config_error(spec, plan)) {
+        report(ops::InvalidArgumentError::kKind, op_path(refused->op), refused->message);
+        return problems;
+      }
+    } catch (const harness::SpecError& e) {
+      report(kSpecProblem, e.json_path(), e.what());
+      return problems;
+    } catch (const std::exception& e) {
+      report(kSpecProblem, "/ops", e.what());
+      return problems;
+    }
+  }
 
   // Invalid-configuration knobs, in the order the harness applies them: late binds after
   // construction, then the forward call (extra-input count, split sizes).

@@ -137,9 +137,13 @@ void to_json(json& j, const BackendCapabilities& caps) {
                                   {"fast_accumulation", a.fast_accumulation}};
   }
   json faults = json::array();
-  for (const auto& f : caps.faults)
-    faults.push_back({{"name", f.name}, {"description", f.description}, {"target", f.target}});
+  for (const auto& f : caps.faults) {
+    json fault{{"name", f.name}, {"description", f.description}, {"target", f.target}};
+    if (f.world_size > 0) fault["world_size"] = f.world_size;
+    faults.push_back(std::move(fault));
+  }
   j["faults"] = std::move(faults);
+  if (caps.max_world_size != 1) j["max_world_size"] = caps.max_world_size;
   json recipes = json::array();
   for (const auto& r : caps.recipes) {
     recipes.push_back({{"name", r.name},
@@ -182,9 +186,14 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("fp8_gemm_accumulation") && !j["fp8_gemm_accumulation"].is_null()) {
     caps.fp8_gemm_accumulation = fp8_gemm_accumulation_from(j["fp8_gemm_accumulation"]);
   }
+  caps.max_world_size = j.value("max_world_size", int64_t{1});
+  if (caps.max_world_size < 1) {
+    throw std::invalid_argument("max_world_size must be >= 1, got " + std::to_string(caps.max_world_size));
+  }
   if (j.contains("faults")) {
     for (const auto& f : j["faults"]) {
-      caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", "")});
+      caps.faults.push_back({f.at("name").get<std::string>(), f.value("description", ""), f.value("target", ""),
+                             f.value("world_size", int64_t{0})});
     }
   }
   if (j.contains("recipes")) {

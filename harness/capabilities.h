@@ -37,6 +37,9 @@ struct FaultCapability {
   std::string description;
   /// What it replaces ("transformer_engine.pytorch.ops.fused....fuser_backward").
   std::string target;
+  /// A fault of the ranks' communication: it fires only in cases of this many ranks (the
+  /// selftest draws such cases for it); 0 for every other fault.
+  int64_t world_size = 0;
 };
 
 /// A quantization recipe the backend runs (docs/BACKENDS.md "Recipes"): its formats and the
@@ -93,6 +96,10 @@ struct BackendCapabilities {
   /// How the backend's FP8 GEMMs accumulate, when not exactly (te on Hopper): the oracle's
   /// rounding samples and FP8 windows then carry each quantized GEMM's accumulation term.
   std::optional<Fp8GemmAccumulationCapability> fp8_gemm_accumulation;
+  /// Most ranks a distributed case may have here (harness/sharding.h): the te backend's
+  /// visible GPUs, the torch backend's process limit; 1 runs only one-process cases (the
+  /// model: its runtime is one process).
+  int64_t max_world_size = 1;
   /// Planted faults (the model's are ops/faults.h's; te and torch list the adapter's).
   std::vector<FaultCapability> faults;
   /// Recipes; empty: the backend runs none (the model).

@@ -23,7 +23,23 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
          input_requires_grad == o.input_requires_grad && input_shape == o.input_shape && dtype == o.dtype &&
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
          corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls &&
-         recipe == o.recipe;
+         recipe == o.recipe && world_size == o.world_size && input_layout == o.input_layout;
+}
+
+bool is_known_input_layout(const std::string& layout) {
+  return layout == "replicated" || layout == "rows" || layout == "features";
+}
+
+bool is_distributed(const CaseSpec& spec) {
+  if (spec.world_size > 1) return true;
+  return std::any_of(spec.ops.begin(), spec.ops.end(), [](const OpSpec& op) {
+    if (op.name == "AllGather" || op.name == "ReduceScatter" || op.name == "AllReduce") return true;
+    for (const char* attr : {"tensor_parallel_mode", "sequence_parallel", "tensor_parallel"}) {
+      auto it = op.attrs.find(attr);
+      if (it != op.attrs.end() && it->second != 0) return true;
+    }
+    return false;
+  });
 }
 
 int64_t CaseSpec::num_ops() const {
@@ -100,6 +116,10 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
     j["recipe"] = {
         {"name", spec.recipe->name}, {"fp8_format", spec.recipe->fp8_format}, {"options", spec.recipe->options}};
   }
+  // Written only where they say something: the case files of one-process cases (and their
+  // hashes) stay as they were.
+  if (spec.world_size != 1) j["world_size"] = spec.world_size;
+  if (spec.input_layout != "replicated") j["input_layout"] = spec.input_layout;
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
   if (!spec.late_binds.empty()) {
@@ -312,7 +332,8 @@ int64_t op_index(const Reader& r, const CaseSpec& spec) {
 void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
   r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
-                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe"});
+                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe",
+                   "world_size", "input_layout"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -395,6 +416,21 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       }
     }
     out.recipe = std::move(spec_recipe);
+  }
+  if (r.has("world_size")) {
+    const Reader world = r.child("world_size");
+    out.world_size = world.integer();
+    if (out.world_size < 1 || out.world_size > kMaxWorldSize) {
+      world.fail("expected a number of ranks in [1, " + std::to_string(kMaxWorldSize) + "], got " +
+                 std::to_string(out.world_size));
+    }
+  }
+  if (r.has("input_layout")) {
+    const Reader layout = r.child("input_layout");
+    out.input_layout = layout.string();
+    if (!is_known_input_layout(out.input_layout)) {
+      layout.fail("unknown input layout '" + out.input_layout + "'; known layouts: replicated, rows, features");
+    }
   }
   if (r.has("extra_input_count_delta")) out.extra_input_count_delta = r.child("extra_input_count_delta").integer();
   if (r.has("corrupt_split_sizes")) out.corrupt_split_sizes = r.child("corrupt_split_sizes").boolean();

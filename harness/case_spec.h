@@ -108,6 +108,14 @@ struct CaseSpec {
   std::vector<RepeatCall> repeat_calls;
   /// The quantization recipe (nullopt: none, the paths run in `dtype`).
   std::optional<RecipeSpec> recipe;
+  /// Ranks the case runs on (harness/sharding.h): 1 is one process, as every case before
+  /// distributed cases; N > 1 runs the same Sequential on N processes, each on its slice of
+  /// the same values. At most kMaxWorldSize.
+  int64_t world_size = 1;
+  /// How the main input lies on the ranks: "replicated" (every rank holds all of it), "rows"
+  /// (rank r holds the r-th of N equal row slices: sequence parallelism) or "features" (the
+  /// r-th feature slice: tensor parallelism). Meaningless on one rank.
+  std::string input_layout = "replicated";
 
   // Invalid-configuration knobs (the invalid generator sets them; valid cases leave them).
   /// Added to the number of public extra inputs passed (surplus > 0, shortfall < 0).
@@ -138,6 +146,14 @@ class SpecError : public std::runtime_error {
  private:
   std::string json_path_;
 };
+
+/// Largest world_size a case may have (what one host's GPUs and a CPU's processes reach).
+inline constexpr int64_t kMaxWorldSize = 64;
+/// The values of CaseSpec::input_layout.
+bool is_known_input_layout(const std::string& layout);
+/// Whether the case runs as ranks: world_size > 1, or a collective or a tensor-parallel
+/// option in its ops (te.ops needs a process group for those even on one rank).
+bool is_distributed(const CaseSpec& spec);
 
 /// Whether `dtype` is one of float64, float32, bfloat16, float16.
 bool is_known_dtype(const std::string& dtype);

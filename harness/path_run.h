@@ -89,6 +89,10 @@ struct PathRun {
   /// Repeat runs only: per fuser, the plans computed afresh (runtime.md section 5, no
   /// cache) for this call's first_op_requiring_backward (empty when the path has no fusions).
   std::vector<FuserPlans> expected_plans;
+  /// A distributed case (harness/sharding.h): what each rank's run of this path gave, its own
+  /// slices of the tensors, rank 0 first. The path's tensors above are then assembled from
+  /// them: the unsharded tensors the reference computes.
+  std::vector<PathRun> ranks;
 };
 
 /// How a backend names the writer of a changed caller tensor (PathRun::modified_by).

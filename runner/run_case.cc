@@ -14,6 +14,7 @@
 
 #include "backends/model_backend.h"
 #include "harness/dtype.h"
+#include "harness/sharding.h"
 #include "ops/cuda/launch_stats.h"
 #include "ops/errors.h"
 #include "ops/quantization.h"
@@ -76,6 +77,12 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
   BuildOptions build;
   build.call_then_bind = false;
   run_guarded(run, [&] {
+    // The unsharded math has no ranks to split over: what te.ops refuses on the case's
+    // world (an indivisible split) the reference refuses alike, at the same step.
+    if (const auto refused = harness::parallel_config_error(spec, plan)) {
+      run.error_stage = refused->at_construction ? "op creation" : "forward";
+      throw ops::InvalidArgumentError(refused->message);
+    }
     try {
       build_case(spec, plan, tensors, build, built);
     } catch (...) {
@@ -338,8 +345,16 @@ std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& p
   return features;
 }
 bool intends_error(const CaseSpec& spec) {
-  return spec.extra_input_count_delta != 0 || spec.corrupt_split_sizes || !spec.late_binds.empty() ||
-         check_static_wiring(spec).has_value();
+  if (spec.extra_input_count_delta != 0 || spec.corrupt_split_sizes || !spec.late_binds.empty() ||
+      check_static_wiring(spec).has_value()) {
+    return true;
+  }
+  if (spec.world_size <= 1) return false;
+  try {
+    return harness::parallel_config_error(spec, plan_case(spec)).has_value();
+  } catch (const std::exception&) {
+    return false;  // shapes that do not propagate: every path's op-creation error
+  }
 }
 
 PreparedCase prepare_case(const CaseSpec& spec) {
@@ -416,7 +431,10 @@ class CaseRun {
                      ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
                      : oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
     out.quantized = quantizes_;
-    if (!quantizes_) return out;
+    // The reference's own values go with a quantizing case (a script cannot recompute the FP8
+    // reference) and with a distributed one (its script compares the ranks' results, put
+    // together, with them).
+    if (!quantizes_ && !harness::is_distributed(spec_)) return out;
     auto on_cpu = [](std::map<std::string, at::Tensor> tensors) {
       for (auto& [name, t] : tensors) {
         if (t.defined()) t = t.detach().cpu();
@@ -441,6 +459,13 @@ class CaseRun {
       throw std::invalid_argument("case needs device cuda, but this process has no CUDA device");
     }
     if (!prepare()) return std::move(result_);
+    if (spec_.world_size > backend_.capabilities().max_world_size) {
+      result_.verdict = VerdictKind::kUnsupported;
+      result_.notes = "the " + backend_.name() + " backend runs at most " +
+                      std::to_string(backend_.capabilities().max_world_size) + " rank(s) here; the case has " +
+                      std::to_string(spec_.world_size);
+      return std::move(result_);
+    }
     if (!spec_.repeat_calls.empty() && !backend_.capabilities().repeat_calls) {
       result_.verdict = VerdictKind::kUnsupported;
       result_.notes = "the " + backend_.name() + " backend does not run repeat_calls";
@@ -477,6 +502,7 @@ class CaseRun {
       CostStage stage("judge");
       judge_errors();
       if (reference_.ok()) judge_values();
+      judge_replicas();
     }
     {
       CostStage stage("finite_differences");
@@ -510,6 +536,17 @@ class CaseRun {
     }
     result_.features = static_features(spec_, prepared_.plan);
     context_ = {spec_.num_ops(), prepared_.plan.max_reduction_length};
+    if (harness::is_distributed(spec_)) {
+      // A case whose layouts do not compose is not a distributed case at all: the caller's
+      // input error (case files are checked when loaded, generated cases are built valid).
+      try {
+        sharding_ = harness::plan_sharding(spec_, prepared_.plan);
+      } catch (const harness::SpecError& e) {
+        throw std::invalid_argument(std::string("not a valid distributed case: ") + e.what());
+      }
+      result_.features.emplace_back("distributed");
+      result_.features.emplace_back("world_size_" + std::to_string(spec_.world_size));
+    }
     if (spec_.recipe) {
       PathRun parse;
       run_guarded(parse, [&] {
@@ -1128,6 +1165,40 @@ class CaseRun {
                               quantization.get());
   }
 
+  // ---- replicas: a tensor every rank holds whole (the output of an AllReduce, a gradient
+  // every rank computes alike) must be the same on every rank: rank 0's copy is the one
+  // compared with the reference, and each other rank's copy is compared with it (the static
+  // tolerance of two paths: the ranks run the same kernels on the same values, so they
+  // differ at most by a reduction's order).
+  void judge_replicas() {
+    if (!sharding_) return;
+    std::vector<Finding> findings;
+    std::vector<std::string> notes;
+    oracle::Comparer comparer(findings, notes);
+    const oracle::Tolerance tolerance = path_pair_tolerance(dtype_, context_);
+    const oracle::CaseBounds bounds{tolerance, {}};
+    auto compare_ranks = [&](const PathRun& run) {
+      if (!run.ok() || run.ranks.size() < 2) return;
+      const PathRun lead = harness::replica_view(run.ranks.front(), *sharding_);
+      for (size_t k = 1; k < run.ranks.size(); ++k) {
+        if (!run.ranks[k].ok()) continue;
+        const PathRun copy = harness::replica_view(run.ranks[k], *sharding_);
+        for (const auto& t : oracle::compared_tensors(spec_, lead, copy)) {
+          comparer.compare(run.name + ".rank[" + std::to_string(k) + "]~" + run.name + ".rank[0]", t.name, "replica",
+                           t.expected, t.got, t.gradient, bounds.bound(t.name));
+        }
+      }
+    };
+    for (const PathRun* run : active_) {
+      compare_ranks(*run);
+      for (const auto& repeat : run->repeats) compare_ranks(repeat);
+    }
+    for (auto& f : findings) {
+      f.note = f.note.empty() ? "the ranks' copies of a replicated tensor differ" : f.note;
+      result_.findings.push_back(std::move(f));
+    }
+  }
+
   // ---- finite differences: the reference itself against central differences (float64).
   void check_finite_differences_stage() {
     // A quantizing case's gradient is deliberately not the derivative of its value (the
@@ -1312,6 +1383,8 @@ class CaseRun {
   /// The evidence of repeat_call_bounds, once drawn.
   std::optional<oracle::RoundingEvidence> coarse_evidence_;
   std::vector<PathRun> repeat_references_;
+  /// A distributed case's layouts (harness/sharding.h); the paths come back assembled.
+  std::optional<harness::ShardingPlan> sharding_;
   oracle::RoundingEvidence evidence_;
   std::vector<std::string> notes_;
 };

@@ -102,7 +102,8 @@ std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const Run
 /// What the oracle expects of every path of a case: its bounds and, where the reference
 /// quantizes (an FP8 recipe, an activation caching its input in FP8), the float64
 /// quantize-dequantize reference's own values, which a script cannot recompute from the
-/// catalog's high-precision math (exported scripts ship them).
+/// catalog's high-precision math (exported scripts ship them); for a distributed case the
+/// reference's values too (its script judges the ranks' results put together with them).
 struct Expectation {
   std::optional<oracle::CaseBounds> bounds;
   bool quantized = false;

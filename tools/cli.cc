@@ -31,6 +31,7 @@
 #include "harness/case_spec.h"
 #include "harness/dtype.h"
 #include "harness/limits.h"
+#include "harness/sharding.h"
 #include "ops/errors.h"
 #include "ops/faults.h"
 #include "ops/fusion_registry.h"
@@ -122,6 +123,11 @@ struct Flags {
   bool fail_on_known = false;
   bool full_export = false;
   std::string recipe = "any";
+  // Distributed cases: ranks per case (0: one-process cases) and, for a worker, the device
+  // its rank processes run on (empty: the campaign's).
+  std::string world_size_text;
+  int64_t world_size = 0;
+  std::string rank_device;
 };
 
 /// A whole number in [min, max] typed as plain decimal digits; InputError naming the option
@@ -148,6 +154,10 @@ void parse_numbers(Flags& f) {
         parse_whole(f.max_ops_text, "--max-ops", 1, static_cast<uint64_t>(harness::CaseLimits{}.max_ops)));
   }
   if (!f.workers_text.empty()) f.workers = static_cast<int>(parse_whole(f.workers_text, "--workers", 0, 1024));
+  if (!f.world_size_text.empty()) {
+    f.world_size = static_cast<int64_t>(
+        parse_whole(f.world_size_text, "--world-size", 1, static_cast<uint64_t>(harness::kMaxWorldSize)));
+  }
   if (!f.dtypes_text.empty()) {
     f.dtypes.clear();
     std::stringstream in(f.dtypes_text);
@@ -207,6 +217,11 @@ backends::BackendOptions backend_options(const Flags& f) {
     throw InputError("--case-timeout: expected seconds in (0, 86400], got " + std::to_string(f.case_timeout_s));
   }
   o.case_timeout_s = f.case_timeout_s;
+  o.world_size = std::max<int64_t>(1, f.world_size);
+  o.rank_device = f.rank_device.empty() ? resolve_device(f.device) : f.rank_device;
+  if (o.rank_device != "cpu" && o.rank_device != "cuda") {
+    throw InputError("--rank-device: expected cpu or cuda, got '" + o.rank_device + "'");
+  }
   return o;
 }
 
@@ -305,11 +320,25 @@ std::optional<std::string> check_fault(const std::string& name, const harness::B
 /// `--sanitize memcheck` on CUDA, the process-killing faults only with worker processes; for
 /// te and torch, the adapter's planted faults.
 std::vector<std::string> parse_fault_list(const std::string& list, const harness::BackendCapabilities& caps,
-                                          bool sanitized, bool workers) {
+                                          bool sanitized, bool workers, std::vector<std::string>* too_many_ranks) {
   std::vector<std::string> faults;
+  // A fault of the ranks' communication needs cases of its world: where the backend runs
+  // fewer ranks (te on one GPU) it is left out and named, not an error (a list written for
+  // another machine still runs the rest).
+  auto runs_here = [&](const std::string& name) {
+    const auto* planted = caps.fault(name);
+    if (!planted || planted->world_size <= caps.max_world_size) return true;
+    if (too_many_ranks) {
+      too_many_ranks->push_back(name + " needs cases of " + std::to_string(planted->world_size) + " ranks; the " +
+                                caps.backend + " backend runs " + std::to_string(caps.max_world_size) + " here");
+    }
+    return false;
+  };
   if (list == "all") {
     if (caps.backend != "model") {
-      for (const auto& f : caps.faults) faults.push_back(f.name);
+      for (const auto& f : caps.faults) {
+        if (runs_here(f.name)) faults.push_back(f.name);
+      }
       if (faults.empty()) throw InputError("--faults all: the " + caps.backend + " backend has no planted faults");
       return faults;
     }
@@ -323,12 +352,19 @@ std::vector<std::string> parse_fault_list(const std::string& list, const harness
   }
   std::stringstream in(list);
   std::string name;
+  bool any = false;
   while (std::getline(in, name, ',')) {
     if (name.empty()) continue;
-    faults.push_back(*check_fault(name, caps, "--faults"));
+    any = true;
+    const std::string fault = *check_fault(name, caps, "--faults");
+    if (runs_here(fault)) faults.push_back(fault);
   }
-  if (faults.empty())
-    throw InputError("--faults: expected a comma-separated list of fault names or 'all', got '" + list + "'");
+  if (!any) throw InputError("--faults: expected a comma-separated list of fault names or 'all', got '" + list + "'");
+  if (faults.empty()) {
+    std::string why;
+    for (const auto& reason : too_many_ranks ? *too_many_ranks : std::vector<std::string>{}) why += "; " + reason;
+    throw InputError("--faults: none of '" + list + "' runs on this backend here" + why);
+  }
   return faults;
 }
 
@@ -455,6 +491,7 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   if (!f.fault.empty()) o.fault = f.fault;
   o.known = load_known(f);
   o.recipe = f.recipe;
+  if (f.world_size > 0) o.world_size = f.world_size;
   if (sub.get_option_no_throw("--corpus") && sub.count("--corpus")) {
     if (f.corpus.empty()) throw InputError("--corpus: expected a directory, got an empty name");
     o.corpus_dir = f.corpus;
@@ -542,6 +579,11 @@ int cmd_fuzz(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostrea
   Reporters reporters(f.report, out, f.quiet, f.ci);
   std::unique_ptr<CaseRunner> runner = make_runner(f, options.run_options);
   fit_to_backend(options, runner->capabilities(), sub.count("--dtypes") > 0);
+  if (options.world_size && *options.world_size > runner->capabilities().max_world_size) {
+    throw InputError("--world-size: the " + f.backend + " backend runs at most " +
+                     std::to_string(runner->capabilities().max_world_size) + " rank(s) here, got " +
+                     std::to_string(*options.world_size));
+  }
   options.fault = check_fault(f.fault, runner->capabilities());
   check_recipe(options.recipe, runner->capabilities());
   // Cases in flight when an earlier run on this corpus ended abruptly run first.
@@ -671,7 +713,21 @@ int cmd_selftest(const Flags& f, const CLI::App& sub, std::ostream& out, std::os
   if (!sub.count("--case-timeout")) flags.case_timeout_s = kSelftestCaseTimeoutS;
   std::unique_ptr<CaseRunner> runner = make_runner(flags, options.campaign.run_options);
   fit_to_backend(options.campaign, runner->capabilities(), sub.count("--dtypes") > 0);
-  options.faults = parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0);
+  std::vector<std::string> too_many_ranks;
+  options.faults =
+      parse_fault_list(f.faults, runner->capabilities(), !f.sanitize.empty(), f.workers > 0, &too_many_ranks);
+  for (const auto& why : too_many_ranks) err << "gradfuzz: selftest: not run: " << why << "\n";
+  // Faults of the ranks' communication run distributed cases: the workers start their rank
+  // processes with their adapters, so that the first such case does not pay for them.
+  int64_t ranks = 0;
+  for (const auto& name : options.faults) {
+    if (const auto* planted = runner->capabilities().fault(name)) ranks = std::max(ranks, planted->world_size);
+  }
+  if (ranks > 1 && f.workers > 0 && flags.world_size != ranks) {
+    flags.world_size = ranks;
+    runner.reset();
+    runner = make_runner(flags, options.campaign.run_options);
+  }
   check_recipe(options.campaign.recipe, runner->capabilities());
   info.dtypes = options.campaign.dtypes;
   info.workers = f.workers;
@@ -880,6 +936,23 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   }
   request.expect = {{"kind", "pass"}};
   if (const auto kind = runner::reference_error_kind(spec)) request.expect = {{"kind", "error"}, {"error_kind", *kind}};
+  const bool distributed = harness::is_distributed(spec);
+  if (distributed) {
+    // A torchrun script of one process per rank, its values in a file beside it.
+    if (request.data_file.empty()) {
+      throw InputError("export: a distributed case's script keeps its values beside it: give -o FILE");
+    }
+    if (request.expect.at("kind") != "pass") {
+      throw InputError("export: " + c.path.string() + " is a distributed case that must raise " +
+                       request.expect.at("error_kind").get<std::string>() +
+                       "; its scripts check passing cases only (replay checks this one)");
+    }
+    try {
+      request.expect["sharding"] = harness::sharding_json(harness::plan_sharding(spec, prepared.plan), prepared.plan);
+    } catch (const harness::SpecError& e) {
+      throw InputError(c.path.string() + ": not a valid distributed case: " + e.what());
+    }
+  }
   const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
   const oracle::Tolerance tolerance =
       oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
@@ -904,7 +977,7 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
       }
       request.expect["tensors"] = std::move(tensors);
     }
-    if (expectation.quantized) {
+    if (expectation.quantized || distributed) {
       // The FP8 reference's values: the script compares with these, not with the catalog's
       // unquantized math (docs/BACKENDS.md "export").
       auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {
@@ -969,6 +1042,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   fuzz->add_option("--generate-as", f.generate_as,
                    "generate the cases a campaign on this backend would run (te: compare the model on TE's cases)");
   fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
+  fuzz->add_option("--world-size", f.world_size_text,
+                   "distributed cases of N ranks (tensor/sequence-parallel chains; torch and te backends)");
   add_known_flags(*fuzz, f);
   add_ci_output_flags(*fuzz, f.ci);
 
@@ -1008,6 +1083,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   CLI::App* worker = app.add_subcommand("worker", "");  // internal: a campaign's worker process
   worker->group("");
   add_backend_flags(*worker, f, /*with_workers=*/false);
+  worker->add_option("--world-size", f.world_size_text, "rank processes the adapter starts with");
+  worker->add_option("--rank-device", f.rank_device, "cpu (gloo) or cuda (NCCL)");
 
   CLI::App* bench = app.add_subcommand("bench", "campaign throughput against the bare fused+reference floor");
   bench->add_option("--cases", f.cases_text, "number of cases (default 200)");

@@ -53,6 +53,15 @@ class Server:
     def __init__(self, backend_name):
         self.backend_name = backend_name
         self.backend = None
+        self.coordinator = None
+
+    def _coordinator(self):
+        """The rank processes of distributed cases (ranks.py), made on first use."""
+        if self.coordinator is None:
+            from .ranks import Coordinator
+
+            self.coordinator = Coordinator(self.backend_name)
+        return self.coordinator
 
     def _backend(self):
         if self.backend is None:
@@ -73,6 +82,18 @@ class Server:
             from .driver import protocol_hello
 
             return dict(protocol_hello(self._backend().hello()), ok=True), []
+        if op == "start_ranks":
+            # Before a distributed case, with the start's time limit: the ranks' start (a
+            # forkserver importing torch, TE on CUDA) is not a case's time.
+            world_size = int(header.get("world_size", 1))
+            pool = self._coordinator().start(
+                world_size, header.get("device", "cpu"), float(header.get("timeout_s") or 120.0)
+            )
+            return {"ok": True, "pids": pool.pids}, []
+        if op == "run" and "ranks" in header:
+            # A distributed case: each rank runs its part (ranks.py).
+            out = TensorList()
+            return dict(self._coordinator().run(header, tensors, out), ok=True), out.tensors
         if op == "run":
             from .case import decode_case
 
@@ -92,7 +113,7 @@ class Server:
             return export_reply(case, header, self.backend_name, tensors), []
         return {
             "ok": False,
-            "error": f"unknown request op {op!r}; known: hello, run, export, quit",
+            "error": f"unknown request op {op!r}; known: hello, run, start_ranks, export, quit",
         }, []
 
 
@@ -150,6 +171,8 @@ def _serve(server, instream, outstream, clock):
         received = time.perf_counter()
         clock["waiting_s"] += received - start
         if frame is None:
+            if server.coordinator is not None:
+                server.coordinator.stop()
             return 0
         header, tensors = frame
         clock["requests"] += 1
@@ -163,6 +186,8 @@ def _serve(server, instream, outstream, clock):
         clock["handling_s"] += handled - received
         clock["handling_cpu_s"] += time.process_time() - cpu
         if reply is None:
+            if server.coordinator is not None:
+                server.coordinator.stop()
             return 0
         try:
             write_frame(outstream, *reply)

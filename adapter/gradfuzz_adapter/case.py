@@ -35,6 +35,9 @@ class OpCase:
     param_shapes: list
     param_requires_grad: list
     params: list  # float64 CPU values in the model's layout
+    # A distributed case's rank plan holds this rank's shapes; this is the op's input on the
+    # unsharded tensors (what te.ops's constructors are given). Else input_shape.
+    global_input_shape: list = field(default_factory=list)
 
     @property
     def boundary(self):
@@ -70,6 +73,8 @@ class Case:
     # The run request's "modified_by" (default true): whether a changed caller tensor's
     # writer is looked for, and how (driver.run_path: True, "rerun" or False).
     writers: bool | str = True
+    # Ranks of a distributed case (harness/sharding.h); this process is one of them.
+    world_size: int = 1
 
     @property
     def catalog_ops(self):
@@ -118,7 +123,9 @@ def decode_case(request, tensors):
         entry = plan_ops[i] if plan_ops else {}
         if name == BOUNDARY:
             previous_was_op = False
-            ops.append(OpCase(i, name, -1, {}, shape, shape, [], [], [], [], "vector", [], [], []))
+            ops.append(
+                OpCase(i, name, -1, {}, shape, shape, [], [], [], [], "vector", [], [], [], shape)
+            )
             continue
         if not previous_was_op:
             fuser += 1
@@ -168,6 +175,7 @@ def decode_case(request, tensors):
                 param_shapes=[list(s) for s in param_shape_list],
                 param_requires_grad=[_flag(prg, j) for j in range(len(param_shape_list))],
                 params=[_tensor(tensors, r) for r in refs],
+                global_input_shape=list(entry.get("global_input_shape") or input_shape),
             )
         )
         shape = output_shape
@@ -211,6 +219,7 @@ def decode_case(request, tensors):
         public_inputs=[tuple(p) for p in plan.get("public_inputs") or []],
         public_outputs=[tuple(p) for p in plan.get("public_outputs") or []],
         writers=_writers_mode(request.get("modified_by", True)),
+        world_size=int(spec.get("world_size", 1)),
     )
 
 

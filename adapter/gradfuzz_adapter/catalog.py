@@ -310,6 +310,12 @@ def identity(x):
     return x.view_as(x)
 
 
+def collective(x):
+    """AllGather, ReduceScatter, AllReduce on the unsharded tensors: the identity (the ranks'
+    slices gathered, summands summed; torch_parallel.py runs them on the ranks)."""
+    return x.view_as(x)
+
+
 def reshape(x, features):
     """x.reshape(-1, features); features = 0 keeps the input's feature count."""
     features = features or x.shape[-1]
@@ -376,6 +382,13 @@ def validate(name, attrs, input_shape):
     rows, features = input_shape
     if name == "Linear":
         attr_int(name, attrs, "out", 16, 1)
+        if attr_int(name, attrs, "tensor_parallel_mode", 0, 0) > 2:
+            raise InvalidArgumentError(
+                "Linear: attr 'tensor_parallel_mode' must be 0 (none), 1 (column) or 2 (row)"
+            )
+        attr_bool(name, attrs, "sequence_parallel", 0)
+    elif name == "Bias":
+        attr_bool(name, attrs, "tensor_parallel", 0)
     elif name == "ConstantScale":
         attr_real(name, attrs, "scale", 0.5)
     elif name == "Reshape":
@@ -465,13 +478,20 @@ def apply(name, x, extras, params, attrs):
         )
     if name == "Identity":
         return identity(x), ()
+    if name in COLLECTIVES:
+        return collective(x), ()
     if name == "Reshape":
         return reshape(x, attr_int(name, attrs, "features", 0, 0)), ()
     raise UnknownNameError(f"unknown op '{name}'; known ops: {', '.join(OP_NAMES)}")
 
 
+# te.ops's tensor-parallel communication ops (ops/basic/collectives.h).
+COLLECTIVES = ("AllGather", "ReduceScatter", "AllReduce")
+
 OP_NAMES = (
     "AddExtraInput",
+    "AllGather",
+    "AllReduce",
     "Bias",
     "Combine",
     "ConstantScale",
@@ -485,6 +505,7 @@ OP_NAMES = (
     "MakeExtraOutput",
     "RMSNorm",
     "ReLU",
+    "ReduceScatter",
     "Reshape",
     "RowStat",
     "SReLU",

@@ -49,6 +49,11 @@ TE_PARAMS["LayerNorm"] = ["weight", "bias"]
 def export_reply(case, request, default_backend, tensors=()):
     """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"}; writes
     the request's `data_file` when values do not fit the script (script_values.py)."""
+    if (request.get("expect") or {}).get("sharding"):
+        # A distributed case: a torchrun script, one process per rank (exporter_dist.py).
+        from .exporter_dist import export_distributed
+
+        return export_distributed(case, request, tensors, default_backend)
     data_file = request.get("data_file") or None
     expect = request.get("expect") or {"kind": "pass"}
     allowances = _allowances(expect, tensors)
@@ -216,8 +221,10 @@ def reference_lines(op, h, extras, params, outs):
             f".index_select(0, {routing})",
             f"h = {h}.index_select(0, {routing})",
         ], "h"
-    if name in ("MakeExtraOutput", "RowStat", "DualExtraOutput", "Identity"):
+    if name in ("MakeExtraOutput", "RowStat", "DualExtraOutput", "Identity", *catalog.COLLECTIVES):
+        # The collectives are identities on the unsharded tensors (catalog.collective).
         line = {
+            **dict.fromkeys(catalog.COLLECTIVES),
             "MakeExtraOutput": f"{outs[0]} = {h}.view_as({h})" if outs else None,
             "RowStat": f"{outs[0]} = torch.mean(torch.square({h}), dim=-1)" if outs else None,
             "DualExtraOutput": f"{', '.join(outs[:2])} = {h} * {real('s0', 0.5)}, "

@@ -24,10 +24,16 @@ class Fault:
     description: str
     target: str
     replace: Callable
+    # A fault of the ranks' communication fires only in cases of this many ranks (the
+    # selftest draws such cases for it); 0 for the others.
+    world_size: int = 0
 
     def capability(self):
         """The fault's entry in capabilities.faults."""
-        return {"name": self.name, "description": self.description, "target": self.target}
+        entry = {"name": self.name, "description": self.description, "target": self.target}
+        if self.world_size:
+            entry["world_size"] = self.world_size
+        return entry
 
 
 def resolve(target):

@@ -13,7 +13,7 @@ import platform
 
 import torch
 
-from . import catalog, faults, recipes
+from . import catalog, faults, recipes, torch_parallel
 from .driver import Builder, run_paths, torch_writer_scope
 from .errors import GradfuzzError
 from .torch_faults import FAULTS
@@ -34,14 +34,27 @@ class TorchBuilder(Builder):
         return torch.device(case.device)
 
     def create_op(self, op_case, case, device):
-        op = BasicOp(
-            op_case.name,
-            op_case.attrs,
-            op_case.input_shape,
-            dtype=case.dtype,
-            device=device,
-            output_style=op_case.output_style,
-        )
+        if torch_parallel.needs_parallel_op(op_case.name, op_case.attrs):
+            # A rank of a distributed case (ranks.py): this rank's slices, its collectives.
+            op = torch_parallel.ParallelOp(
+                op_case.name,
+                op_case.attrs,
+                op_case.input_shape,
+                op_case.global_input_shape,
+                op_case.param_shapes,
+                dtype=case.dtype,
+                device=device,
+                output_style=op_case.output_style,
+            )
+        else:
+            op = BasicOp(
+                op_case.name,
+                op_case.attrs,
+                op_case.input_shape,
+                dtype=case.dtype,
+                device=device,
+                output_style=op_case.output_style,
+            )
         with torch.no_grad():
             for p, value in zip(op.params, op_case.params):
                 p.copy_(value)
@@ -180,6 +193,9 @@ class TorchBackend:
                 "recipes": recipe_capabilities(),
                 # recipes.py casts and scales as the C++ reference does (ops/quantization.cc).
                 "fp8_reference_exact": True,
+                # Distributed cases (ranks.py, torch_parallel.py): gloo ranks on the CPU (NCCL
+                # ranks on CUDA need a GPU each: the coordinator declines more than it sees).
+                "max_world_size": MAX_WORLD_SIZE,
                 "faults": faults.capabilities(FAULTS),
             },
         }
@@ -209,6 +225,9 @@ class TorchBackend:
 
 
 LARGE_CASE_ELEMENTS = 1 << 16
+# Rank processes a distributed case may have on this backend (any N works; more processes
+# than cores only make them slow). GRADFUZZ_MAX_WORLD_SIZE overrides.
+MAX_WORLD_SIZE = int(os.environ.get("GRADFUZZ_MAX_WORLD_SIZE", "8"))
 
 
 def recipe_capabilities():
@@ -262,5 +281,8 @@ def _implementation(name):
         "DualExtraOutput": catalog.dual_extra_output,
         "Identity": catalog.identity,
         "Reshape": catalog.reshape,
+        "AllGather": catalog.collective,
+        "ReduceScatter": catalog.collective,
+        "AllReduce": catalog.collective,
     }[name]
     return fn.__name__

@@ -2,7 +2,17 @@
 kinds FP8 kernels have, planted in the recipe emulation (recipes.py) so that `gradfuzz
 selftest --backend torch` shows on the CPU that the quantization-aware oracle finds them.
 Each is te/faults.py's TE fault of the same name after the prefix, on the emulation.
+
+The distributed ones are planted in the ranks' communication (torch_parallel.py), in every
+rank process of a case: defects of the kind tensor-parallel code has (a collective that
+hands a rank another rank's slice, a reduction left out or done twice), and two that take a
+rank down (killed, or hanging in a collective) so that the harness shows it turns a lost
+rank into that case's finding and leaves no process behind.
 """
+
+import os
+import signal
+import time
 
 import torch
 
@@ -65,6 +75,71 @@ def _forward_scale_with_e5m2_max(original):
     return wrap(original, make)
 
 
+def _wrong_shard(original):
+    """reduce_scatter_rows that sums the right summands but hands rank r the rows of rank
+    r+1 (mod N): the row blocks are rotated by one block before the reduction."""
+
+    def reduce_scatter_rows(x):
+        from .torch_parallel import WORLD
+
+        if WORLD.size > 1 and x.shape[0] % WORLD.size == 0:
+            x = torch.roll(x, shifts=-(x.shape[0] // WORLD.size), dims=0)
+        return original(x)
+
+    return reduce_scatter_rows
+
+
+def _dgrad_not_reduced(original):
+    """column_parallel_grad_input that leaves out the sum over the ranks: each rank keeps
+    its own summand of the dgrad (with sequence parallelism, its rows of it)."""
+
+    def column_parallel_grad_input(grad_input, sequence_parallel):
+        from .torch_parallel import WORLD
+
+        if not sequence_parallel or WORLD.size == 1:
+            return grad_input.clone()
+        rows = grad_input.shape[0] // WORLD.size
+        return grad_input[WORLD.rank * rows : (WORLD.rank + 1) * rows].clone()
+
+    return column_parallel_grad_input
+
+
+def _all_reduce_backward_reduced(original):
+    """AllReduce's backward that all-reduces the gradient too (TE's unused
+    reduce_in_backward=True taken at its word): every rank's dx is N times dy."""
+
+    def all_reduce_backward(grad_output):
+        from .torch_parallel import all_reduce_sum
+
+        return all_reduce_sum(original(grad_output))
+
+    return all_reduce_backward
+
+
+def _on_rank_one(action):
+    """all_gather_rows that, on rank 1, does `action` before communicating."""
+
+    def make(original):
+        def all_gather_rows(x):
+            from .torch_parallel import WORLD
+
+            if WORLD.rank == 1:
+                action()
+            return original(x)
+
+        return all_gather_rows
+
+    return make
+
+
+def _kill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hang():
+    time.sleep(3600)
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -104,6 +179,48 @@ FAULTS = {
             "E4M3's 448: from the second call on, inputs and weights saturate",
             "gradfuzz_adapter.recipes.DelayedQuantizer.update",
             _forward_scale_with_e5m2_max,
+        ),
+        Fault(
+            "torch-reduce-scatter-wrong-shard",
+            "The reduce-scatter sums the ranks' summands but hands rank r the rows of rank "
+            "r+1: ReduceScatter's output, a sequence-parallel row Linear's output and "
+            "AllGather's input gradient come back as another rank's slice",
+            "gradfuzz_adapter.torch_parallel.reduce_scatter_rows",
+            _wrong_shard,
+            world_size=2,
+        ),
+        Fault(
+            "torch-column-parallel-dgrad-not-all-reduced",
+            "A column-parallel Linear's input gradient is not summed over the ranks (the "
+            "all-reduce, or with sequence parallelism the reduce-scatter, after the dgrad "
+            "GEMM left out): each rank keeps its own summand",
+            "gradfuzz_adapter.torch_parallel.column_parallel_grad_input",
+            _dgrad_not_reduced,
+            world_size=2,
+        ),
+        Fault(
+            "torch-all-reduce-backward-reduced",
+            "AllReduce's backward all-reduces the gradient as well, so its input gradient is "
+            "N times too large on every rank",
+            "gradfuzz_adapter.torch_parallel.all_reduce_backward",
+            _all_reduce_backward_reduced,
+            world_size=2,
+        ),
+        Fault(
+            "torch-rank-killed",
+            "Rank 1 is killed (SIGKILL) in its first all-gather: the case must be a crash "
+            "finding with every rank cleaned up",
+            "gradfuzz_adapter.torch_parallel.all_gather_rows",
+            _on_rank_one(_kill_self),
+            world_size=2,
+        ),
+        Fault(
+            "torch-rank-hangs",
+            "Rank 1 sleeps an hour in its first all-gather, the other ranks wait for it in "
+            "the collective: the case must be a timeout finding with every rank cleaned up",
+            "gradfuzz_adapter.torch_parallel.all_gather_rows",
+            _on_rank_one(_hang),
+            world_size=2,
         ),
     )
 }

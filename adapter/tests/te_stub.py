@@ -5,7 +5,9 @@ What needs no CUDA kernel then runs for real: OperationFuser (routing, channel c
 locking, fusion plans, the autograd function), Sequential, op.py's BasicOperation /
 FusedOperation, and the ops written in plain torch (MakeExtraOutput, AddExtraInput,
 ConstantScale, Identity, Reshape, Bias) plus the adapter's custom ops and FusedResidual.
-Ops that call kernels (BasicLinear, activations, norms, GroupedLinear) do not run.
+Ops that call kernels (BasicLinear, activations, norms, GroupedLinear) do not run, except
+BasicLinear's unquantized GEMMs with GRADFUZZ_TE_STUB_GEMM=1 (torch_gemm: torch's matmul in
+TE's general_gemm's place, so that its tensor-parallel code runs on gloo ranks).
 
 TE's source comes from $GRADFUZZ_TE_SRC (an unpacked wheel), /tmp/te-src, or the wheel in
 <repo>/.te/rest (unpacked to a temporary folder). TE imports numpy and pydantic; they must
@@ -139,4 +141,88 @@ def install():
     ):
         setattr(te, name, getattr(quantization, name))
     sys.modules["transformer_engine"].__version__ = "2.20.2 (Python only, stubbed extension)"
+    if os.environ.get("GRADFUZZ_TE_STUB_GEMM") == "1":
+        _install_torch_gemm()
     return te
+
+
+def torch_gemm(
+    A,
+    B,
+    out_dtype=None,
+    quantization_params=None,
+    gelu=False,
+    gelu_in=None,
+    alpha=1.0,
+    beta=None,
+    accumulate=False,
+    layout="TN",
+    out=None,
+    bias=None,
+    use_split_accumulator=False,
+    grad=False,
+    **kwargs,
+):
+    """A stand-in for cpp_extensions/gemm.py: general_gemm on plain tensors, with torch's
+    matmul where cuBLASLt would run: D = op_B(B) @ op_A(A), op transposing where the layout
+    says "T" (layout[0] for A, layout[1] for B: "TN" y = x W^T, "NN" dx = dy W, "NT"
+    dW = dy^T x), accumulated in float32, times alpha, plus a bias in the forward, added to
+    beta * out when accumulating. Quantized operands, fused GELU and Userbuffers are not
+    modelled (NotImplementedError: the path is declined)."""
+    import torch
+
+    if quantization_params is not None or gelu or kwargs.get("ub") is not None:
+        raise NotImplementedError(
+            "te_stub's GEMM: no quantized output, GELU epilogue or Userbuffers"
+        )
+    plain = (torch.Tensor, torch.nn.Parameter)
+    if type(A) not in plain or type(B) not in plain:
+        raise NotImplementedError("te_stub's GEMM: quantized operands are not modelled")
+    if bias is not None and grad:
+        raise NotImplementedError("te_stub's GEMM: no bias-gradient epilogue")
+    a = A.t() if layout[0] == "T" else A
+    b = B.t() if layout[1] == "T" else B
+    wide = torch.float64 if torch.float64 in (A.dtype, B.dtype) else torch.float32
+    d = (b.to(wide) @ a.to(wide)) * (1.0 if alpha is None else float(alpha))
+    if bias is not None:
+        d = d + bias.to(wide)
+    dtype = out.dtype if out is not None else (out_dtype or A.dtype)
+    if accumulate and out is not None:
+        out.mul_(1.0 if beta is None else float(beta)).add_(d.to(dtype))
+        return out, None, None, None
+    result = d.to(dtype)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return result, None, None, None
+
+
+def _install_torch_gemm():
+    """Every TE module's `general_gemm` (imported by name) replaced by torch_gemm, and TE's
+    empty CUDA tensor (what a freed saved tensor points at) by an empty CPU one."""
+    import torch
+    from transformer_engine.pytorch import cpp_extensions, utils
+
+    # utils.py: clear_tensor_data frees a saved tensor by pointing it at an empty CUDA tensor.
+    utils._empty_tensor = lambda: torch.Tensor()
+    original = cpp_extensions.general_gemm
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("transformer_engine")
+            and getattr(module, "general_gemm", None) is original
+        ):
+            module.general_gemm = torch_gemm
+
+
+def rank_backend(name):
+    """The backend of a rank process of a distributed case (ranks.py:
+    GRADFUZZ_RANK_BACKEND="te_stub:rank_backend"): TE's Python over the stub, on the CPU."""
+    reason = available()
+    if reason:
+        raise RuntimeError(reason)
+    install()
+    from gradfuzz_adapter.te.backend import TEBackend
+
+    if name != "te":
+        raise ValueError(f"te_stub.rank_backend makes the te backend, not {name!r}")
+    return TEBackend(device="cpu")

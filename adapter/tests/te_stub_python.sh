@@ -10,6 +10,8 @@
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${GRADFUZZ_STUB_PYTHON:-$here/../../.venv/bin/python}"
 [ "$1" = "-m" ] && [ "$2" = "gradfuzz_adapter" ] && shift 2
+# The rank processes of distributed cases (gradfuzz_adapter/ranks.py) make theirs alike.
+export GRADFUZZ_RANK_BACKEND=te_stub:rank_backend
 exec "$python" -c "
 import sys
 sys.path.insert(0, '$here')

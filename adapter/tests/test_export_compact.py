@@ -151,6 +151,9 @@ OPS = [
     {"name": "Identity"},
     {"name": "Reshape", "attrs": {"features": 4}},
     {"name": "Reshape"},
+    {"name": "AllGather"},
+    {"name": "ReduceScatter"},
+    {"name": "AllReduce"},
 ]
 
 

@@ -13,6 +13,7 @@
 
 #include "ops/basic/activations.h"
 #include "ops/basic/channel_ops.h"
+#include "ops/basic/collectives.h"
 #include "ops/basic/grouped_linear.h"
 #include "ops/basic/linear.h"
 #include "ops/basic/moe.h"
@@ -140,23 +141,39 @@ constexpr double kDefaultGroups = 2;
 
 void register_catalog_ops(OpRegistry& registry) {
   // ----- linear.h
-  const NeutralOptions linear_neutral{{"accumulate_into_main_grad"}, {}};
+  // Tensor parallelism (te.ops BasicLinear's tensor_parallel_mode and sequence_parallel,
+  // Bias's tensor_parallel) says how a distributed case's ranks split the op
+  // (harness/sharding.h); on the unsharded tensors the model holds, the math is the same.
+  const NeutralOptions linear_neutral{{"accumulate_into_main_grad", "sequence_parallel"}, {}};
+  auto check_tp_mode = [](const OpAttrs& a) {
+    const int64_t mode = int_attr("Linear", a, "tensor_parallel_mode", 0, 0);
+    if (mode > 2) {
+      throw InvalidArgumentError("Linear: attr 'tensor_parallel_mode' must be 0 (none), 1 (column) or 2 (row), got " +
+                                 std::to_string(mode));
+    }
+  };
   add_op(
-      registry, "Linear", with_neutral_note("y = x W^T; weight [out, in]", linear_neutral),
-      with_neutral({{"out", kDefaultLinearOut}}, linear_neutral),
-      [linear_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
+      registry, "Linear",
+      with_neutral_note("y = x W^T; weight [out, in]; tensor_parallel_mode 0 none, 1 column, 2 row (the ranks' split)",
+                        linear_neutral),
+      with_neutral({{"out", kDefaultLinearOut}, {"tensor_parallel_mode", 0}}, linear_neutral),
+      [linear_neutral, check_tp_mode](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Linear", shape);
         const int64_t out = int_attr("Linear", a, "out", kDefaultLinearOut, 1);
         check_neutral("Linear", a, linear_neutral);
+        check_tp_mode(a);
         return OpSignature{{rows, out}, {}, {}, {{out, features}}};
       },
       [](const OpAttrs& a, int64_t, int64_t features, const at::TensorOptions& o) -> BasicOpPtr {
         return std::make_shared<Linear>(LinearOptions(features, int_attr("Linear", a, "out", kDefaultLinearOut, 1)), o);
       });
+  const NeutralOptions bias_neutral{{"tensor_parallel"}, {}};
   add_op(
-      registry, "Bias", "y = x + b; bias [n], non-zero", {},
-      [](const OpAttrs&, const std::vector<int64_t>& shape) {
+      registry, "Bias", with_neutral_note("y = x + b; bias [n], non-zero", bias_neutral),
+      with_neutral({}, bias_neutral),
+      [bias_neutral](const OpAttrs& a, const std::vector<int64_t>& shape) {
         auto [rows, features] = rows_features("Bias", shape);
+        check_neutral("Bias", a, bias_neutral);
         OpSignature sig = same_shape(rows, features);
         sig.parameter_shapes = {{features}};
         return sig;
@@ -183,6 +200,23 @@ void register_catalog_ops(OpRegistry& registry) {
       [](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
         return std::make_shared<Identity>();
       });
+  // ----- collectives.h: identities on the unsharded tensors the model holds.
+  for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce}) {
+    const std::string name = collective_name(kind);
+    const char* summary = kind == CollectiveKind::kAllGather ? "ranks' row slices -> the whole tensor on every rank"
+                          : kind == CollectiveKind::kReduceScatter
+                              ? "ranks' summands -> each rank its row slice of the sum"
+                              : "ranks' summands -> the sum on every rank";
+    add_op(
+        registry, name, std::string(summary) + "; the identity on the unsharded tensors", {},
+        [name](const OpAttrs&, const std::vector<int64_t>& shape) {
+          auto [rows, features] = rows_features(name, shape);
+          return same_shape(rows, features);
+        },
+        [kind](const OpAttrs&, int64_t, int64_t, const at::TensorOptions&) -> BasicOpPtr {
+          return std::make_shared<Collective>(kind);
+        });
+  }
   add_op(
       registry, "Reshape", "y = x.reshape(-1, features); features=0 keeps the input's feature count", {{"features", 0}},
       [](const OpAttrs& a, const std::vector<int64_t>& shape) {

@@ -69,7 +69,11 @@ TEST_F(TorchBackend, A500CaseCampaignPassesAndCoversEveryOp) {
   EXPECT_EQ(j["summary"]["failed"], 0);
   EXPECT_EQ(j["environment"]["backend"], "torch");
   EXPECT_TRUE(j["environment"]["backend_versions"].contains("torch"));
-  for (const auto& [op, count] : j["coverage"]["ops"].items()) EXPECT_GT(count.get<int>(), 0) << op << " never drawn";
+  for (const auto& [op, count] : j["coverage"]["ops"].items()) {
+    // The collectives come only in distributed campaigns (--world-size, below).
+    if (op == "AllGather" || op == "ReduceScatter" || op == "AllReduce") continue;
+    EXPECT_GT(count.get<int>(), 0) << op << " never drawn";
+  }
 }
 
 TEST_F(TorchBackend, AWorkerKilledMidCaseIsACrashFindingAndTheCampaignGoesOn) {

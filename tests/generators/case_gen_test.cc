@@ -97,6 +97,8 @@ TEST(CaseGen, ReachesEveryOpFusionAndFeature) {
   EXPECT_EQ(invalid, 0);
   std::ostringstream report;
   for (const auto& name : ops::OpRegistry::catalog().names()) {
+    // The collectives come only in distributed cases (parallel_gen_test.cc).
+    if (name == "AllGather" || name == "ReduceScatter" || name == "AllReduce") continue;
     EXPECT_GT(total.ops[name], 0) << "op " << name << " never generated";
     report << "op " << name << "=" << total.ops[name] << "\n";
   }

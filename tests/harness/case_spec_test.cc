@@ -101,7 +101,9 @@ rc::Gen<CaseSpec> gen_spec() {
                                rc::gen::set(&LateBindStep::channel, rc::gen::element<std::string>("a", "b"))))),
         rc::gen::set(&CaseSpec::repeat_calls,
                      rc::gen::container<std::vector<RepeatCall>>(rc::gen::build<RepeatCall>(
-                         rc::gen::set(&RepeatCall::no_grad), rc::gen::set(&RepeatCall::input_requires_grad)))));
+                         rc::gen::set(&RepeatCall::no_grad), rc::gen::set(&RepeatCall::input_requires_grad)))),
+        rc::gen::set(&CaseSpec::world_size, rc::gen::inRange<int64_t>(1, kMaxWorldSize + 1)),
+        rc::gen::set(&CaseSpec::input_layout, rc::gen::element<std::string>("replicated", "rows", "features")));
   });
 }
 
@@ -276,6 +278,42 @@ TEST(CaseSpecJson, RepeatCallsAreObjectsOfTwoFlags) {
   } catch (const SpecError& e) {
     EXPECT_EQ(e.json_path(), "/repeat_calls/0/no_grad");
   }
+}
+
+TEST(CaseSpecJson, WorldSizeAndInputLayoutAreWrittenOnlyForDistributedCases) {
+  CaseSpec spec = linear_bias_relu();
+  EXPECT_FALSE(spec_json(spec).contains("world_size"));  // one-process case files stay as they were
+  EXPECT_FALSE(spec_json(spec).contains("input_layout"));
+  EXPECT_FALSE(is_distributed(spec));
+  spec.world_size = 2;
+  spec.input_layout = "rows";
+  const nlohmann::json j = spec_json(spec);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["input_layout"], "rows");
+  EXPECT_TRUE(is_distributed(spec));
+  EXPECT_EQ(j.get<CaseSpec>(), spec);
+  // One rank with a collective or a tensor-parallel option runs as ranks too (te.ops needs a
+  // process group for them).
+  CaseSpec one = linear_bias_relu();
+  one.ops[0].attrs["tensor_parallel_mode"] = 1;
+  EXPECT_TRUE(is_distributed(one));
+  one = linear_bias_relu();
+  one.ops.push_back({"AllReduce", {}, {}, {}, ops::OutputStyle::kVector, {}, {}});
+  EXPECT_TRUE(is_distributed(one));
+}
+
+TEST(CaseSpecJson, RejectsWorldSizesOutOfRangeAndUnknownLayoutsNamingThePath) {
+  nlohmann::json j = spec_json(linear_bias_relu());
+  j["world_size"] = 0;
+  EXPECT_THAT(error_of(j), HasSubstr("/world_size | /world_size: expected a number of ranks in [1, 64], got 0"));
+  j["world_size"] = 65;
+  EXPECT_THAT(error_of(j), HasSubstr("got 65"));
+  j["world_size"] = "two";
+  EXPECT_THAT(error_of(j), HasSubstr("/world_size | /world_size: expected an integer, got string"));
+  j["world_size"] = 2;
+  j["input_layout"] = "columns";
+  EXPECT_THAT(error_of(j), HasSubstr("/input_layout | /input_layout: unknown input layout 'columns'; known layouts: "
+                                     "replicated, rows, features"));
 }
 
 TEST(CaseSpec, NumOpsCountsCatalogOpsOnly) {

@@ -6,4 +6,5 @@ gradfuzz_add_test(harness_test
     ${CMAKE_CURRENT_LIST_DIR}/case_result_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/case_spec_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/limits_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/sharding_test.cc
   LIBS gradfuzz::harness rapidcheck_gtest)

@@ -129,6 +129,13 @@ std::vector<OpCase> catalog_cases() {
       {"DualExtraOutput", "DualExtraOutput", {{"s0", 0.25}, {"s1", 2.0}}, 5, 4},
       {"Identity", "Identity", {}, 5, 4},
       {"Reshape", "Reshape", {{"features", 2}}, 5, 4},
+      // The collectives: the identity on the unsharded tensors the model holds.
+      {"AllGather", "AllGather", {}, 5, 4},
+      {"ReduceScatter", "ReduceScatter", {}, 6, 4},
+      {"AllReduce", "AllReduce", {}, 5, 4},
+      {"LinearColumnParallel", "Linear", {{"out", 4}, {"tensor_parallel_mode", 1}, {"sequence_parallel", 1}}, 6, 4},
+      {"LinearRowParallel", "Linear", {{"out", 3}, {"tensor_parallel_mode", 2}}, 5, 4},
+      {"BiasTensorParallel", "Bias", {{"tensor_parallel", 1}}, 5, 4},
   };
 }
 
@@ -404,6 +411,14 @@ TEST(CatalogSwiGLUInterleave, NegativeOrFractionalInterleaveThrowsClearError) {
   EXPECT_THAT(invalid_argument_message([] { SwiGLU op(-2); }), HasSubstr("SwiGLU: interleave must be >= 0, got -2"));
 }
 
+TEST(CatalogTensorParallel, ModesOtherThanNoneColumnOrRowThrowClearErrors) {
+  EXPECT_THAT(signature_error("Linear", {{"tensor_parallel_mode", 3}}, {4, 8}),
+              HasSubstr("Linear: attr 'tensor_parallel_mode' must be 0 (none), 1 (column) or 2 (row), got 3"));
+  EXPECT_THAT(create_error("Linear", {{"tensor_parallel_mode", 1.5}}, {4, 8}),
+              HasSubstr("Linear: attr 'tensor_parallel_mode' must be an integer >= 0, got 1.5"));
+  EXPECT_EQ(signature_error("Linear", {{"tensor_parallel_mode", 2}}, {4, 8}), "");
+}
+
 TEST(CatalogZeroCenteredGamma, ValueOtherThanZeroOrOneThrowsClearError) {
   EXPECT_THAT(signature_error("RMSNorm", {{"zero_centered_gamma", 2}}, {4, 8}),
               HasSubstr("RMSNorm: attr 'zero_centered_gamma' must be 0 or 1, got 2"));
@@ -414,7 +429,8 @@ TEST(CatalogZeroCenteredGamma, ValueOtherThanZeroOrOneThrowsClearError) {
 /// TE constructor options that do not change the math, per op (the task's list).
 const std::vector<std::pair<std::string, std::vector<std::string>>>& neutral_options() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> options{
-      {"Linear", {"accumulate_into_main_grad"}},
+      {"Linear", {"accumulate_into_main_grad", "sequence_parallel"}},
+      {"Bias", {"tensor_parallel"}},
       {"GroupedLinear",
        {"accumulate_into_main_grad", "single_grouped_weight", "single_grouped_bias", "delay_wgrad_compute"}},
       {"ScaledSwiGLU", {"activation_recompute_in_mlp"}},

@@ -88,7 +88,11 @@ class TEBuilder(Builder):
 
     def create_op(self, op_case, case, device):
         callee, args, kwargs = op_recipe(
-            op_case.name, op_case.attrs, op_case.input_shape, op_case.output_style
+            op_case.name,
+            op_case.attrs,
+            op_case.input_shape,
+            op_case.output_style,
+            op_case.global_input_shape,
         )
         values = {DEVICE: device, DTYPE: case.dtype}
         kwargs = {k: values.get(v, v) if isinstance(v, Symbol) else v for k, v in kwargs.items()}
@@ -321,6 +325,13 @@ class TEBackend:
         except Exception:  # noqa: BLE001 - it queries the device; no answer means no
             return False
 
+    def max_world_size(self):
+        """Ranks a distributed case may have: one per visible GPU (a CPU-bound backend, the
+        stubbed one of the tests: as many as the torch backend's gloo ranks)."""
+        if self.builder.fixed_device == "cpu":
+            return int(os.environ.get("GRADFUZZ_MAX_WORLD_SIZE", "8"))
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
     def hello(self):
         options = te_options(self.single_grouped_params())
         capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
@@ -363,6 +374,9 @@ class TEBackend:
                 "fp8_gemm_accumulation": accumulation,
                 "recipes": te_recipes.capabilities(self.te),
                 "faults": faults.capabilities(FAULTS),
+                # Distributed cases: one rank per visible GPU, NCCL (ranks.py); on the CPU
+                # (TE's Python over a stubbed extension, tests/te_stub.py) gloo ranks.
+                "max_world_size": self.max_world_size(),
             },
         }
 

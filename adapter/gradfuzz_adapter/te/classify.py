@@ -78,6 +78,16 @@ KINDS = (
     ),  # rmsnorm.py, layer_norm.py: op_forward
     (r"The size of tensor a \(\d+\) must match the size of tensor b", "invalid-argument"),
     (r"Invalid matrix dimensions for GEMM", "invalid-argument"),  # csrc/extensions/gemm.cpp
+    # Tensor parallelism: a split that does not divide (the harness's parallel_config_error).
+    # basic_linear.py: BasicLinear._canonicalize_tensor_parallelism, bias.py: Bias.__init__
+    (r"Invalid configuration for tensor parallelism", "invalid-argument"),
+    # reduce_scatter.py: ReduceScatter.op_forward, all_gather.py: AllGather.op_backward
+    (r"Attempted to reduce-scatter a tensor with shape", "invalid-argument"),
+    # distributed.py: reduce_scatter_along_first_dim (a sequence-parallel row BasicLinear)
+    (
+        r"First dimension of the tensor should be divisible by tensor parallel size",
+        "invalid-argument",
+    ),
 )
 
 

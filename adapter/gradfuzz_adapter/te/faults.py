@@ -18,6 +18,12 @@ as a crash. Where one fires:
   the entry of every quantizer call in basic_linear.py / grouped_linear.py; casts done
   inside fused kernels bypass it) and DelayedScaling's update (from the second call on).
 
+- te-reduce-scatter-wrong-shard, te-column-parallel-dgrad-not-all-reduced,
+  te-all-reduce-backward-reduced: tensor parallelism (distributed cases of 2 ranks, one
+  GPU each): the ReduceScatter op, a column-parallel BasicLinear's dgrad reduction (without
+  sequence parallelism), the AllReduce op's backward. The same defects as torch_faults.py's
+  of the same names after the prefix, on TE's code.
+
 Targets are resolved when a fault is planted, so importing this module imports no TE.
 """
 
@@ -224,6 +230,49 @@ def _delayed_forward_scale_e5m2_max(original):
 
 
 _OPS = "transformer_engine.pytorch.ops"
+# ----------------------------------------------------------------------------------------
+# Tensor parallelism (te.ops's communication ops and BasicLinear's tensor_parallel_mode)
+
+
+def _reduce_scatter_wrong_shard(original):
+    def op_forward(self, ctx, input_, prev_op_grad_output_quantizer, next_op_input_quantizer):
+        # The row blocks rotated by one block: rank r receives the sum of block r+1.
+        n = getattr(self, "process_group_size", 1)
+        if n > 1 and input_.dim() > 0 and input_.shape[0] % n == 0:
+            input_ = torch.roll(input_, shifts=-(input_.shape[0] // n), dims=0)
+        return original(self, ctx, input_, prev_op_grad_output_quantizer, next_op_input_quantizer)
+
+    return op_forward
+
+
+def _column_dgrad_not_all_reduced(original):
+    def make(backward):
+        def faulty(*args, **kwargs):
+            # basic_linear.py: _functional_backward all-reduces a column-parallel dgrad
+            # (without sequence parallelism) after the dgrad GEMM; without the mode it
+            # computes the same local GEMMs and leaves the sum out.
+            if kwargs.get("tensor_parallel_mode") == "column" and not kwargs.get(
+                "sequence_parallel"
+            ):
+                kwargs = dict(kwargs, tensor_parallel_mode=None)
+            return backward(*args, **kwargs)
+
+        return faulty
+
+    return wrap(original, make)
+
+
+def _all_reduce_backward_reduced(original):
+    def op_backward(self, ctx, grad_output):
+        dx, rest = original(self, ctx, grad_output)
+        dx = dx.clone()
+        if torch.distributed.get_world_size(self.process_group) > 1:
+            torch.distributed.all_reduce(dx, group=self.process_group)
+        return dx, rest
+
+    return op_backward
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -321,6 +370,30 @@ FAULTS = {
             "transformer_engine.pytorch.quantization.FP8GlobalStateManager."
             "reduce_and_update_fp8_tensors",
             _delayed_forward_scale_e5m2_max,
+        ),
+        Fault(
+            "te-reduce-scatter-wrong-shard",
+            "te.ops.ReduceScatter sums the ranks' summands but hands rank r the rows of rank "
+            "r+1 (its input's row blocks rotated by one block)",
+            f"{_OPS}.basic.reduce_scatter.ReduceScatter.op_forward",
+            _reduce_scatter_wrong_shard,
+            world_size=2,
+        ),
+        Fault(
+            "te-column-parallel-dgrad-not-all-reduced",
+            "A column-parallel BasicLinear's input gradient is not all-reduced after the "
+            "dgrad GEMM (without sequence parallelism): each rank keeps its own summand",
+            f"{_OPS}.basic.basic_linear.BasicLinear._functional_backward",
+            _column_dgrad_not_all_reduced,
+            world_size=2,
+        ),
+        Fault(
+            "te-all-reduce-backward-reduced",
+            "te.ops.AllReduce's backward all-reduces the gradient as well (its unused "
+            "reduce_in_backward=True taken at its word): N times the input gradient",
+            f"{_OPS}.basic.all_reduce.AllReduce.op_backward",
+            _all_reduce_backward_reduced,
+            world_size=2,
         ),
     )
 }

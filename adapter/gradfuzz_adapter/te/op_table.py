@@ -46,16 +46,29 @@ class TEOp:
     custom: bool = False
 
 
+# Catalog tensor_parallel_mode -> BasicLinear's (basic_linear.py:
+# BasicLinear._canonicalize_tensor_parallelism).
+TENSOR_PARALLEL_MODES = {1: "column", 2: "row"}
+
+
 def _linear(attrs, features, style):
     # basic_linear.py: BasicLinear.__init__(in_features, out_features, *, device, dtype,
-    # ..., accumulate_into_main_grad); weight [out, in] like the model's.
-    return (features, int(attrs.get("out", 16))), dict(
-        _DEV, accumulate_into_main_grad=_flag(attrs, "accumulate_into_main_grad")
-    )
+    # tensor_parallel_mode, tensor_parallel_group, sequence_parallel, ...,
+    # accumulate_into_main_grad); weight [out, in] like the model's. With a mode, the sizes
+    # are the unsharded ones and TE splits them over the group (the default: the world).
+    kwargs = dict(_DEV, accumulate_into_main_grad=_flag(attrs, "accumulate_into_main_grad"))
+    mode = TENSOR_PARALLEL_MODES.get(int(float(attrs.get("tensor_parallel_mode", 0))))
+    if mode is not None:
+        kwargs["tensor_parallel_mode"] = mode
+        kwargs["sequence_parallel"] = _flag(attrs, "sequence_parallel")
+    return (features, int(attrs.get("out", 16))), kwargs
 
 
 def _bias(attrs, features, style):
-    return (features,), dict(_DEV)  # bias.py: Bias.__init__(size, *, device, dtype)
+    # bias.py: Bias.__init__(size, *, device, dtype, tensor_parallel, tensor_parallel_group)
+    if _flag(attrs, "tensor_parallel"):
+        return (features,), dict(_DEV, tensor_parallel=True)
+    return (features,), dict(_DEV)
 
 
 def _constant_scale(attrs, features, style):
@@ -188,6 +201,11 @@ OPS = {
     ),
     "Reshape": TEOp("te.ops.Reshape", _reshape),
     "Identity": TEOp("te.ops.Identity", _no_args),
+    # all_gather.py, reduce_scatter.py, all_reduce.py: __init__(process_group=None): the
+    # world group of the ranks (ranks.py).
+    "AllGather": TEOp("te.ops.AllGather", _no_args),
+    "ReduceScatter": TEOp("te.ops.ReduceScatter", _no_args),
+    "AllReduce": TEOp("te.ops.AllReduce", _no_args),
     "Dispatch": TEOp("Dispatch", _dispatch, custom=True),
     "Combine": TEOp("Combine", _styled, custom=True),
     "RowStat": TEOp("RowStat", _styled, custom=True),
@@ -201,19 +219,30 @@ TE_CLASSES = {name: op.implementation for name, op in OPS.items() if not op.cust
 SINGLE_GROUPED_OPTIONS = ("single_grouped_weight", "single_grouped_bias")
 
 
-def op_recipe(name, attrs, input_shape, output_style="vector"):
+def splits_itself(name, attrs):
+    """Whether te.ops splits op `name` over the ranks itself (a tensor-parallel Linear or
+    Bias): it is then given the unsharded sizes."""
+    if name == "Linear":
+        return float(attrs.get("tensor_parallel_mode", 0)) != 0
+    return name == "Bias" and _flag(attrs, "tensor_parallel")
+
+
+def op_recipe(name, attrs, input_shape, output_style="vector", global_input_shape=None):
     """(callee, args, kwargs) that build catalog op `name` with te.ops: callee is a dotted
     name ("te.ops.BasicLinear", or a te/extensions.py class "Dispatch"); DEVICE and DTYPE
     stand for the case's device and dtype. Attrs are the catalog's with TE's option names
-    (accumulate_into_main_grad, cache_quantized_input, ...) alongside. Raises
-    NotImplementedError for an op without a mapping or a style the op cannot have."""
+    (accumulate_into_main_grad, cache_quantized_input, ...) alongside. On a rank of a
+    distributed case `input_shape` is the rank's and `global_input_shape` the unsharded one,
+    which an op that splits itself is given (splits_itself). Raises NotImplementedError for
+    an op without a mapping or a style the op cannot have."""
     op = OPS.get(name)
     if op is None:
         raise NotImplementedError(f"the te backend has no mapping for catalog op '{name}'")
     if output_style != "vector" and not op.custom:
         # TE's own ops return tuples; only the adapter's custom ops have a generator style.
         raise NotImplementedError(f"te.ops has no '{output_style}' output style for {name}")
-    args, kwargs = op.build(attrs, int(input_shape[-1]), output_style)
+    shape = global_input_shape if global_input_shape and splits_itself(name, attrs) else input_shape
+    args, kwargs = op.build(attrs, int(shape[-1]), output_style)
     return op.implementation, args, kwargs
 
 

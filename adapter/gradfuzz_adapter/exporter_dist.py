@@ -1,0 +1,424 @@
+"""`export` of a distributed case (docs/BACKENDS.md "Distributed cases"): a pytest file
+launched as `torchrun --nproc-per-node N -m pytest -q FILE`, one process per rank (NCCL on
+CUDA, gloo on the CPU).
+
+Every rank loads the case's whole values from the data file beside the script, cuts its
+own slices as the harness does (`SHARDING`: harness/sharding.h's placements, sent with the
+request as expect.sharding), builds the case's Sequential on its slices with the backend's
+own ops (te: te.ops with tensor_parallel_mode, sequence_parallel and tensor_parallel given the
+unsharded sizes; torch: the embedded emulation), runs one forward and one autograd.grad,
+and gathers every rank's results: the tensors are put together as they lie (slices
+concatenated, summands summed, rank 0's copy of a replicated one) and judged against the
+float64 reference's values (shipped, as expect.expected) under the oracle's own bounds
+(expect.tensors); each other rank's copy of a replicated tensor must agree with rank 0's.
+What the script leaves to replay: the unfused path, repeat calls and channel gradients.
+"""
+
+import os
+import string
+
+import torch
+
+from . import catalog
+from .te import embed as te_embed
+from .te.op_table import DEVICE, DTYPE, op_recipe, render_call
+
+# Helpers every distributed script embeds.
+HELPERS = '''
+def shard(t, where, world, rank):
+    """Rank `rank`'s part of whole tensor `t`: all of it ("replicated"), its slice of rows or
+    features (torch.tensor_split's cut), or its summand ("partial": its rows, zeros elsewhere)."""
+    if t is None or world == 1 or where == "replicated" or t.dim() == 0:
+        return t
+    if where == "partial":
+        pieces = torch.tensor_split(t, world, 0)
+        begin = sum(p.shape[0] for p in pieces[:rank])
+        out = torch.zeros_like(t)
+        out[begin : begin + pieces[rank].shape[0]] = pieces[rank]
+        return out
+    return torch.tensor_split(t, world, 0 if where == "rows" else t.dim() - 1)[rank].contiguous()
+
+
+def combine(parts, where):
+    """The whole tensor from the ranks' parts of it (None: that rank has none)."""
+    defined = [p for p in parts if p is not None]
+    if not defined:
+        return None
+    if where == "replicated":
+        return parts[0]
+    if where == "partial":
+        return sum(p.double() for p in defined)
+    dim = 0 if where == "rows" else defined[0].dim() - 1
+    return torch.cat([torch.zeros_like(defined[0]) if p is None else p for p in parts], dim)
+
+
+def check(name, got, e, atol, rtol, allowance=None, norm_bound=None):
+    """Why `got` is off gradfuzz's bound of `e` (oracle/oracle.h), or None."""
+    if got is None:
+        fine = e is None or e.numel() == 0 or (name.startswith("grad") and not e.any())
+        return None if fine else f"{name}: none returned"
+    got = got.detach().to("cpu", torch.float64)
+    e = torch.zeros_like(got) if e is None else e.detach().to(torch.float64)
+    if got.shape != e.shape:
+        return f"{name}: shape {list(got.shape)}, expected {list(e.shape)}"
+    a = torch.zeros_like(e) if allowance is None else allowance.double()
+    judged, finite, diff = ~a.isinf(), got.isfinite() & e.isfinite(), (got - e).abs()
+    rms = torch.where(e.isfinite(), e, 0).square().mean().sqrt()
+    bad = judged & (~finite | (diff > atol + rtol * (rms + e.abs()) + torch.where(judged, a, 0)))
+    if bad.any():
+        k = int(torch.where(bad, torch.nan_to_num(diff, nan=float("inf")), -1).argmax())
+        return (f"{name}: {int(bad.sum())} of {e.numel()} off, worst at flat index {k}: got "
+                f"{got.flatten()[k]:.9g}, expected {e.flatten()[k]:.9g}")
+    error = torch.where(judged & finite, diff, 0).norm()
+    if norm_bound is not None and error > norm_bound:
+        return f"{name}: error norm {float(error):.3g} > {norm_bound:.3g}"
+
+
+def rank_and_world():
+    """This process's rank and the world's size (torchrun's environment)."""
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if DEVICE_TYPE == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+'''
+
+TE_ONLY_FUSIONS = '''
+@contextlib.contextmanager
+def only_fusions(names):
+    """Only the fusions called `names` in TE's registry (fuser.py: OperationFuser's lists)."""
+    saved = {a: getattr(OperationFuser, a) for a in dir(OperationFuser) if a.endswith("_functions")}
+    name = lambda f: getattr(f, "gradfuzz_fusion_name", None) or f.__qualname__.split(".")[0]
+    try:
+        for attr, funcs in saved.items():
+            setattr(OperationFuser, attr, [f for f in funcs if name(f) in names])
+        yield
+    finally:
+        for attr, funcs in saved.items():
+            setattr(OperationFuser, attr, funcs)
+'''
+
+# The test: every rank runs its slice; the ranks' results, gathered, are judged whole.
+TEST = """
+
+def test_case():
+    rank, world = rank_and_world()
+    assert world == WORLD_SIZE, f"run with torchrun --nproc-per-node {WORLD_SIZE}"
+    if DEVICE_TYPE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    data = torch.load(DATA, weights_only=True)
+$init    ops = build(rank, world, device, data["params"])
+    model = $sequential(*ops)
+    x = shard(data["input"], SHARDING["input"], world, rank).to(device, DTYPE)
+    x.requires_grad_(INPUT_REQUIRES_GRAD)
+    extras = []
+    for e, w, rg in zip(data["extra_inputs"], SHARDING["extra_inputs"], EXTRA_INPUT_REQUIRES_GRAD):
+        e = shard(e, w, world, rank).to(device)
+        extras.append(e.to(DTYPE).requires_grad_(rg) if e.is_floating_point() else e)
+    names = $names
+    scope = only_fusions(FUSIONS) if "only_fusions" in globals() else contextlib.nullcontext()
+    with scope:
+        out = model(x, *extras)
+        outputs = list(out) if isinstance(out, tuple) else [out]
+        cotangents = []
+        for c, w, o in zip(data["cotangents"], SHARDING["output_grads"], outputs):
+            cotangents.append(None if c is None else shard(c, w, world, rank).to(device, o.dtype))
+        leaves = [("grad_input", x)]
+        leaves += [(f"grad_extra_input[{k}]", e) for k, e in enumerate(extras)]
+        for i, (op, name) in enumerate(zip(ops, names)):
+            if name == "Boundary":
+                continue
+            for j, t in enumerate($leaves):
+                leaves.append((f"grad_param[{i}].{name}[{j}]", t))
+        pairs = [(o, c) for o, c in zip(outputs, cotangents)
+                 if c is not None and o.is_floating_point() and o.requires_grad]
+        wanted = [(n, t) for n, t in leaves if t is not None and t.requires_grad]
+        grads = [None] * len(wanted)
+        if pairs and wanted:
+            grads = torch.autograd.grad([o for o, _ in pairs], [t for _, t in wanted],
+                                        [c for _, c in pairs], allow_unused=True)
+$finish    got = {(f"extra_output[{k - 1}]" if k else "output"): o.detach().cpu()
+           for k, o in enumerate(outputs)}
+    for (n, t), g in zip(wanted, grads):
+        got[n] = None if g is None else g.detach().cpu()
+    every = [None] * world
+    dist.all_gather_object(every, got)
+    where = {"output": SHARDING["outputs"][0], "grad_input": SHARDING["input_grad"]}
+    for k, w in enumerate(SHARDING["outputs"][1:]):
+        where[f"extra_output[{k}]"] = w
+    for k, w in enumerate(SHARDING["extra_input_grads"]):
+        where[f"grad_extra_input[{k}]"] = w
+    for i, op in enumerate(SHARDING["ops"]):
+        for j, w in enumerate(op["param_grads"]):
+            where[f"grad_param[{i}].{names[i]}[{j}]"] = w
+    problems = []
+    for name in dict.fromkeys([*data["expected"], *got]):
+        if name.startswith("grad_channel"):
+            continue
+        placement = where.get(name, "replicated")
+        whole = combine([g.get(name) for g in every], placement)
+        b = data["bounds"].get(name, {})
+        problems.append(check(name, whole, data["expected"].get(name), b.get("atol", 0.0),
+                              b.get("rtol", 0.0), b.get("allowance"), b.get("norm_bound")))
+        if placement == "replicated" and whole is not None:
+            for r in range(1, world):
+                copy = every[r].get(name)
+                problems.append(check(f"{name} on rank {r}", copy, whole, $pair_tolerance))
+    problems = [p for p in problems if p]
+    assert not problems, "; ".join(problems)
+"""
+
+# te: delayed weight gradients handed over after autograd (te/params.py).
+FINISH_TE = """        for op in ops:
+            if hasattr(op, "need_backward_dw"):
+                finish_weight_gradients(op)
+"""
+
+DTYPES = {
+    "float64": "torch.float64",
+    "float32": "torch.float32",
+    "bfloat16": "torch.bfloat16",
+    "float16": "torch.float16",
+}
+
+
+def _adapter_module_body(name):
+    """The source of gradfuzz_adapter.<name> without its docstring and top-level imports."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    with open(path, encoding="utf-8") as f:
+        return te_embed.module_body(f.read())
+
+
+def _params(op):
+    return list(op.params)
+
+
+def export_distributed(case, request, tensors, default_backend):
+    """The reply to an `export` request of a distributed case: {"ok", "script", "notes",
+    "data_file"}. Needs request.data_file (the values and the expected tensors go there)
+    and expect.sharding and expect.expected (what the C++ side sends for such a case)."""
+    backend = request.get("backend", default_backend)
+    if backend not in ("te", "torch"):
+        raise ValueError(f"export writes te or torch scripts, got '{backend}'")
+    data_file = request.get("data_file")
+    if not data_file:
+        raise ValueError(
+            "a distributed case's script keeps its values in a file beside it: export it "
+            "with -o FILE"
+        )
+    expect = request.get("expect") or {}
+    sharding = expect.get("sharding")
+    if not sharding:
+        raise ValueError("expect.sharding missing: the harness sends the case's placements")
+
+    def tensor_at(ref, where):
+        if not isinstance(ref, int) or not 0 <= ref < len(tensors):
+            raise ValueError(f"{where}: no tensor {ref!r}")
+        return tensors[ref]
+
+    expected = {
+        name: tensor_at(ref, f"expect.expected[{name!r}]")
+        for name, ref in (expect.get("expected") or {}).items()
+    }
+    bounds = {}
+    for name, b in (expect.get("tensors") or {}).items():
+        allowance = b.get("allowance")
+        bounds[name] = {
+            "atol": float(b.get("atol", 0.0)),
+            "rtol": float(b.get("rtol", 0.0)),
+            "norm_bound": b.get("norm_bound"),
+            "allowance": None if allowance is None else tensor_at(allowance, f"{name} allowance"),
+        }
+    data = {
+        "input": case.input,
+        "params": [_params(op) for op in case.ops],
+        "extra_inputs": list(case.extra_inputs),
+        "cotangents": list(case.cotangents),
+        "expected": expected,
+        "bounds": bounds,
+    }
+    torch.save(data, data_file)
+    writer = _Writer(case, backend, sharding, expect, request.get("case_file", ""), data_file)
+    notes = [
+        "a distributed case: run with torchrun --nproc-per-node "
+        f"{sharding['world_size']} -m pytest -q FILE; "
+        f"its values are in {os.path.basename(data_file)}",
+        "the script checks the fused path's outputs, input, parameter and extra-input "
+        "gradients; repeat calls and channel gradients are replay's",
+    ]
+    return {"ok": True, "script": writer.script(), "notes": notes, "data_file": data_file}
+
+
+class _Writer:
+    def __init__(self, case, backend, sharding, expect, case_file, data_file):
+        self.case = case
+        self.backend = backend
+        self.sharding = sharding
+        self.expect = expect
+        self.case_file = case_file
+        self.data_file = data_file
+
+    def script(self):
+        case = self.case
+        world = int(self.sharding["world_size"])
+        lines = [
+            f'"""gradfuzz case {os.path.basename(self.case_file) or "(unsaved)"} '
+            f"on {self.backend}: a distributed case of {world} rank(s).",
+            "",
+            f"Run: torchrun --nproc-per-node {world} -m pytest -q THIS_FILE (NCCL on CUDA,",
+            "gloo on the CPU). Each rank builds the case's Sequential on its slice of the",
+            "values, and the ranks' results are judged together against gradfuzz's float64",
+            'reference under its own bounds (see gradfuzz_adapter/exporter_dist.py)."""',
+            "",
+            "import contextlib",
+            "import math",
+            "import os",
+            "",
+            "import pytest",
+            "import torch",
+            "import torch.distributed as dist",
+            "import torch.nn.functional as F",
+        ]
+        if self.backend == "te":
+            lines += [
+                "import transformer_engine.pytorch as te",
+                "from transformer_engine.pytorch.ops.fuser import OperationFuser",
+            ]
+        lines += [
+            "",
+            f"WORLD_SIZE = {world}",
+            f'DEVICE_TYPE = "{case.device}"',
+            f"DTYPE = {DTYPES[case.dtype_name]}",
+            f"DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
+            f"{os.path.basename(self.data_file)!r})",
+            f"SHARDING = {self.sharding!r}",
+            f"FUSIONS = {list(case.spec.get('fusions') or [])!r}",
+            f"INPUT_REQUIRES_GRAD = {bool(case.input_requires_grad)!r}",
+            f"EXTRA_INPUT_REQUIRES_GRAD = {list(case.extra_input_requires_grad)!r}",
+            f"PARAM_REQUIRES_GRAD = {[list(op.param_requires_grad) for op in case.ops]!r}",
+            "",
+            "# " + "-" * 88,
+            "# Errors and the op catalog (gradfuzz_adapter/errors.py, catalog.py)",
+            _adapter_module_body("errors"),
+            _adapter_module_body("catalog"),
+        ]
+        if self.backend == "te":
+            for title, source in te_embed.script_sections():
+                if title:
+                    lines += ["# " + "-" * 88, "# " + title]
+                lines.append(source)
+            lines.append(TE_ONLY_FUSIONS)
+        else:
+            lines += [
+                "# " + "-" * 88,
+                "# The torch backend's runtime and its tensor parallelism",
+                "# (gradfuzz_adapter/torch_runtime.py, torch_parallel.py)",
+                _adapter_module_body("torch_runtime"),
+                _adapter_module_body("torch_parallel"),
+            ]
+        lines += ["# " + "-" * 88, "# Ranks, slices and the oracle's check", HELPERS]
+        lines += self._build()
+        lines += self._test()
+        return "\n".join(lines) + "\n"
+
+    def _build(self):
+        """build(rank, world, device): the case's modules on this rank, parameters copied."""
+        case = self.case
+        out = [
+            "",
+            "def build(rank, world, device, params):",
+            '    """The case\'s modules on this rank (its slices of `params`), bound."""',
+            "    ops = []",
+        ]
+        for i, op in enumerate(case.ops):
+            if op.boundary:
+                out.append("    ops.append(Boundary())")
+                continue
+            placements = self.sharding["ops"][i]
+            local = (
+                f"[shard(p, w, world, rank) for p, w in zip(params[{i}], {placements['params']!r})]"
+            )
+            out.append(f"    mine = {local}")
+            global_shape = placements["global_input_shape"]
+            if self.backend == "te":
+                callee, args, kwargs = op_recipe(
+                    op.name, op.attrs, self._local_shape(i), op.output_style, global_shape
+                )
+                call = render_call(callee, args, kwargs).replace(repr(DEVICE), "device")
+                call = call.replace(repr(DTYPE), "DTYPE")
+                out.append(f"    op = {call}")
+                out.append(
+                    f"    copy_param_values(op, {op.name!r}, [p.to(device, DTYPE) for p in mine])"
+                )
+                out.append(
+                    f"    set_param_requires_grad(op, {op.name!r}, PARAM_REQUIRES_GRAD[{i}])"
+                )
+                out.append(f"    attach_main_grads(op, {op.name!r})")
+            else:
+                attrs = dict(op.attrs)
+                if _splits(op.name, attrs):
+                    out.append(
+                        f"    op = ParallelOp({op.name!r}, {attrs!r}, {self._local_shape(i)!r}, "
+                        f"{list(global_shape)!r}, [list(p.shape) for p in mine], "
+                        "dtype=DTYPE, device=device)"
+                    )
+                else:
+                    out.append(
+                        f"    op = BasicOp({op.name!r}, {attrs!r}, {self._local_shape(i)!r}, "
+                        "dtype=DTYPE, device=device)"
+                    )
+                out.append("    with torch.no_grad():")
+                out.append("        for p, v in zip(op.params, mine):")
+                out.append("            p.copy_(v.to(device, DTYPE))")
+                out.append(f"    for p, rg in zip(op.params, PARAM_REQUIRES_GRAD[{i}]):")
+                out.append("        p.requires_grad_(rg)")
+            for slot, channel in op.bound_inputs:
+                out.append(f"    op.set_extra_input_channel({slot}, {channel!r})")
+            for slot, channel, to_caller in op.bound_outputs:
+                keyword = "output_to_caller=" if self.backend == "te" else ""
+                out.append(
+                    f"    op.set_extra_output_channel({slot}, {channel!r}, {keyword}{to_caller!r})"
+                )
+            out.append("    ops.append(op)")
+        out.append("    return ops")
+        return out
+
+    def _local_shape(self, i):
+        """Op i's input shape on a rank (tensor_split's slice; equal splits in valid cases)."""
+        op = self.sharding["ops"][i]
+        shape = list(op["global_input_shape"])
+        world = int(self.sharding["world_size"])
+        layout = op["input_layout"]
+        if world > 1 and layout in ("rows", "features"):
+            dim = 0 if layout == "rows" else len(shape) - 1
+            shape[dim] = -(-shape[dim] // world)
+        return shape
+
+    def _test(self):
+        te = self.backend == "te"
+        return [
+            string.Template(TEST).substitute(
+                names=repr([op.name for op in self.case.ops]),
+                init="" if te else "    init(rank, world)  # the emulation's collectives over it\n",
+                sequential="te.ops.Sequential" if te else "Sequential",
+                leaves="param_leaves(op, name)"
+                if te
+                else "[p for p in op.params if p.requires_grad]",
+                finish=FINISH_TE if te else "",
+                pair_tolerance=self._pair_tolerance(),
+            )
+        ]
+
+    def _pair_tolerance(self):
+        t = self.expect.get("tolerance") or {}
+        return f"{float(t.get('atol', 0.0))!r}, {float(t.get('rtol', 0.0))!r}"
+
+
+def _splits(name, attrs):
+    """Whether the torch emulation's op communicates or splits itself (torch_parallel.py)."""
+    if name in catalog.COLLECTIVES:
+        return True
+    if name == "Linear":
+        return float(attrs.get("tensor_parallel_mode", 0)) != 0
+    return name == "Bias" and float(attrs.get("tensor_parallel", 0)) == 1.0
