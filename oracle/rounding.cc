@@ -47,7 +47,7 @@
 // than it at an element without being wrong) and F_o = 1: n is already the largest of several
 // samples of a model that rounds at every op boundary, forward and backward, also where an
 // implementation computes nothing (a gradient passed through Bias or AddExtraInput): an
-// estimate from above, taken as it is. A larger F_o hid a saved input rounded to FP8 (the
+// estimate from above, taken as it is. F_o >= 2 hid a saved input rounded to FP8 (the
 // half-saved-dtype fault, 13x the baseline at its worst element, 4x the noise). As a whole: ||g - e|| <= c u ||e|| +
 // F_n ||max(r, s)|| + ||D|| with F_n = 4 (a norm averages the noise; a fused path that rounds 4x worse than a plain
 // implementation in every element is a defect: a half-precision accumulation, a saved tensor
