@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "generators/draw.h"
 #include "generators/parallel_gen.h"
 #include "generators/validate.h"
 #include "ops/fusion_registry.h"
@@ -73,19 +74,9 @@ using harness::CaseSpec;
 using harness::OpSpec;
 using ops::OpAttrs;
 
-/// Draws uniform in [lo, hi] whatever the generation size; shrinks towards lo.
-int64_t pick(int64_t lo, int64_t hi) {
-  if (hi <= lo) return lo;
-  return *rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi + 1));
-}
-
-/// Yes with probability num/den; shrinks towards no.
-bool chance(int64_t num, int64_t den) { return pick(0, den - 1) >= den - num; }
-
-template <class T>
-T pick_of(const std::vector<T>& v) {
-  return v[static_cast<size_t>(pick(0, static_cast<int64_t>(v.size()) - 1))];
-}
+using detail::chance;
+using detail::pick;
+using detail::pick_of;
 
 const std::vector<double> kScales{-2.0, -0.5, 0.5, 1.5, 3.0};
 
@@ -661,6 +652,50 @@ CaseSpec draw_case(const GenOptions& options) {
     }
   }
   spec.ops = std::move(d.ops);
+  detail::draw_case_settings(spec, options);
+  canonicalize(spec);
+  return spec;
+}
+
+}  // namespace
+
+const char* shape_regime_name(ShapeRegime regime) {
+  switch (regime) {
+    case ShapeRegime::kTiny:
+      return "tiny";
+    case ShapeRegime::kEdge:
+      return "edge";
+    case ShapeRegime::kLarge:
+      return "large";
+    case ShapeRegime::kMix:
+      return "mix";
+  }
+  return "tiny";
+}
+
+ShapeRegime shape_regime_from_name(const std::string& name) {
+  for (ShapeRegime r : {ShapeRegime::kTiny, ShapeRegime::kEdge, ShapeRegime::kLarge, ShapeRegime::kMix}) {
+    if (name == shape_regime_name(r)) return r;
+  }
+  throw std::invalid_argument("unknown shape regime '" + name + "'; known: tiny, edge, large, mix");
+}
+
+rc::Gen<CaseSpec> gen_case(const GenOptions& options) {
+  if (options.dtypes.empty()) throw std::invalid_argument("gen_case: expected at least one dtype, got none");
+  if (options.max_ops < 1) {
+    throw std::invalid_argument("gen_case: expected max_ops >= 1, got " + std::to_string(options.max_ops));
+  }
+  if (options.world_size) return gen_parallel_case(options);
+  return rc::gen::exec([options] { return draw_case(options); });
+}
+
+CaseSpec generate_case(uint64_t seed, int size, const GenOptions& options) {
+  return gen_case(options)(rc::Random(seed), size).value();
+}
+
+namespace detail {
+
+void draw_case_settings(harness::CaseSpec& spec, const GenOptions& options) {
   spec.input_requires_grad = !chance(1, 4);
 
   // Fusion registrations with their passes: the backend's, or the model's catalog.
@@ -715,44 +750,8 @@ CaseSpec draw_case(const GenOptions& options) {
       spec.repeat_calls.push_back(call);
     }
   }
-  canonicalize(spec);
-  return spec;
 }
 
-}  // namespace
-
-const char* shape_regime_name(ShapeRegime regime) {
-  switch (regime) {
-    case ShapeRegime::kTiny:
-      return "tiny";
-    case ShapeRegime::kEdge:
-      return "edge";
-    case ShapeRegime::kLarge:
-      return "large";
-    case ShapeRegime::kMix:
-      return "mix";
-  }
-  return "tiny";
-}
-
-ShapeRegime shape_regime_from_name(const std::string& name) {
-  for (ShapeRegime r : {ShapeRegime::kTiny, ShapeRegime::kEdge, ShapeRegime::kLarge, ShapeRegime::kMix}) {
-    if (name == shape_regime_name(r)) return r;
-  }
-  throw std::invalid_argument("unknown shape regime '" + name + "'; known: tiny, edge, large, mix");
-}
-
-rc::Gen<CaseSpec> gen_case(const GenOptions& options) {
-  if (options.dtypes.empty()) throw std::invalid_argument("gen_case: expected at least one dtype, got none");
-  if (options.max_ops < 1) {
-    throw std::invalid_argument("gen_case: expected max_ops >= 1, got " + std::to_string(options.max_ops));
-  }
-  if (options.world_size) return gen_parallel_case(options);
-  return rc::gen::exec([options] { return draw_case(options); });
-}
-
-CaseSpec generate_case(uint64_t seed, int size, const GenOptions& options) {
-  return gen_case(options)(rc::Random(seed), size).value();
-}
+}  // namespace detail
 
 }  // namespace gradfuzz::generators

@@ -2,6 +2,7 @@
 
 #include <ostream>
 
+#include "generators/draw.h"
 #include "generators/parallel_gen.h"
 #include "generators/validate.h"
 #include "ops/errors.h"
@@ -12,10 +13,7 @@ namespace {
 using harness::CaseSpec;
 using harness::OpSpec;
 
-int64_t pick(int64_t lo, int64_t hi) {
-  if (hi <= lo) return lo;
-  return *rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi + 1));
-}
+using detail::pick;
 
 OpSpec make_op(const std::string& name, ops::OpAttrs attrs = {}) {
   OpSpec op;

@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "generators/draw.h"
 #include "generators/validate.h"
 #include "harness/sharding.h"
 #include "ops/errors.h"
@@ -18,19 +19,9 @@ using harness::Layout;
 using harness::OpSpec;
 using ops::OpAttrs;
 
-/// Uniform in [lo, hi] whatever the generation size; shrinks towards lo.
-int64_t pick(int64_t lo, int64_t hi) {
-  if (hi <= lo) return lo;
-  return *rc::gen::resize(rc::kNominalSize, rc::gen::inRange<int64_t>(lo, hi + 1));
-}
-
-/// Yes with probability num/den; shrinks towards no.
-bool chance(int64_t num, int64_t den) { return pick(0, den - 1) >= den - num; }
-
-template <class T>
-T pick_of(const std::vector<T>& v) {
-  return v[static_cast<size_t>(pick(0, static_cast<int64_t>(v.size()) - 1))];
-}
+using detail::chance;
+using detail::pick;
+using detail::pick_of;
 
 /// Per-rank dimensions of the edge regime: around the kernels' block, warp and vector widths.
 const std::vector<int64_t> kEdgeLocal{1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257};
@@ -316,51 +307,7 @@ void finish(CaseSpec& spec, Draft& d, const GenOptions& options) {
   }
   spec.ops = std::move(d.ops);
   spec.world_size = d.world;
-  spec.input_requires_grad = !chance(1, 4);
-  std::vector<std::pair<std::string, ops::FusionPass>> registrations;
-  if (options.capabilities) {
-    for (const auto& f : options.capabilities->fusions) registrations.emplace_back(f.name, f.pass);
-  } else {
-    for (const auto& entry : ops::FusionRegistry::catalog().entries())
-      registrations.emplace_back(entry.name, entry.pass);
-  }
-  std::vector<std::string> allowed;
-  if (options.fusions) {
-    allowed = *options.fusions;
-  } else {
-    for (const auto& [name, pass] : registrations) allowed.push_back(name);
-  }
-  const int64_t fusion_mode = pick(0, 4);
-  if (fusion_mode == 0) {
-    spec.fusions = allowed;
-  } else if (fusion_mode == 1) {
-    for (const auto& f : allowed) {
-      if (!chance(1, 2)) spec.fusions.push_back(f);
-    }
-  } else {
-    const auto pass =
-        pick_of<ops::FusionPass>({ops::FusionPass::kJoint, ops::FusionPass::kForward, ops::FusionPass::kForward,
-                                  ops::FusionPass::kBackward, ops::FusionPass::kBackward});
-    for (const auto& [name, entry_pass] : registrations) {
-      if (entry_pass == pass && std::find(allowed.begin(), allowed.end(), name) != allowed.end()) {
-        spec.fusions.push_back(name);
-      }
-    }
-  }
-  spec.dtype = pick_of(options.dtypes);
-  spec.device = options.device;
-  spec.seed = *rc::gen::noShrink(
-      rc::gen::resize(rc::kNominalSize, rc::gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max())));
-  const bool repeats = options.capabilities ? options.capabilities->repeat_calls : true;
-  if (repeats && chance(1, 4)) {
-    const int64_t n = pick(1, 2);
-    for (int64_t k = 0; k < n; ++k) {
-      harness::RepeatCall call;
-      call.no_grad = chance(1, 3);
-      call.input_requires_grad = !chance(1, 2);
-      spec.repeat_calls.push_back(call);
-    }
-  }
+  detail::draw_case_settings(spec, options);
   canonicalize(spec);
 }
 
