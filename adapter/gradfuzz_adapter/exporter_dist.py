@@ -20,6 +20,7 @@ import string
 import torch
 
 from . import catalog
+from .exporter import TEMPLATES
 from .te import embed as te_embed
 from .te.op_table import DEVICE, DTYPE, op_recipe, render_call
 
@@ -50,28 +51,6 @@ def combine(parts, where):
         return sum(p.double() for p in defined)
     dim = 0 if where == "rows" else defined[0].dim() - 1
     return torch.cat([torch.zeros_like(defined[0]) if p is None else p for p in parts], dim)
-
-
-def check(name, got, e, atol, rtol, allowance=None, norm_bound=None):
-    """Why `got` is off gradfuzz's bound of `e` (oracle/oracle.h), or None."""
-    if got is None:
-        fine = e is None or e.numel() == 0 or (name.startswith("grad") and not e.any())
-        return None if fine else f"{name}: none returned"
-    got = got.detach().to("cpu", torch.float64)
-    e = torch.zeros_like(got) if e is None else e.detach().to(torch.float64)
-    if got.shape != e.shape:
-        return f"{name}: shape {list(got.shape)}, expected {list(e.shape)}"
-    a = torch.zeros_like(e) if allowance is None else allowance.double()
-    judged, finite, diff = ~a.isinf(), got.isfinite() & e.isfinite(), (got - e).abs()
-    rms = torch.where(e.isfinite(), e, 0).square().mean().sqrt()
-    bad = judged & (~finite | (diff > atol + rtol * (rms + e.abs()) + torch.where(judged, a, 0)))
-    if bad.any():
-        k = int(torch.where(bad, torch.nan_to_num(diff, nan=float("inf")), -1).argmax())
-        return (f"{name}: {int(bad.sum())} of {e.numel()} off, worst at flat index {k}: got "
-                f"{got.flatten()[k]:.9g}, expected {e.flatten()[k]:.9g}")
-    error = torch.where(judged & finite, diff, 0).norm()
-    if norm_bound is not None and error > norm_bound:
-        return f"{name}: error norm {float(error):.3g} > {norm_bound:.3g}"
 
 
 def rank_and_world():
@@ -317,7 +296,11 @@ class _Writer:
                 _adapter_module_body("torch_runtime"),
                 _adapter_module_body("torch_parallel"),
             ]
-        lines += ["# " + "-" * 88, "# Ranks, slices and the oracle's check", HELPERS]
+        lines += [
+            "# " + "-" * 88,
+            "# Ranks, slices and the oracle's check",
+            HELPERS + TEMPLATES["check"],
+        ]
         lines += self._build()
         lines += self._test()
         return "\n".join(lines) + "\n"
