@@ -2,7 +2,7 @@
 # Issue 16 on a lent nvidia-h200-x2 (two H200s of one host, NCCL): tensor- and
 # sequence-parallel te.ops cases of 2 ranks, one GPU each (docs/BACKENDS.md "Distributed
 # cases", docs/TE.md "Tensor parallelism"). Installs TransformerEngine 2.20.2 as
-# scripts/gpu-te.sh does (the parts of ../shared/te/fetch.sh carried in earlier calls, then
+# scripts/gpu-te.sh does (scripts/gpu-lib.sh: the pieces carried in earlier calls, then
 # .te/rest and build/tools/gradfuzz in this one), then runs bounded stages. Everything goes
 # under $OUT/work, packed into $OUT/<tag>.tar.gz beside a summary $OUT/<tag>.txt.
 #   STAGES    space-separated, in this order (default: caps tp32 tp16 export selftest tput):
@@ -29,46 +29,15 @@ tag="${TAG:-${stages%% *}}"
 budget="${BUDGET_S:-540}"
 workers="${WORKERS:-2}"
 case_timeout="${CASE_TIMEOUT:-60}"
-start=$(date +%s)
-work="$out/work"
-mkdir -p "$work"
-summary="$out/$tag.txt"
-: >"$summary"
-say() { echo "$*" | tee -a "$summary"; }
-left() { echo $((budget - ($(date +%s) - start))); }
-pack() {
-  tar czf "$out/$tag.tar.gz" -C "$work" . 2>/dev/null
-  say "packed $(du -h "$out/$tag.tar.gz" | cut -f1) in $(( $(date +%s) - start )) s"
-}
-trap pack EXIT
-
 backend=te
 device=cuda
 devices=(--devices 0,1)
 if [ "${DRY_RUN:-0}" = 1 ]; then backend=torch device=cpu devices=(); fi
-[ "${DRY_RUN:-0}" = 1 ] || for i in 0 1 2 3; do
-  [ -e ".te/c$i/part$i" ] || { [ -f "/tmp/teparts/part$i" ] && mkdir -p ".te/c$i" && ln -sf "/tmp/teparts/part$i" ".te/c$i/part$i"; }
-done
-t0=$(date +%s)
-if [ "${DRY_RUN:-0}" != 1 ]; then
-  if ! bash .te/rest/install.sh >"$work/te-install.log" 2>&1; then
-    say "TE install failed: $(tail -5 "$work/te-install.log")"; exit 1
-  fi
-  say "TE install: $(tail -1 "$work/te-install.log") ($(( $(date +%s) - t0 )) s)"
-  export PYTHONPATH=/tmp/te-site
-  torchlib="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-  export LD_LIBRARY_PATH="$torchlib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  export GRADFUZZ_PYTHON=python3
-  # KINDS.md: NVLink multicast stays off on these machines.
-  export NCCL_NVLS_ENABLE=0
-  python=python3
-else
-  export PATH="$PWD/.venv/bin:$PATH"
-  python="$PWD/.venv/bin/python"
-fi
-export GRADFUZZ_ADAPTER_DIR="$PWD/adapter"
-gf="${GRADFUZZ:-$PWD/build/tools/gradfuzz}"
-"$gf" list faults >/dev/null || { say "gradfuzz does not run: $(ldd "$gf" | grep 'not found')"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-lib.sh"
+gpu_te_setup
+# KINDS.md: NVLink multicast stays off on these machines.
+export NCCL_NVLS_ENABLE=0
+gpu_gradfuzz
 nvidia-smi -L >"$work/device.txt" 2>&1
 "$python" -c 'import torch; print("torch", torch.__version__, "GPUs", torch.cuda.device_count())' >"$work/versions.txt" 2>&1
 say "$(cat "$work/device.txt" | paste -sd' ') / $(tail -1 "$work/versions.txt")"

@@ -4,9 +4,10 @@
 # te, model and torch backends. Everything goes under $OUT/work, packed at the end into
 # $OUT/<tag>.tar.gz (the device returns at most 8 files) beside a summary $OUT/<tag>.txt.
 #
-# Before it: four calls carrying .te/c0 .. .te/c3, each `mkdir -p /tmp/teparts && cp
-# .te/cN/partN /tmp/teparts/`; then this call carries .te/rest and build/tools/gradfuzz (a
-# binary built on the CPU machines: the GPU machine has the same LibTorch 2.11 + CUDA 13).
+# Before it: five calls carrying .te/q0 .. .te/q4 (scripts/gpu-lib.sh says how to make them),
+# each `mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/`; then this call carries .te/rest
+# and a gradfuzz binary built on the CPU machines (GRADFUZZ=path; the GPU machine has the same
+# LibTorch 2.11 + CUDA 13; e.g. copied into an ignored .gpu/ folder and carried).
 #   STAGES    space-separated, run in this order (default: all of call A):
 #             caps probe te32 te16 export   call A: TE's capabilities and FP8 probe (issue 14),
 #                                           the TE campaigns with the known file (issues 12,
@@ -38,42 +39,12 @@ tag="${TAG:-${stages%% *}}"
 budget="${BUDGET_S:-540}"
 seed="${SEED:-11}"
 workers="${WORKERS:-12}"
-start=$(date +%s)
-work="$out/work"
-mkdir -p "$work"
-summary="$out/$tag.txt"
-: >"$summary"
-say() { echo "$*" | tee -a "$summary"; }
-left() { echo $((budget - ($(date +%s) - start))); }
-pack() {
-  tar czf "$out/$tag.tar.gz" -C "$work" . 2>/dev/null
-  say "packed $(du -h "$out/$tag.tar.gz" | cut -f1) in $(( $(date +%s) - start )) s"
-}
-trap pack EXIT
-
 backend=te
 device=cuda
 if [ "${DRY_RUN:-0}" = 1 ]; then backend=torch device=cpu; fi
-# TE: installed once per lease (install.sh is idempotent: "TE ready" on the second call).
-[ "${DRY_RUN:-0}" = 1 ] || for i in 0 1 2 3; do
-  [ -e ".te/c$i/part$i" ] || { [ -f "/tmp/teparts/part$i" ] && mkdir -p ".te/c$i" && ln -sf "/tmp/teparts/part$i" ".te/c$i/part$i"; }
-done
-t0=$(date +%s)
-if [ "${DRY_RUN:-0}" != 1 ]; then
-  if ! bash .te/rest/install.sh >"$work/te-install.log" 2>&1; then
-    say "TE install failed: $(tail -5 "$work/te-install.log")"; exit 1
-  fi
-  say "TE install: $(tail -1 "$work/te-install.log") ($(( $(date +%s) - t0 )) s)"
-  export PYTHONPATH=/tmp/te-site
-  torchlib="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-  export LD_LIBRARY_PATH="$torchlib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  export GRADFUZZ_PYTHON=python3
-else
-  export PATH="$PWD/.venv/bin:$PATH"
-fi
-export GRADFUZZ_ADAPTER_DIR="$PWD/adapter"
-gf="${GRADFUZZ:-$PWD/build/tools/gradfuzz}"
-"$gf" list faults >/dev/null || { say "gradfuzz does not run: $(ldd "$gf" | grep 'not found')"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-lib.sh"
+gpu_te_setup
+gpu_gradfuzz
 nvidia-smi -L >"$work/device.txt" 2>&1
 python3 -c 'import torch, transformer_engine as te; print("torch", torch.__version__, "TE", te.__version__)' \
   >"$work/versions.txt" 2>&1

@@ -1,0 +1,60 @@
+# Sourced by scripts/gpu-te.sh and scripts/gpu-te-dist.sh (bash, set -uo pipefail): the
+# summary and tarball of a call, and TransformerEngine's install from the carried parts.
+# Before sourcing: out (where the call writes), tag, budget (seconds).
+#
+# The core wheel travels in pieces (../shared/te/fetch.sh lays out .te/c0..c3, 60 MiB each):
+# a call carries at most 64 MiB with the tracked tree, and the tree (6.7 MB on 2026-12-02) no
+# longer leaves room for a 60 MiB part. So carry 48 MiB pieces instead, one call each:
+#   here:  mkdir -p .te/q && cat .te/c?/part? | split -b 48M -d -a 1 - .te/q/q && \
+#          for i in 0 1 2 3 4; do mkdir -p .te/q$i && mv .te/q/q$i .te/q$i/; done
+#   there: mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/   (N = 0..4, carrying .te/qN)
+# gpu_te_setup joins them back into part0..part3 (or takes part0..3 copied as before).
+start=$(date +%s)
+work="$out/work"
+mkdir -p "$work"
+summary="$out/$tag.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+left() { echo $((budget - ($(date +%s) - start))); }
+pack() {
+  tar czf "$out/$tag.tar.gz" -C "$work" . 2>/dev/null
+  say "packed $(du -h "$out/$tag.tar.gz" | cut -f1) in $(($(date +%s) - start)) s"
+}
+trap pack EXIT
+
+# gpu_te_setup: TE installed once per lease (install.sh is idempotent), its environment
+# exported (PYTHONPATH, the machine torch's lib/, GRADFUZZ_PYTHON); with DRY_RUN=1 the
+# project's .venv instead. Sets `python`.
+gpu_te_setup() {
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    export PATH="$PWD/.venv/bin:$PATH"
+    python="$PWD/.venv/bin/python"
+    return 0
+  fi
+  if [ ! -f /tmp/teparts/part3 ] && [ -f /tmp/teparts/q4 ]; then
+    (cd /tmp/teparts && cat q0 q1 q2 q3 q4 | split -b 60M -d -a 1 - part)
+  fi
+  local i t0
+  for i in 0 1 2 3; do
+    [ -e ".te/c$i/part$i" ] || { [ -f "/tmp/teparts/part$i" ] && mkdir -p ".te/c$i" && ln -sf "/tmp/teparts/part$i" ".te/c$i/part$i"; }
+  done
+  t0=$(date +%s)
+  if ! bash .te/rest/install.sh >"$work/te-install.log" 2>&1; then
+    say "TE install failed: $(tail -5 "$work/te-install.log")"
+    exit 1
+  fi
+  say "TE install: $(tail -1 "$work/te-install.log") ($(($(date +%s) - t0)) s)"
+  export PYTHONPATH=/tmp/te-site
+  local torchlib
+  torchlib="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  export LD_LIBRARY_PATH="$torchlib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export GRADFUZZ_PYTHON=python3
+  python=python3
+}
+
+# gpu_gradfuzz: the binary (GRADFUZZ, default build/tools/gradfuzz) as `gf`, checked to run.
+gpu_gradfuzz() {
+  export GRADFUZZ_ADAPTER_DIR="$PWD/adapter"
+  gf="${GRADFUZZ:-$PWD/build/tools/gradfuzz}"
+  "$gf" list faults >/dev/null || { say "gradfuzz does not run: $(ldd "$gf" | grep 'not found')"; exit 1; }
+}
