@@ -115,7 +115,8 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
 }
 
 generators::ShapeRegime next_regime(const std::map<generators::ShapeRegime, double>& shares,
-                                    const std::map<generators::ShapeRegime, double>& spent) {
+                                    const std::map<generators::ShapeRegime, double>& spent,
+                                    const std::set<generators::ShapeRegime>& skip) {
   double total = 0;
   for (const auto& [regime, seconds] : spent) total += seconds;
   generators::ShapeRegime best = generators::ShapeRegime::kTiny;
@@ -124,6 +125,7 @@ generators::ShapeRegime next_regime(const std::map<generators::ShapeRegime, doub
        {generators::ShapeRegime::kTiny, generators::ShapeRegime::kEdge, generators::ShapeRegime::kLarge}) {
     auto share = shares.find(regime);
     if (share == shares.end() || share->second <= 0) continue;
+    if (regime != generators::ShapeRegime::kTiny && skip.count(regime) != 0) continue;
     auto it = spent.find(regime);
     const double deficit = share->second * total - (it == spent.end() ? 0.0 : it->second);
     if (deficit > best_deficit) {
@@ -132,6 +134,34 @@ generators::ShapeRegime next_regime(const std::map<generators::ShapeRegime, doub
     }
   }
   return best;
+}
+
+std::map<generators::ShapeRegime, double> charged_regime_seconds(
+    const std::map<generators::ShapeRegime, double>& spent, const std::map<generators::ShapeRegime, int64_t>& finished,
+    const std::vector<RegimeInFlight>& in_flight) {
+  std::map<generators::ShapeRegime, double> charged = spent;
+  for (const RegimeInFlight& running : in_flight) {
+    double expected = 0;
+    const auto count = finished.find(running.regime);
+    const auto seconds = spent.find(running.regime);
+    if (count != finished.end() && count->second > 0 && seconds != spent.end()) {
+      expected = seconds->second / static_cast<double>(count->second);
+    }
+    charged[running.regime] += std::max(running.elapsed_s, expected);
+  }
+  return charged;
+}
+
+generators::ShapeRegime next_mix_regime(const std::map<generators::ShapeRegime, double>& shares,
+                                        const std::map<generators::ShapeRegime, double>& spent,
+                                        const std::map<generators::ShapeRegime, int64_t>& finished,
+                                        const std::vector<RegimeInFlight>& in_flight) {
+  std::set<generators::ShapeRegime> unknown_cost;
+  for (const RegimeInFlight& running : in_flight) {
+    const auto count = finished.find(running.regime);
+    if (count == finished.end() || count->second == 0) unknown_cost.insert(running.regime);
+  }
+  return next_regime(shares, charged_regime_seconds(spent, finished, in_flight), unknown_cost);
 }
 
 harness::CaseSpec campaign_case(const CampaignOptions& options, int64_t index,
@@ -295,6 +325,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   // A mix is scheduled by time: seconds spent per regime so far.
   const bool mix = campaign_gen_options(options).shapes == generators::ShapeRegime::kMix;
   std::map<generators::ShapeRegime, double> spent;
+  std::map<generators::ShapeRegime, int64_t> finished;
   std::map<uint64_t, Pending> pending;
   uint64_t next_id = 1;
   int64_t next_index = 0;
@@ -312,7 +343,13 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
       const int64_t global = next_index * options.shard_count + options.shard_index;
       if (mix) {
-        const generators::ShapeRegime regime = next_regime(options.regime_time_shares, spent);
+        std::vector<RegimeInFlight> running;
+        for (const auto& [id, q] : pending) {
+          if (!q.regime.empty()) {
+            running.push_back({generators::shape_regime_from_name(q.regime), seconds_since(q.handed_out)});
+          }
+        }
+        const generators::ShapeRegime regime = next_mix_regime(options.regime_time_shares, spent, finished, running);
         p.spec = campaign_case(options, global, generation, regime);
         p.regime = generators::shape_regime_name(regime);
       } else {
@@ -373,6 +410,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     record.seconds = seconds_since(p.handed_out);
     if (!p.regime.empty()) {
       spent[generators::shape_regime_from_name(p.regime)] += record.seconds;
+      ++finished[generators::shape_regime_from_name(p.regime)];
       auto& [count, seconds] = outcome.regimes[p.regime];
       ++count;
       seconds += record.seconds;

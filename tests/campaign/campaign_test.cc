@@ -177,6 +177,84 @@ TEST(Campaign, InternalErrorLeavesTheInflightReproOnDisk) {
   EXPECT_EQ(count_regular_files(dir.path() / kInflightDir), 1u);
 }
 
+// A mix scheduled by time with many workers: a simulated clock, 12 workers, tiny cases of
+// 50 ms, edge of 2.5 s, large of 9 s (the H200's te costs, docs/BENCHMARKS.md). Charging
+// the running cases their expected cost (and letting a regime's first case finish before
+// another is handed out) keeps each regime near its share of the worker time even in a
+// short campaign; charging only finished cases hands a large case to every worker that asks
+// while the first one runs (tiny then gets under half of a 22 s campaign).
+TEST(Campaign, MixSharesHoldWithManyWorkersWhenRunningCasesAreCharged) {
+  using generators::ShapeRegime;
+  const std::map<ShapeRegime, double> shares{
+      {ShapeRegime::kTiny, 0.80}, {ShapeRegime::kEdge, 0.12}, {ShapeRegime::kLarge, 0.08}};
+  const std::map<ShapeRegime, double> cost{
+      {ShapeRegime::kTiny, 0.05}, {ShapeRegime::kEdge, 2.5}, {ShapeRegime::kLarge, 9.0}};
+  auto simulate = [&](bool charge_running, double horizon) {
+    struct Worker {
+      ShapeRegime regime = ShapeRegime::kTiny;
+      double started = 0, ends = 0;
+      bool busy = false;
+    };
+    std::vector<Worker> workers(12);
+    std::map<ShapeRegime, double> spent;
+    std::map<ShapeRegime, int64_t> finished;
+    double now = 0;
+    while (now < horizon) {
+      for (Worker& w : workers) {
+        if (w.busy) continue;
+        std::vector<RegimeInFlight> running;
+        for (const Worker& o : workers) {
+          if (o.busy) running.push_back({o.regime, now - o.started});
+        }
+        w.regime = charge_running ? next_mix_regime(shares, spent, finished, running) : next_regime(shares, spent);
+        w.started = now;
+        w.ends = now + cost.at(w.regime);
+        w.busy = true;
+      }
+      Worker* next = &workers[0];
+      for (Worker& w : workers) {
+        if (w.ends < next->ends) next = &w;
+      }
+      now = next->ends;
+      spent[next->regime] += cost.at(next->regime);
+      ++finished[next->regime];
+      next->busy = false;
+    }
+    double total = 0;
+    for (const auto& [r, s] : spent) total += s;
+    std::map<ShapeRegime, double> share;
+    for (const auto& [r, s] : spent) share[r] = s / total;
+    return std::make_pair(share, finished);
+  };
+  for (double horizon : {22.0, 120.0, 600.0}) {
+    const auto [share, finished] = simulate(true, horizon);
+    SCOPED_TRACE(horizon);
+    EXPECT_NEAR(share.at(ShapeRegime::kTiny), 0.80, 0.04);
+    EXPECT_NEAR(share.at(ShapeRegime::kEdge), 0.12, 0.03);
+    EXPECT_NEAR(share.at(ShapeRegime::kLarge), 0.08, 0.03);
+    if (horizon >= 120) {
+      // Large cases keep coming: at least one a minute of the campaign.
+      EXPECT_GE(finished.at(ShapeRegime::kLarge), static_cast<int64_t>(horizon / 60));
+    }
+  }
+  // The old accounting (finished cases only) on the same 22 s: tiny gets less than asked.
+  const auto [old_share, old_finished] = simulate(false, 22.0);
+  EXPECT_LT(old_share.at(ShapeRegime::kTiny), 0.6);
+}
+
+TEST(Campaign, ChargedRegimeSecondsCountRunningCasesAtTheirExpectedCost) {
+  using generators::ShapeRegime;
+  const std::map<ShapeRegime, double> spent{{ShapeRegime::kTiny, 10.0}, {ShapeRegime::kEdge, 6.0}};
+  const std::map<ShapeRegime, int64_t> finished{{ShapeRegime::kTiny, 200}, {ShapeRegime::kEdge, 2}};
+  // An edge case running for 1 s is charged its regime's mean (3 s); one past it, its own time;
+  // a large case, with none finished yet, its seconds so far.
+  const auto charged = charged_regime_seconds(
+      spent, finished, {{ShapeRegime::kEdge, 1.0}, {ShapeRegime::kEdge, 5.0}, {ShapeRegime::kLarge, 0.5}});
+  EXPECT_DOUBLE_EQ(charged.at(ShapeRegime::kTiny), 10.0);
+  EXPECT_DOUBLE_EQ(charged.at(ShapeRegime::kEdge), 6.0 + 3.0 + 5.0);
+  EXPECT_DOUBLE_EQ(charged.at(ShapeRegime::kLarge), 0.5);
+}
+
 TEST(Campaign, StopsAtTheTimeBudget) {
   TempDir dir("campaign-time");
   CampaignOptions options;
