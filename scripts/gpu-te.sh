@@ -19,6 +19,10 @@
 #             tput delayed quick            call C: throughput (issue 15), DelayedScaling
 #                                           repeat calls, the README's TE quick start
 #             selftest                      the plain planted TE faults (no recipe)
+#             open                          adapter/tests/probe_te_open.py (plain-TE checks
+#                                           of findings not yet explained), when present
+#   FILES     case files (globs, space-separated) the export stage replays and exports
+#             before the campaigns' findings, e.g. "tests/backends/data/te-bls-*.json"
 #   EXPORT_FROM  campaigns whose findings the export stage takes (default: te32 te16 and
 #             every recipe-* campaign of this call)
 #   CASES     cases of the te32, te16 and each recipe campaign (default 2000)
@@ -26,7 +30,10 @@
 #   SELFTEST_S SELFTEST_FP8_S  limits of the plain and of each of the two FP8 selftest
 #             stages (150, 90)
 #   EXPORT_MAX EXPORT_JOBS  case files exported (80) and exports run at a time (8)
-#   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12")
+#   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12 16")
+#   TPUT_S                  seconds of each throughput campaign (default 20)
+#   TPUT_MODES              one-worker cost ledgers: "shared" (default), "separate" or both
+#   TPUT_MPS_WORKERS        te worker counts run under --mps (default "12")
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
@@ -118,6 +125,9 @@ print("fp8_reference_exact", c.get("fp8_reference_exact"), "fp8_gemm_accumulatio
 PY
 # Issue 14: TE's quantizers and FP8 GEMMs against the reference's rules (prints ok/DIFF lines).
 [ "${DRY_RUN:-0}" = 1 ] || { has probe && stage probe-fp8 60 env OUT="$work" python3 adapter/tests/probe_te_fp8.py; }
+if has open && [ -f adapter/tests/probe_te_open.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
+  stage probe-open 90 python3 adapter/tests/probe_te_open.py --out "$work/probe_te_open.json"
+fi
 # Issue 13 and 12: the known causes as known clusters, what is new explained; bfloat16 judged
 # in its own dtype. Tiny shapes, seeds other than 21 and 11 of the issue's measurements.
 # CASES cases each (default 2000, the issues' size), stopped at TE32_S / TE16_S seconds.
@@ -174,6 +184,11 @@ if has export; then
   # Every cluster of each campaign of EXPORT_FROM (new, crashing, then one case per known
   # cluster), in that order: at most EXPORT_MAX.
   copied=0
+  for f in ${FILES:-}; do
+    [ -f "$f" ] || continue
+    cp "$f" "$work/export/files_$(basename "$f")"
+    copied=$((copied + 1))
+  done
   from="${EXPORT_FROM:-te32 te16 $(cd "$work" && ls -d recipe-* 2>/dev/null | grep -v '\.' | paste -sd' ' -)}"
   for dir in $from; do
     for sub in findings crashing findings/known; do
@@ -245,13 +260,22 @@ if has tput; then
   { nproc; lscpu | grep -E 'Model name|Thread|Core|Socket'; command -v nvidia-cuda-mps-control; } >"$work/cpus.txt" 2>&1
   tput() {  # tput NAME BACKEND WORKERS SHAPES ARGS...: a 20 s campaign without shrinking
     local name="$1" b="$2" w="$3" shapes="$4"; shift 4
-    stage "$name" 35 "$gf" fuzz --backend "$b" --device "$device" --time 20 --seed 7 --dtypes float32 --shapes "$shapes" \
+    stage "$name" $((${TPUT_S:-20} + 15)) "$gf" fuzz --backend "$b" --device "$device" --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes "$shapes" \
       --workers "$w" --max-shrink-calls 0 --corpus "$work/$name" --report "$work/$name.json" --quiet "$@"
     say "  $name: $(report_line "$work/$name.json")"
   }
-  for w in ${TPUT_WORKERS:-1 4 8 12}; do tput "tput-te-w$w" "$backend" "$w" tiny --known "$known"; done
+  mps=0
+  [ "$device" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null && mps=1
+  for w in ${TPUT_WORKERS:-1 4 8 12 16}; do tput "tput-te-w$w" "$backend" "$w" tiny --known "$known"; done
   tput tput-te-mix "$backend" 12 mix --known "$known"
-  for mode in shared separate; do
+  if [ "$mps" = 1 ]; then
+    tput tput-te-mix-mps "$backend" 12 mix --known "$known" --mps
+    for w in ${TPUT_MPS_WORKERS:-12}; do tput "tput-te-w$w-mps" "$backend" "$w" tiny --known "$known" --mps; done
+  fi
+  tput tput-model-w8 model 8 tiny
+  tput tput-model-mix model 8 mix
+  [ "$mps" = 1 ] && tput tput-model-w8-mps model 8 tiny --mps
+  for mode in ${TPUT_MODES:-shared}; do
     extra=(); [ "$mode" = separate ] && extra=(--no-shared-runs)
     GRADFUZZ_CASE_COST="$work/cost-te-w1-$mode.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$mode.jsonl" \
       tput "tput-te-w1-$mode" "$backend" 1 tiny --known "$known" "${extra[@]}"
@@ -259,10 +283,7 @@ if has tput; then
       --by recipe >"$work/cost-te-w1-$mode.txt" 2>&1
     say "    $(head -3 "$work/cost-te-w1-$mode.txt" | paste -sd' ' -)"
   done
-  tput tput-model-w8 model 8 tiny
-  if [ "$device" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null; then
-    tput tput-model-w8-mps model 8 tiny --mps
-    for w in 8 12; do tput "tput-te-w$w-mps" "$backend" "$w" tiny --known "$known" --mps; done
-  fi
+  # Where one te worker's adapter spends its time, function by function (read with pstats).
+  GRADFUZZ_ADAPTER_PROFILE="$work/profile-te-w1" tput tput-te-w1-profile "$backend" 1 tiny --known "$known"
 fi
 exit 0
