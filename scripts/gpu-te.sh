@@ -260,7 +260,7 @@ if has tput; then
   { nproc; lscpu | grep -E 'Model name|Thread|Core|Socket'; command -v nvidia-cuda-mps-control; } >"$work/cpus.txt" 2>&1
   tput() {  # tput NAME BACKEND WORKERS SHAPES ARGS...: a 20 s campaign without shrinking
     local name="$1" b="$2" w="$3" shapes="$4"; shift 4
-    stage "$name" $((${TPUT_S:-20} + 15)) "$gf" fuzz --backend "$b" --device "$device" --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes "$shapes" \
+    stage "$name" $((${TPUT_S:-20} + 25)) "$gf" fuzz --backend "$b" --device "$device" --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes "$shapes" \
       --workers "$w" --max-shrink-calls 0 --corpus "$work/$name" --report "$work/$name.json" --quiet "$@"
     say "  $name: $(report_line "$work/$name.json")"
   }
