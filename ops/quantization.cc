@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -516,6 +517,8 @@ struct QuantizationState {
   std::optional<Fp8GemmAccumulation> accumulation;
   AccumulationMode accumulation_mode = AccumulationMode::kExact;
   std::optional<at::Generator> accumulation_generator;
+  /// The path's quantization points (set_points).
+  QuantizationPoints points;
 };
 
 }  // namespace detail
@@ -657,6 +660,26 @@ thread_local ReferenceQuantization* current_quantization = nullptr;
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
+// QuantizationPoints
+
+std::string QuantizationPoints::describe() const {
+  if (empty()) return "the basic ops'";
+  std::map<int64_t, std::string> parts;
+  for (const auto& [op, alpha] : backward_gemm_alpha) {
+    std::ostringstream os;
+    os << "backward GEMMs alpha " << alpha;
+    parts[op] = os.str();
+  }
+  for (const int64_t op : gradient_passthrough) {
+    std::string& part = parts[op];
+    part += std::string(part.empty() ? "" : ", ") + "gradient passed through";
+  }
+  std::string out;
+  for (const auto& [op, part] : parts) out += (out.empty() ? "" : "; ") + ("op " + std::to_string(op) + ": " + part);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
 // ReferenceQuantization
 
 ReferenceQuantization::ReferenceQuantization() : state_(std::make_shared<QuantizationState>()) {}
@@ -710,6 +733,25 @@ void ReferenceQuantization::clear_accumulation() {
   state_->accumulation.reset();
   state_->accumulation_mode = AccumulationMode::kExact;
   state_->accumulation_generator.reset();
+}
+
+void ReferenceQuantization::set_points(QuantizationPoints points) {
+  if (!points.empty() && !state_->recipe) {
+    throw InvalidArgumentError("ReferenceQuantization: quantization points (" + points.describe() +
+                               ") need a recipe; this one has none");
+  }
+  state_->points = std::move(points);
+}
+
+const QuantizationPoints& ReferenceQuantization::points() const { return state_->points; }
+
+double ReferenceQuantization::backward_gemm_alpha(int64_t op) const {
+  const auto it = state_->points.backward_gemm_alpha.find(op);
+  return it == state_->points.backward_gemm_alpha.end() ? 1.0 : it->second;
+}
+
+bool ReferenceQuantization::gradient_passthrough(int64_t op) const {
+  return state_->points.gradient_passthrough.count(op) > 0;
 }
 
 void ReferenceQuantization::set_current_op(int64_t op) { state_->current_op = op; }
@@ -795,6 +837,15 @@ at::Tensor with_quantized_gradient(const at::Tensor& t, std::shared_ptr<Quantiza
   return t.view_as(t);
 }
 
+/// A view of t whose incoming gradient is multiplied by `alpha` before it reaches t (a GEMM's
+/// alpha applied to its result, after the GEMM and its accumulation); t itself for alpha 1.
+at::Tensor with_gradient_alpha(const at::Tensor& t, double alpha) {
+  if (alpha == 1.0 || !t.requires_grad()) return t;
+  const at::Tensor view = t.view_as(t);
+  view.register_hook([alpha](const at::Tensor& grad) { return grad * alpha; });
+  return view;
+}
+
 /// t - t.detach(): zero, with t's gradient.
 at::Tensor zero_with_gradient_of(const at::Tensor& t) { return t - t.detach(); }
 
@@ -847,17 +898,21 @@ at::Tensor with_accumulated_gradient(const at::Tensor& operand, const std::share
 
 }  // namespace
 
-at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight, int64_t group) {
+at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight_in, int64_t group) {
   ReferenceQuantization* quantization = reference_quantization();
   if (quantization == nullptr || quantization->recipe() == nullptr) {
     throw InvalidArgumentError("reference_quantized_linear: no recipe in this reference evaluation");
   }
   const QuantRecipe& recipe = *quantization->recipe();
   const std::shared_ptr<QuantizationState>& state = quantization->state_;
-  const int64_t in = weight.size(1);
+  const int64_t in = weight_in.size(1);
   std::vector<int64_t> out_sizes = input.sizes().vec();
-  out_sizes.back() = weight.size(0);
-  const at::Tensor x = input.reshape({-1, in});
+  out_sizes.back() = weight_in.size(0);
+  // A fused op's alpha on the backward GEMMs (QuantizationPoints): every gradient this op's
+  // GEMMs give x and W is multiplied by it after the GEMM, whatever the override.
+  const double alpha = quantization->backward_gemm_alpha(quantization->current_op());
+  const at::Tensor x = with_gradient_alpha(input.reshape({-1, in}), alpha);
+  const at::Tensor weight = with_gradient_alpha(weight_in, alpha);
   const QuantizedOperand qx = quantization->quantize(QuantRole::kInput, group, x);
   const QuantizedOperand qw = quantization->quantize(QuantRole::kWeight, group, weight);
   // x [rows, in] · Wᵀ [in, out] -> y [rows, out] on the row-wise copies (fprop)

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,35 @@ struct QuantizedOperand {
 };
 
 // ---------------------------------------------------------------------------------------
+// Per-path quantization points (docs/BACKENDS.md "Per-path quantization points")
+
+/// Where a path's fused ops quantize other than its basic ops do, by module index: what a
+/// reference evaluation must do differently to be the float64 reference of that path. Empty
+/// for an unfused path (the basic ops' quantization points, the reference's default). A fused
+/// op whose basic ops' math is the same but whose quantizer sees another tensor describes that
+/// here; the runner derives it from the fused groups a path's plans report
+/// (runner/quantization_points.h).
+struct QuantizationPoints {
+  /// A Linear (module index) whose backward GEMMs (dgrad and wgrad) quantize the gradient
+  /// that reaches it and multiply their result by alpha (TE's BackwardLinearScale: the
+  /// following ConstantScale's scale as the GEMMs' alpha, its grad_output quantizer seeing the
+  /// unscaled gradient). Module index -> alpha.
+  std::map<int64_t, double> backward_gemm_alpha;
+  /// Ops (module indices) whose backward passes the gradient through unchanged because a fused
+  /// op applies their factor elsewhere (the ConstantScale of a BackwardLinearScale); their
+  /// forward value is unchanged.
+  std::set<int64_t> gradient_passthrough;
+
+  bool empty() const { return backward_gemm_alpha.empty() && gradient_passthrough.empty(); }
+  bool operator==(const QuantizationPoints& other) const {
+    return backward_gemm_alpha == other.backward_gemm_alpha && gradient_passthrough == other.gradient_passthrough;
+  }
+  bool operator!=(const QuantizationPoints& other) const { return !(*this == other); }
+  /// "op 3: backward GEMMs alpha 1.5; op 4: gradient passed through" (empty: "the basic ops'").
+  std::string describe() const;
+};
+
+// ---------------------------------------------------------------------------------------
 // The quantizer state of one reference evaluation sequence
 
 namespace detail {
@@ -266,6 +296,16 @@ class ReferenceQuantization {
                         std::optional<at::Generator> generator = std::nullopt);
   /// Back to exact GEMMs.
   void clear_accumulation();
+
+  /// The quantization points of the path this evaluation is the reference of (empty: the
+  /// basic ops', the default). Throws InvalidArgumentError for non-empty points without a
+  /// recipe (only a recipe's Linear GEMMs can apply them).
+  void set_points(QuantizationPoints points);
+  const QuantizationPoints& points() const;
+  /// The points' alpha of module `op`'s backward GEMMs, 1 where it has none.
+  double backward_gemm_alpha(int64_t op) const;
+  /// Whether module `op`'s backward passes its gradient through (QuantizationPoints).
+  bool gradient_passthrough(int64_t op) const;
 
   /// Set by the evaluator before each module: the module index the next quantizations use.
   void set_current_op(int64_t op);
@@ -335,6 +375,9 @@ at::Tensor value_with_gradient_of(const at::Tensor& value, const at::Tensor& car
 ///   high_precision: dx = dy · W,  dW = dyᵀ · x;
 ///   dequantized:    dx = dy · dq(Qw(W)),  dW = dyᵀ · dq(Qi(x)), row-wise copies.
 /// The FP8 GEMMs (the value; dx and dW under `none`) give what set_accumulation says.
+/// Where the quantization points give the current op a backward alpha, dx and dW are alpha
+/// times the above, on the gradient as it reaches the op (quantized unscaled, the alpha after
+/// the GEMMs and their accumulation, as TE's BackwardLinearScale computes them).
 /// Throws InvalidArgumentError without a recipe.
 at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight, int64_t group);
 

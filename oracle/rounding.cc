@@ -231,19 +231,27 @@ KinkGroups near_kinks(const std::vector<ops::KinkProbe::Site>& reference,
 
 void compare_fused_unfused(const CaseSpec& spec, const PathRun& reference, const PathRun& fused, const PathRun& unfused,
                            at::ScalarType dtype, const ToleranceContext& context, const RoundingEvidence* evidence,
-                           std::vector<Finding>& findings, const RoundingRule& rule, bool got_exposes_all_channels) {
+                           std::vector<Finding>& findings, const RoundingRule& rule, bool got_exposes_all_channels,
+                           const PathRun* unfused_reference) {
   const Tolerance floor = floor_tolerance(dtype, context, rule);
   const auto fused_tensors = compared_tensors(spec, reference, fused, got_exposes_all_channels);
   std::map<std::string, at::Tensor> unfused_by_name;
-  for (const auto& t : compared_tensors(spec, reference, unfused, got_exposes_all_channels)) {
+  std::map<std::string, at::Tensor> unfused_expected;
+  for (const auto& t :
+       compared_tensors(spec, unfused_reference ? *unfused_reference : reference, unfused, got_exposes_all_channels)) {
     unfused_by_name[t.name] = t.got;
+    unfused_expected[t.name] = t.expected;
   }
   for (const auto& t : fused_tensors) {
     const at::Tensor u_got = lookup(unfused_by_name, t.name);
-    if (!t.expected.defined() || !t.got.defined() || !u_got.defined()) continue;
-    if (t.got.sizes() != t.expected.sizes() || u_got.sizes() != t.expected.sizes()) continue;
+    const at::Tensor u_expected = lookup(unfused_expected, t.name);
+    if (!t.expected.defined() || !t.got.defined() || !u_got.defined() || !u_expected.defined()) continue;
+    if (t.got.sizes() != t.expected.sizes() || u_got.sizes() != t.expected.sizes() ||
+        u_expected.sizes() != t.expected.sizes()) {
+      continue;
+    }
     const double err_f = error_norm(t.expected, t.got);
-    const double err_u = error_norm(t.expected, u_got);
+    const double err_u = error_norm(u_expected, u_got);
     // The noise of a plain implementation in this dtype: the baseline's and the sampled one's.
     const double base = evidence ? std::max(finite_norm(lookup(evidence->baseline_error, t.name)),
                                             finite_norm(lookup(evidence->sensitivity, t.name)))

@@ -115,10 +115,13 @@ KinkGroups near_kinks(const std::vector<ops::KinkProbe::Site>& reference,
 /// The fused path far worse than the unfused one in the same dtype, tensor by tensor: a
 /// finding (path pair "<fused>~unfused") where ||fused - e|| > fused_factor * max(||unfused -
 /// e||, ||baseline error||, ||sampled rounding||) + floor + ||kink effect|| (the evidence
-/// terms only with evidence). Only tensors both paths have.
+/// terms only with evidence). Only tensors both paths have. `unfused_reference`: where the
+/// unfused path has a reference of its own (other quantization points than the fused path's,
+/// ops::QuantizationPoints), ||unfused - e|| is measured against it; e, the evidence and the
+/// worst element are the fused path's reference's.
 void compare_fused_unfused(const CaseSpec& spec, const PathRun& reference, const PathRun& fused, const PathRun& unfused,
                            at::ScalarType dtype, const ToleranceContext& context, const RoundingEvidence* evidence,
                            std::vector<Finding>& findings, const RoundingRule& rule = {},
-                           bool got_exposes_all_channels = true);
+                           bool got_exposes_all_channels = true, const PathRun* unfused_reference = nullptr);
 
 }  // namespace gradfuzz::oracle

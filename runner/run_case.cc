@@ -23,6 +23,7 @@
 #include "oracle/signature.h"
 #include "oracle/tolerances.h"
 #include "runner/case_cost.h"
+#include "runner/quantization_points.h"
 
 namespace gradfuzz::runner {
 
@@ -405,6 +406,30 @@ CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& op
 
 namespace {
 
+/// One float64 reference of a case and what the oracle measures around it, for the paths
+/// whose quantization points (ops::QuantizationPoints, runner/quantization_points.h) it
+/// evaluates with: the basic ops' for the unfused path; a fused path whose plans show a fused
+/// op quantizing elsewhere (BackwardLinearScale under a recipe) gets its own.
+struct ReferenceSet {
+  ops::QuantizationPoints points;
+  PathRun reference;
+  ops::KinkProbe reference_kinks;
+  std::vector<ops::KinkProbe::Site> baseline_kinks;
+  at::Tensor repeat_grad_input;
+  /// The float64 reference with the input requiring grad, when evidence_spec_ asks for it.
+  std::optional<PathRun> evidence_reference;
+  /// The quantization state of the reference's calls in order (delayed scaling: call k's
+  /// scales come from calls 1..k-1), and per repeat call its own reference run.
+  std::unique_ptr<ops::ReferenceQuantization> call_quantization;
+  std::vector<PathRun> repeat_references;
+  /// Per quantization of a reference evaluation: the jitter window (set_fp8_windows).
+  std::vector<at::Tensor> fp8_windows;
+  std::vector<at::Tensor> fp8_reference;
+  oracle::RoundingEvidence evidence;
+  /// The evidence of repeat_call_bounds, once drawn.
+  std::optional<oracle::RoundingEvidence> coarse_evidence;
+};
+
 /// One case through its stages (run_case's contract). Each stage adds its findings to
 /// result_; the paths, the reference and the bounds it judges by are members so that the
 /// stages read in order.
@@ -412,6 +437,8 @@ class CaseRun {
  public:
   CaseRun(const CaseSpec& spec, Backend& backend, const RunOptions& options)
       : spec_(spec), backend_(backend), options_(options), dtype_(harness::scalar_type_from_name(spec.dtype)) {
+    sets_.push_back(std::make_unique<ReferenceSet>());
+    ref_ = sets_.front().get();
     result_.seed = spec.seed;
     result_.backend = backend.name();
     for (const auto& op : spec.ops) {
@@ -425,11 +452,11 @@ class CaseRun {
     Expectation out;
     if (!prepare()) return out;
     run_reference();
-    if (!reference_.ok()) return out;
+    if (!ref_->reference.ok()) return out;
     const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
     out.bounds = dtype_ == at::kDouble || !gather_evidence()
                      ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
-                     : oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding);
+                     : oracle::evidence_bounds(dtype_, context_, expected, ref_->evidence, options_.rounding);
     out.quantized = quantizes_;
     // The reference's own values go with a quantizing case (a script cannot recompute the FP8
     // reference) and with a distributed one (its script compares the ranks' results, put
@@ -442,12 +469,12 @@ class CaseRun {
       return tensors;
     };
     // Exactly the tensors judge_values compares each call with.
-    out.expected = on_cpu(oracle::tensors_by_name(spec_, reference_));
+    out.expected = on_cpu(oracle::tensors_by_name(spec_, ref_->reference));
     for (size_t k = 0; k < spec_.repeat_calls.size(); ++k) {
-      const bool own = k < repeat_references_.size() && repeat_references_[k].ok();
-      const PathRun call =
-          own ? expected_for_call(repeat_references_[k], repeat_references_[k].grad_input, spec_.repeat_calls[k])
-              : expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]);
+      const bool own = k < ref_->repeat_references.size() && ref_->repeat_references[k].ok();
+      const PathRun call = own ? expected_for_call(ref_->repeat_references[k], ref_->repeat_references[k].grad_input,
+                                                   spec_.repeat_calls[k])
+                               : expected_for_call(ref_->reference, ref_->repeat_grad_input, spec_.repeat_calls[k]);
       out.repeat_expected.push_back(on_cpu(oracle::tensors_by_name(spec_, call)));
     }
     return out;
@@ -501,7 +528,7 @@ class CaseRun {
     {
       CostStage stage("judge");
       judge_errors();
-      if (reference_.ok()) judge_values();
+      if (ref_->reference.ok()) judge_values();
       judge_replicas();
     }
     {
@@ -574,9 +601,11 @@ class CaseRun {
     if (!quantizes_) return nullptr;
     auto q = recipe_ ? std::make_unique<ops::ReferenceQuantization>(*recipe_)
                      : std::make_unique<ops::ReferenceQuantization>();
+    // The quantization points of the paths this reference is for (empty: the basic ops').
+    q->set_points(ref_->points);
     // Windowed (gather_evidence): only elements that a rounding difference can carry across
     // an FP8 rounding boundary move.
-    if (jitter) q->set_jitter(0.5, *jitter, fp8_reference_, fp8_windows_);
+    if (jitter) q->set_jitter(0.5, *jitter, ref_->fp8_reference, ref_->fp8_windows);
     if (record) q->record_scaled(record);
     // On a backend whose FP8 GEMMs accumulate inexactly, a sample's GEMMs also err by their
     // accumulation term, up or down at random (set_fp8_windows asks for `accumulation`).
@@ -730,6 +759,7 @@ class CaseRun {
       if (r.status != PathStatus::kSkipped) active_.push_back(&r);
     }
     add_plan_coverage(spec_, runs_.front(), result_);
+    assign_reference_sets();
     return true;
   }
 
@@ -740,13 +770,43 @@ class CaseRun {
     return nullptr;
   }
 
-  // ---- the float64 reference (recording its kinks for the low-precision rule).
+  // ---- the float64 reference (recording its kinks for the low-precision rule): one per
+  // set of quantization points the paths have (ReferenceSet), the basic ops' first.
   void run_reference() {
     ref_device_ = reference_device(spec_, prepared_.plan, prepared_.tensors);
-    call_quantization_ = fresh_quantization();
-    reference_ = run_reference_path(spec_, prepared_.plan, prepared_.tensors, prepared_.reference_ops, at::kDouble,
-                                    ref_device_, &reference_kinks_, call_quantization_.get());
-    if (reference_.ok() && recipe_ && recipe_->kind == ops::RecipeKind::kDelayedScaling) {
+    evidence_spec_ = spec_;
+    for (size_t k = 0; k < sets_.size(); ++k) {
+      ref_ = sets_[k].get();
+      run_reference_of_set(/*first=*/k == 0);
+      if (k > 0 && !ref_->reference.ok() && sets_.front()->reference.ok()) {
+        // The same math as the basic ops' reference, which ran: its paths fall back to it.
+        set_notes_.push_back("the reference with quantization points (" + ref_->points.describe() + ") raised " +
+                             ref_->reference.error_kind + ": " + ref_->reference.error_message);
+        for (auto& [path, index] : path_sets_) {
+          if (index == k) index = 0;
+        }
+      }
+    }
+    ref_ = sets_.front().get();
+  }
+
+  /// The references of `ref_` (run_reference); the first set decides evidence_spec_.
+  void run_reference_of_set(bool first) {
+    ref_->call_quantization = fresh_quantization();
+    // The prepared ops hold the first set's Sequential; a further set builds its own.
+    BuiltCase own_ops;
+    if (!first) {
+      PathRun creation;
+      run_guarded(creation, [&] { own_ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
+      if (!creation.ok()) {
+        ref_->reference = creation;
+        return;
+      }
+    }
+    ref_->reference =
+        run_reference_path(spec_, prepared_.plan, prepared_.tensors, first ? prepared_.reference_ops : own_ops,
+                           at::kDouble, ref_device_, &ref_->reference_kinks, ref_->call_quantization.get());
+    if (ref_->reference.ok() && recipe_ && recipe_->kind == ops::RecipeKind::kDelayedScaling) {
       // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
       // histories, so each repeat call has a reference of its own, in order, on one state.
       for (const RepeatCall& call : spec_.repeat_calls) {
@@ -756,16 +816,18 @@ class CaseRun {
         PathRun creation;
         run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
         if (!creation.ok()) break;
-        repeat_references_.push_back(run_reference_path(call_spec, prepared_.plan, prepared_.tensors, ops, at::kDouble,
-                                                        ref_device_, nullptr, call_quantization_.get(), call.no_grad));
+        ref_->repeat_references.push_back(run_reference_path(call_spec, prepared_.plan, prepared_.tensors, ops,
+                                                             at::kDouble, ref_device_, nullptr,
+                                                             ref_->call_quantization.get(), call.no_grad));
       }
     }
     // A repeat call whose input requires grad when the first call's does not: the input's
     // gradient from a second reference run with it (a channel whose value then requires grad
     // has a gradient in that run that the first call must not be judged on).
-    repeat_grad_input_ = reference_.grad_input;
-    evidence_spec_ = spec_;
-    if (reference_.ok() && !spec_.input_requires_grad && repeat_wants_input_grad(spec_)) {
+    ref_->repeat_grad_input = ref_->reference.grad_input;
+    const bool wants_input_grad = first ? !spec_.input_requires_grad && repeat_wants_input_grad(spec_)
+                                        : evidence_spec_.input_requires_grad != spec_.input_requires_grad;
+    if (ref_->reference.ok() && wants_input_grad) {
       CaseSpec with_input_grad = spec_;
       with_input_grad.input_requires_grad = true;
       BuiltCase ops;
@@ -776,14 +838,45 @@ class CaseRun {
         PathRun run = run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble,
                                          ref_device_, nullptr, quantization.get());
         if (run.ok()) {
-          repeat_grad_input_ = run.grad_input;
+          ref_->repeat_grad_input = run.grad_input;
           // The low-precision evidence then covers the input's gradient the repeat calls take.
-          evidence_spec_ = std::move(with_input_grad);
-          evidence_reference_ = std::move(run);
+          if (first) evidence_spec_ = std::move(with_input_grad);
+          ref_->evidence_reference = std::move(run);
         }
       }
     }
   }
+
+  /// The reference sets of the paths that ran (run_reference): a path whose plans show a
+  /// fused op quantizing elsewhere than its basic ops (runner/quantization_points.h) under
+  /// the case's recipe is judged against a reference with those quantization points; paths
+  /// with the same points share one. Only such cases pay for a second reference.
+  void assign_reference_sets() {
+    if (!recipe_) return;
+    for (const PathRun* run : active_) {
+      ops::QuantizationPoints points = quantization_points(spec_, *run);
+      if (points.empty()) continue;
+      size_t index = 0;
+      while (index < sets_.size() && sets_[index]->points != points) ++index;
+      if (index == sets_.size()) {
+        sets_.push_back(std::make_unique<ReferenceSet>());
+        sets_.back()->points = std::move(points);
+        set_notes_.push_back(run->name + " judged against a reference with its fused ops' quantization points (" +
+                             sets_.back()->points.describe() + ")");
+      }
+      path_sets_[run->name] = index;
+    }
+    if (sets_.size() > 1) result_.features.emplace_back("fused_quantization_points");
+    ref_ = sets_.front().get();
+  }
+
+  /// The index into sets_ of a path's reference set (of one of its repeat calls too,
+  /// "<path>.call[k]").
+  size_t set_index(const std::string& path) const {
+    const auto it = path_sets_.find(path.substr(0, path.find('.')));
+    return it == path_sets_.end() ? 0 : it->second;
+  }
+  const ReferenceSet& set_of(const std::string& path) const { return *sets_.at(set_index(path)); }
 
   // ---- judge errors: every path (repeat calls included) must agree with the reference on
   // whether and what it raised, and a failed construction must leave no op locked.
@@ -811,40 +904,40 @@ class CaseRun {
     for (const PathRun* run : all) {
       kinds += (kinds.empty() ? "" : "; ") + (run->ok() ? run->name + " ran" : describe_error(*run));
     }
-    kinds += "; " + (reference_.ok() ? std::string("reference ran") : describe_error(reference_));
-    if (!reference_.ok() && !invalid) {
+    kinds += "; " + (ref_->reference.ok() ? std::string("reference ran") : describe_error(ref_->reference));
+    if (!ref_->reference.ok() && !invalid) {
       // A case valid by construction that raises in the reference is a bug there or in the
       // shared building code, and would otherwise hide as an agreeing error.
-      Finding f = error_finding(reference_, "reference");
+      Finding f = error_finding(ref_->reference, "reference");
       f.note = "a valid case raised in the reference";
       result_.findings.push_back(std::move(f));
     }
-    bool any_error = !reference_.ok();
+    bool any_error = !ref_->reference.ok();
     for (const PathRun* run : all) {
       any_error = any_error || !run->ok();
-      if (errors_agree(*run, reference_)) continue;
+      if (errors_agree(*run, ref_->reference)) continue;
       if (run->ok()) {
         Finding f;
         f.kind = VerdictKind::kUnexpectedError;
         f.path_pair = run->name + "~reference";
         f.tensor = "error";
         f.role = "no_error";
-        f.error_kind = reference_.error_kind;
-        f.phase = reference_.error_stage;
-        f.message = reference_.error_message;
-        f.note = "the reference raised " + reference_.error_kind + " during " + reference_.error_stage + "; " +
-                 run->name + " ran";
+        f.error_kind = ref_->reference.error_kind;
+        f.phase = ref_->reference.error_stage;
+        f.message = ref_->reference.error_message;
+        f.note = "the reference raised " + ref_->reference.error_kind + " during " + ref_->reference.error_stage +
+                 "; " + run->name + " ran";
         result_.findings.push_back(std::move(f));
       } else {
         Finding f = error_finding(*run, run->name + "~reference");
-        f.note = reference_.ok()
+        f.note = ref_->reference.ok()
                      ? "the reference ran"
-                     : "the reference raised " + reference_.error_kind + " during " + reference_.error_stage;
+                     : "the reference raised " + ref_->reference.error_kind + " during " + ref_->reference.error_stage;
         result_.findings.push_back(std::move(f));
       }
     }
     for (const PathRun* run : all) add_lock_findings(*run);
-    add_lock_findings(reference_);
+    add_lock_findings(ref_->reference);
     if (invalid && !any_error) {
       // Validation is shared code: a regression there lets an invalid configuration through
       // every path alike, which no comparison between them can see.
@@ -878,45 +971,101 @@ class CaseRun {
   // case that fails the first check is judged again with the low-precision rule's evidence.
   bool all_channels() const { return backend_.capabilities().exposes_all_channels; }
 
-  std::vector<Finding> compare_all(const oracle::CaseBounds& bounds, const oracle::RoundingEvidence* evidence,
-                                   const oracle::CaseBounds* repeats = nullptr) {
+  /// The bounds one reference set holds its paths to: the first check's, or with the
+  /// evidence its rule's (and its repeat calls' coarse ones).
+  struct SetBounds {
+    oracle::CaseBounds bounds;
+    std::optional<oracle::CaseBounds> repeats;
+  };
+  SetBounds set_bounds(bool with_evidence, int64_t* cancellation) {
+    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
+    SetBounds out;
+    if (!with_evidence) {
+      out.bounds = oracle::first_bounds(dtype_, context_, expected, options_.rounding);
+      return out;
+    }
+    out.bounds = oracle::evidence_bounds(dtype_, context_, expected, ref_->evidence, options_.rounding, cancellation);
+    out.repeats = repeat_call_bounds(expected);
+    return out;
+  }
+
+  /// Every path that ran against its reference set's reference (first check, or with
+  /// `with_evidence` the low-precision rule's evidence of that set), its repeat calls and
+  /// their plans, and the fused path against the unfused one. `cancellation`: the tensors the
+  /// basic ops' set counts as cancellation-widened.
+  std::vector<Finding> compare_all(bool with_evidence, int64_t* cancellation = nullptr) {
     std::vector<Finding> findings;
     std::vector<std::string> notes;
     oracle::Comparer comparer(findings, notes);
-    // A repeat call of a quantizing case rounds other values than call 1, whose evidence the
-    // bounds hold, near other FP8 rounding boundaries: its elements get the largest allowance
-    // of their tensor, and with evidence `repeats` holds the coarse FP8 estimate (every
-    // element jittered, repeat_call_bounds).
-    const oracle::CaseBounds repeat_bounds = repeats ? *repeats : quantizes_ ? uniform_allowance(bounds) : bounds;
+    std::vector<SetBounds> bounds;
+    for (const auto& set : sets_) {
+      ref_ = set.get();
+      bounds.push_back(set_bounds(with_evidence, set == sets_.front() ? cancellation : nullptr));
+    }
+    ref_ = sets_.front().get();
     for (const PathRun* run : active_) {
+      const ReferenceSet& set = set_of(run->name);
+      const SetBounds& b = bounds.at(set_index(run->name));
       if (run->ok()) {
-        compare_paths(run->name + "~reference", spec_, reference_, *run, bounds, comparer, all_channels());
+        compare_paths(run->name + "~reference", spec_, set.reference, *run, b.bounds, comparer, all_channels());
       }
+      // A repeat call of a quantizing case rounds other values than call 1, whose evidence the
+      // bounds hold, near other FP8 rounding boundaries: its elements get the largest allowance
+      // of their tensor, and with evidence the repeat bounds hold the coarse FP8 estimate
+      // (every element jittered, repeat_call_bounds).
+      const oracle::CaseBounds repeat_bounds = b.repeats    ? *b.repeats
+                                               : quantizes_ ? uniform_allowance(b.bounds)
+                                                            : b.bounds;
       for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];
         if (!repeat.ok()) continue;
-        const bool own = k < repeat_references_.size() && repeat_references_[k].ok();
-        compare_paths(
-            repeat.name + "~reference", spec_,
-            own ? expected_for_call(repeat_references_[k], repeat_references_[k].grad_input, spec_.repeat_calls[k])
-                : expected_for_call(reference_, repeat_grad_input_, spec_.repeat_calls[k]),
-            repeat, repeat_bounds, comparer, all_channels());
+        const bool own = k < set.repeat_references.size() && set.repeat_references[k].ok();
+        compare_paths(repeat.name + "~reference", spec_,
+                      own ? expected_for_call(set.repeat_references[k], set.repeat_references[k].grad_input,
+                                              spec_.repeat_calls[k])
+                          : expected_for_call(set.reference, set.repeat_grad_input, spec_.repeat_calls[k]),
+                      repeat, repeat_bounds, comparer, all_channels());
         compare_plans(repeat, findings);
       }
     }
     const PathRun* fused = run_named("fused");
     const PathRun* unfused = run_named("unfused");
     if (options_.compare_fused_unfused && fused && unfused && fused->ok() && unfused->ok()) {
-      if (dtype_ == at::kDouble) {
+      const ReferenceSet& fused_set = set_of(fused->name);
+      const ReferenceSet& unfused_set = set_of(unfused->name);
+      if (dtype_ == at::kDouble && &fused_set == &unfused_set) {
         compare_paths("fused~unfused", spec_, *unfused, *fused, {path_pair_tolerance(dtype_, context_), {}}, comparer,
                       all_channels());
+      } else if (dtype_ == at::kDouble) {
+        compare_shifted(fused_set, unfused_set, *fused, *unfused, comparer);
       } else {
-        oracle::compare_fused_unfused(spec_, reference_, *fused, *unfused, dtype_, context_, evidence, findings,
-                                      options_.rounding, all_channels());
+        oracle::compare_fused_unfused(spec_, fused_set.reference, *fused, *unfused, dtype_, context_,
+                                      with_evidence ? &fused_set.evidence : nullptr, findings, options_.rounding,
+                                      all_channels(), &unfused_set.reference);
       }
     }
     for (auto& note : notes) notes_.push_back(std::move(note));
     return findings;
+  }
+
+  /// float64, paths of two reference sets: the fused path against the unfused one moved by
+  /// the difference of their references (what the quantization points alone change), under
+  /// the static tolerance of two paths.
+  void compare_shifted(const ReferenceSet& fused_set, const ReferenceSet& unfused_set, const PathRun& fused,
+                       const PathRun& unfused, oracle::Comparer& comparer) const {
+    const auto fused_expected = oracle::tensors_by_name(spec_, fused_set.reference);
+    const auto unfused_expected = oracle::tensors_by_name(spec_, unfused_set.reference);
+    const oracle::TensorBound bound = oracle::CaseBounds{path_pair_tolerance(dtype_, context_), {}}.bound("");
+    for (const auto& t : oracle::compared_tensors(spec_, unfused, fused, all_channels())) {
+      at::Tensor expected = t.expected;
+      const auto f = fused_expected.find(t.name);
+      const auto u = unfused_expected.find(t.name);
+      if (expected.defined() && f != fused_expected.end() && u != unfused_expected.end() && f->second.defined() &&
+          u->second.defined() && f->second.sizes() == expected.sizes() && u->second.sizes() == expected.sizes()) {
+        expected = expected.to(at::kDouble) + (f->second - u->second).to(expected.device(), at::kDouble);
+      }
+      comparer.compare("fused~unfused", t.name, t.role, expected, t.got, t.gradient, bound);
+    }
   }
 
   static oracle::CaseBounds uniform_allowance(oracle::CaseBounds bounds) {
@@ -928,7 +1077,25 @@ class CaseRun {
     return bounds;
   }
 
-  const PathRun& evidence_reference() const { return evidence_reference_ ? *evidence_reference_ : reference_; }
+  /// Runs `stage` with ref_ on each reference set in turn (sets_[0] after); false as soon as
+  /// one returns false.
+  template <typename Stage>
+  bool for_each_set(Stage stage) {
+    bool ok = true;
+    for (const auto& set : sets_) {
+      ref_ = set.get();
+      if (!stage()) {
+        ok = false;
+        break;
+      }
+    }
+    ref_ = sets_.front().get();
+    return ok;
+  }
+
+  const PathRun& evidence_reference() const {
+    return ref_->evidence_reference ? *ref_->evidence_reference : ref_->reference;
+  }
 
   static bool has_value_findings(const std::vector<Finding>& findings) {
     return std::any_of(findings.begin(), findings.end(), [](const Finding& f) {
@@ -937,30 +1104,29 @@ class CaseRun {
   }
 
   void judge_values() {
-    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
-    std::vector<Finding> values =
-        compare_all(oracle::first_bounds(dtype_, context_, expected, options_.rounding), nullptr);
+    std::vector<Finding> values = compare_all(/*with_evidence=*/false);
     if (has_value_findings(values) && dtype_ != at::kDouble) {
       // What the dtype itself costs this case: only cases that fail the first check pay for
       // the evidence's extra reference runs, and only those that still fail pay for more
       // rounding samples (one sample per element is a weak estimate of its rounding noise:
-      // a value that fails 8x the largest of 16 samples is not noise).
+      // a value that fails 8x the largest of 16 samples is not noise). Each reference set
+      // gathers its own (the FP8 windows are its reference's).
       CostStage stage("evidence");
-      if (gather_evidence()) {
+      if (for_each_set([&] { return gather_evidence(); })) {
         for (int64_t more : {int64_t{0}, int64_t{6}, int64_t{8}}) {
           if (more > 0) {
             if (!has_value_findings(values)) break;
-            add_rounding_samples(more);
+            for_each_set([&] {
+              add_rounding_samples(more);
+              return true;
+            });
           }
           notes_.clear();
           int64_t cancellation = 0;
-          const std::optional<oracle::CaseBounds> repeats = repeat_call_bounds(expected);
-          values = compare_all(
-              oracle::evidence_bounds(dtype_, context_, expected, evidence_, options_.rounding, &cancellation),
-              &evidence_, repeats ? &*repeats : nullptr);
+          values = compare_all(/*with_evidence=*/true, &cancellation);
           result_.cancellation_tensors = cancellation;
         }
-        result_.kink_elements = evidence_.kink_elements;
+        result_.kink_elements = sets_.front()->evidence.kink_elements;
       }
     }
     for (const PathRun* run : active_) {
@@ -1028,7 +1194,7 @@ class CaseRun {
       const PathRun run =
           reference_run(perturbed(u, sample_generator_), dtype_, nullptr, quantizes_ ? &sample_generator_ : nullptr);
       if (run.ok()) {
-        oracle::accumulate_max(evidence_.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
+        oracle::accumulate_max(ref_->evidence.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
       }
     }
     // A quantizing case's elements already get their tensor's largest evidence (its FP8
@@ -1039,7 +1205,7 @@ class CaseRun {
       const PathRun run = reference_run(perturbed(u, noise_generator_), at::kDouble, nullptr, nullptr, nullptr,
                                         /*noise=*/true);
       if (run.ok()) {
-        oracle::accumulate_max(evidence_.output_noise, oracle::abs_differences(spec_, evidence_reference(), run));
+        oracle::accumulate_max(ref_->evidence.output_noise, oracle::abs_differences(spec_, evidence_reference(), run));
       }
     }
   }
@@ -1051,10 +1217,10 @@ class CaseRun {
     std::vector<at::Tensor> baseline_scaled;
     const PathRun baseline = reference_run(prepared_.tensors, dtype_, &probe, nullptr, &baseline_scaled);
     if (!baseline.ok()) return false;
-    evidence_.quantized = quantizes_;
+    ref_->evidence.quantized = quantizes_;
     if (quantizes_) set_fp8_windows(baseline_scaled);
-    evidence_.baseline_error = oracle::abs_differences(spec_, evidence_reference(), baseline);
-    baseline_kinks_ = probe.sites();
+    ref_->evidence.baseline_error = oracle::abs_differences(spec_, evidence_reference(), baseline);
+    ref_->baseline_kinks = probe.sites();
     // The input sensitivity, two samples to start with (add_rounding_samples adds more).
     sample_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x5e9517u);
     // The output noise draws from its own generator: the rounding samples stay those of the
@@ -1063,14 +1229,14 @@ class CaseRun {
     add_rounding_samples(2);
     // Kinks: the reference again with the elements near one taken the other way.
     const oracle::KinkGroups kinks =
-        oracle::near_kinks(reference_kinks_.sites(), baseline_kinks_, u, options_.rounding);
-    evidence_.kink_elements = kinks.elements;
+        oracle::near_kinks(ref_->reference_kinks.sites(), ref_->baseline_kinks, u, options_.rounding);
+    ref_->evidence.kink_elements = kinks.elements;
     for (const auto& group : kinks.groups) {
       ops::KinkProbe flips;
       for (const auto& [op, mask] : group) flips.set_flip(op, mask);
       const PathRun run = reference_run(prepared_.tensors, at::kDouble, &flips);
       if (run.ok()) {
-        oracle::accumulate_sum(evidence_.kink_effect, oracle::abs_differences(spec_, evidence_reference(), run));
+        oracle::accumulate_sum(ref_->evidence.kink_effect, oracle::abs_differences(spec_, evidence_reference(), run));
       }
     }
     return true;
@@ -1081,25 +1247,26 @@ class CaseRun {
   /// element (the coarse estimate: one FP8 ulp anywhere), four of them, drawn once.
   std::optional<oracle::CaseBounds> repeat_call_bounds(const std::map<std::string, at::Tensor>& expected) {
     if (!quantizes_ || spec_.repeat_calls.empty()) return std::nullopt;
-    if (!coarse_evidence_) {
-      coarse_evidence_ = evidence_;
-      coarse_evidence_->sensitivity.clear();
+    if (!ref_->coarse_evidence) {
+      ref_->coarse_evidence = ref_->evidence;
+      ref_->coarse_evidence->sensitivity.clear();
       std::vector<at::Tensor> windows;
       std::vector<at::Tensor> reference;
-      std::swap(windows, fp8_windows_);
-      std::swap(reference, fp8_reference_);
+      std::swap(windows, ref_->fp8_windows);
+      std::swap(reference, ref_->fp8_reference);
       const double u = harness::unit_roundoff(dtype_);
       for (int k = 0; k < 4; ++k) {
         const PathRun run = reference_run(perturbed(u, sample_generator_), dtype_, nullptr, &sample_generator_);
         if (run.ok()) {
-          oracle::accumulate_max(coarse_evidence_->sensitivity,
+          oracle::accumulate_max(ref_->coarse_evidence->sensitivity,
                                  oracle::abs_differences(spec_, evidence_reference(), run));
         }
       }
-      std::swap(windows, fp8_windows_);
-      std::swap(reference, fp8_reference_);
+      std::swap(windows, ref_->fp8_windows);
+      std::swap(reference, ref_->fp8_reference);
     }
-    return uniform_allowance(oracle::evidence_bounds(dtype_, context_, expected, *coarse_evidence_, options_.rounding));
+    return uniform_allowance(
+        oracle::evidence_bounds(dtype_, context_, expected, *ref_->coarse_evidence, options_.rounding));
   }
 
   /// FP8 rounding boundaries are the quantizer's kinks. The scaled values of the float64
@@ -1116,10 +1283,10 @@ class CaseRun {
   /// the reference's codes and move only the elements within their window. On a backend
   /// whose FP8 is not the reference's bit for bit (capabilities.fp8_reference_exact), or without a match
   /// (another number of quantizations, a shape that differs) samples round their own values
-  /// and move every element (fp8_windows_ empty).
+  /// and move every element (ref_->fp8_windows empty).
   void set_fp8_windows(const std::vector<at::Tensor>& baseline_scaled) {
-    fp8_windows_.clear();
-    fp8_reference_.clear();
+    ref_->fp8_windows.clear();
+    ref_->fp8_reference.clear();
     if (!backend_.capabilities().fp8_reference_exact) return;
     std::vector<at::Tensor> reference_scaled;
     const PathRun reference = reference_run(prepared_.tensors, at::kDouble, nullptr, nullptr, &reference_scaled);
@@ -1149,8 +1316,8 @@ class CaseRun {
       windows.push_back(window.cpu());
       reference_scaled[i] = r.cpu();
     }
-    fp8_windows_ = std::move(windows);
-    fp8_reference_ = std::move(reference_scaled);
+    ref_->fp8_windows = std::move(windows);
+    ref_->fp8_reference = std::move(reference_scaled);
   }
 
   /// The float64 reference on the case's values with every FP8 GEMM giving what `mode` says
@@ -1203,9 +1370,9 @@ class CaseRun {
   void check_finite_differences_stage() {
     // A quantizing case's gradient is deliberately not the derivative of its value (the
     // quantizers pass gradients straight through): nothing for central differences to check.
-    if (!options_.finite_differences || dtype_ != at::kDouble || !reference_.ok() || quantizes_) return;
+    if (!options_.finite_differences || dtype_ != at::kDouble || !ref_->reference.ok() || quantizes_) return;
     try {
-      check_finite_differences(spec_, prepared_.tensors, reference_, prepared_.reference_ops,
+      check_finite_differences(spec_, prepared_.tensors, ref_->reference, prepared_.reference_ops,
                                options_.finite_difference, prepared_.generator, result_.findings, notes_);
     } catch (const gradfuzz::Error& e) {
       notes_.push_back(std::string("finite differences: reference forward raised ") + e.what());
@@ -1246,8 +1413,8 @@ class CaseRun {
     for (const auto& r : wide_runs) {
       if (!r.ok()) continue;
       ran.insert(r.name);
-      compare_paths(r.name + "~reference", spec_, reference_, r, {case_tolerance(wide_type, context_), {}}, comparer,
-                    all_channels());
+      compare_paths(r.name + "~reference", spec_, set_of(r.name).reference, r,
+                    {case_tolerance(wide_type, context_), {}}, comparer, all_channels());
     }
     std::set<std::pair<std::string, std::string>> wrong;
     for (const auto& f : wide_findings) wrong.insert({f.path_pair, f.tensor});
@@ -1339,6 +1506,7 @@ class CaseRun {
       const std::string why = "gone when every op runs with in_place=0 on the same values: caused by writing in place";
       f.note = f.note.empty() ? why : f.note + "; " + why;
     }
+    for (const auto& note : set_notes_) notes_.push_back(note);
     for (const auto& note : notes_) result_.notes += (result_.notes.empty() ? "" : "; ") + note;
     result_.summarize();
     return std::move(result_);
@@ -1356,17 +1524,22 @@ class CaseRun {
   std::vector<PathRun> runs_;
   std::vector<const PathRun*> active_;
   at::Device ref_device_ = at::kCPU;
-  PathRun reference_;
-  ops::KinkProbe reference_kinks_;
-  std::vector<ops::KinkProbe::Site> baseline_kinks_;
-  at::Tensor repeat_grad_input_;
+  /// The case's float64 references, one per set of quantization points its paths have
+  /// (ReferenceSet): sets_[0] the basic ops' (the unfused path's, and every path's where no
+  /// fused op quantizes elsewhere), then one per other set a path's plans give. `ref_` is the
+  /// set the reference and evidence stages work on (sets_[0] outside them).
+  std::vector<std::unique_ptr<ReferenceSet>> sets_;
+  ReferenceSet* ref_ = nullptr;
+  /// Path name -> index into sets_ (absent: 0).
+  std::map<std::string, size_t> path_sets_;
+  /// What each further reference set is, for the case's notes.
+  std::vector<std::string> set_notes_;
   /// Findings the in-place ablation attributes to the in-place ops (their types, joined).
   std::vector<size_t> in_place_caused_;
   std::string in_place_writers_;
-  /// The spec and float64 reference the low-precision evidence is measured against: the
-  /// case's, or with the input requiring grad when a repeat call takes its gradient.
+  /// The spec the low-precision evidence is measured against: the case's, or with the input
+  /// requiring grad when a repeat call takes its gradient (decided by sets_[0]).
   CaseSpec evidence_spec_;
-  std::optional<PathRun> evidence_reference_;
   at::Generator sample_generator_;
   at::Generator noise_generator_;
   /// FP8 quantization of the reference (ops/quantization.h): the case's recipe, parsed, and
@@ -1374,15 +1547,6 @@ class CaseRun {
   /// input in FP8).
   std::optional<ops::QuantRecipe> recipe_;
   bool quantizes_ = false;
-  /// The quantization state of the reference's calls in order (delayed scaling: call k's
-  /// scales come from calls 1..k-1), and per repeat call its own reference run.
-  std::unique_ptr<ops::ReferenceQuantization> call_quantization_;
-  /// Per quantization of a reference evaluation: the jitter window (set_fp8_windows).
-  std::vector<at::Tensor> fp8_windows_;
-  std::vector<at::Tensor> fp8_reference_;
-  /// The evidence of repeat_call_bounds, once drawn.
-  std::optional<oracle::RoundingEvidence> coarse_evidence_;
-  std::vector<PathRun> repeat_references_;
   /// A distributed case's layouts (harness/sharding.h); the paths come back assembled.
   std::optional<harness::ShardingPlan> sharding_;
   oracle::RoundingEvidence evidence_;

@@ -438,7 +438,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
     _functional_backward; docs/BACKENDS.md "Where te.ops quantizes")."""
 
     @staticmethod
-    def forward(ctx, x, weight, quantizers):
+    def forward(ctx, x, weight, quantizers, alpha=None):
         qx = quantizers.input(x)
         qw = quantizers.weight(weight)
         # x [rows, in] · W^T [in, out] -> y [rows, out]
@@ -452,6 +452,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             ctx.qx, ctx.qw = qx, qw
         ctx.quantizers = quantizers
         ctx.dtypes = (x.dtype, weight.dtype)
+        ctx.alpha = alpha
         return y.to(x.dtype)
 
     @staticmethod
@@ -470,11 +471,20 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dy = grad_output.to(torch.float64)
             grad_input = dy @ w.to(torch.float64)
             grad_weight = dy.t() @ x.to(torch.float64)
-        return grad_input.to(x_dtype), grad_weight.to(w_dtype), None
+        if ctx.alpha is not None:
+            grad_input, grad_weight = backward_gemm_alpha(grad_input, grad_weight, ctx.alpha)
+        return grad_input.to(x_dtype), grad_weight.to(w_dtype), None, None
 
 
-def quantized_linear(x, weight, quantizers):
-    return QuantizedLinearFunction.apply(x, weight, quantizers)
+def backward_gemm_alpha(grad_input, grad_weight, alpha):
+    """The dgrad and wgrad GEMMs' results with their alpha (TE's general_gemm alpha, applied
+    to the accumulator before the output is rounded): BackwardLinearScale's scale."""
+    return grad_input * alpha, grad_weight * alpha
+
+
+def quantized_linear(x, weight, quantizers, alpha=None):
+    """`alpha`: the backward GEMMs' alpha of a fused BackwardLinearScale (None: unfused)."""
+    return QuantizedLinearFunction.apply(x, weight, quantizers, alpha)
 
 
 def cached_input_activation(fn, x):
@@ -504,6 +514,9 @@ class OpQuantization:
             self.linear = [LinearQuantizers(recipe) for _ in range(int(attrs.get("groups", 2)))]
         if name in CACHED_INPUT_OPS and float(attrs.get("cache_quantized_input", 0)) == 1.0:
             self.cache_input = True
+        # Set by the torch runtime's fuser where a BackwardLinearScale fused this Linear with
+        # the ConstantScale after it: that scale, the alpha of its backward GEMMs.
+        self.backward_alpha = None
 
     @property
     def active(self):
@@ -519,6 +532,7 @@ class OpQuantization:
             return None
         alone = OpQuantization.__new__(OpQuantization)
         alone.name, alone.linear, alone.cache_input = self.name, [], True
+        alone.backward_alpha = None
         return alone
 
     def quantizers(self, backward):
@@ -531,7 +545,7 @@ class OpQuantization:
     def apply(self, x, extras, params, attrs):
         name = self.name
         if name == "Linear":
-            return quantized_linear(x, params[0], self.linear[0]), ()
+            return quantized_linear(x, params[0], self.linear[0], self.backward_alpha), ()
         if name == "GroupedLinear":
             return self._grouped_linear(x, extras, params, attrs), ()
         if self.cache_input:

@@ -1,13 +1,16 @@
-"""The torch backend: every case on torch_runtime (plain PyTorch eager, no fusion).
+"""The torch backend: every case on torch_runtime (plain PyTorch eager).
 
 A third, independent implementation of the catalog and of the repaired runtime semantics,
-on the CPU and, where present, CUDA. Its capability "fusions" is empty, so its fused and
-unfused paths are the same computation (the unfused one is skipped when asked to be).
+on the CPU and, where present, CUDA. Its one fusion, BackwardLinearScale, fires only under
+an FP8 recipe (an emulation of TE's fused op, which quantizes the Linear's gradient before
+the ConstantScale's scale: torch_runtime.FUSIONS); elsewhere its fused and unfused paths
+are the same computation (the unfused one is skipped when asked to be).
 A case's FP8 recipe (and cache_quantized_input) runs on recipes.py's emulation: the ops it
 quantizes carry a recipes.OpQuantization, and the delayed-scaling histories live in the
 ops, so they persist across the calls of one Sequential.
 """
 
+import contextlib
 import os
 import platform
 
@@ -17,7 +20,7 @@ from . import catalog, faults, recipes, torch_parallel
 from .driver import Builder, run_paths, torch_writer_scope
 from .errors import GradfuzzError
 from .torch_faults import FAULTS
-from .torch_runtime import BasicOp, Boundary, Sequential
+from .torch_runtime import FUSIONS, BasicOp, Boundary, Sequential
 
 
 class TorchBuilder(Builder):
@@ -25,6 +28,15 @@ class TorchBuilder(Builder):
 
     def __init__(self):
         self.recipe = None  # the running case's recipes.Recipe, set by TorchBackend.run
+        self.fusions = ()  # the running path's fusions (fusion_scope)
+
+    @contextlib.contextmanager
+    def fusion_scope(self, fusions):
+        previous, self.fusions = self.fusions, tuple(f for f in fusions if f in FUSIONS)
+        try:
+            yield
+        finally:
+            self.fusions = previous
 
     def device(self, case):
         if self.recipe is not None and not recipes.RECIPES[self.recipe.name].emulated:
@@ -81,7 +93,7 @@ class TorchBuilder(Builder):
         return op.locked
 
     def make_sequential(self, modules):
-        return Sequential(*modules)
+        return Sequential(*modules, fusions=self.fusions)
 
     def forward(self, seq, x, extras):
         out = seq(x, *extras)
@@ -118,7 +130,7 @@ class TorchBuilder(Builder):
                 {"name": op.name, "begin": index, "end": index + 1, "fused": False}
                 for op, index in zip(fuser.ops, members)
             ]
-            out.append({"forward": groups, "backward": list(groups)})
+            out.append({"forward": groups, "backward": fuser.backward_plan(members)})
         return out
 
     def classify(self, exc):
@@ -188,7 +200,14 @@ class TorchBackend:
                 "devices": devices,
                 "dtypes": ["float64", "float32", "bfloat16", "float16"],
                 "ops": ops,
-                "fusions": [],
+                "fusions": [
+                    {
+                        "name": name,
+                        "pass": pass_name,
+                        "implementation": "gradfuzz_adapter.recipes.quantized_linear",
+                    }
+                    for name, pass_name in FUSIONS.items()
+                ],
                 "deviations": [],
                 "recipes": recipe_capabilities(),
                 # recipes.py casts and scales as the C++ reference does (ops/quantization.cc).

@@ -54,12 +54,22 @@ def _transposed_copy_rowwise(original):
 def _dgrad_scaled_down(original):
     def make(backward):
         def faulty(ctx, grad_output):
-            grad_input, grad_weight, rest = backward(ctx, grad_output)
-            return grad_input * _GRAD_SCALE, grad_weight, rest
+            grad_input, grad_weight, *rest = backward(ctx, grad_output)
+            return grad_input * _GRAD_SCALE, grad_weight, *rest
 
         return faulty
 
     return wrap(original, make)
+
+
+def _alpha_dropped(original):
+    """backward_gemm_alpha that returns the GEMMs' results without their alpha: a fused
+    BackwardLinearScale loses the ConstantScale's factor from both gradients."""
+
+    def backward_gemm_alpha(grad_input, grad_weight, alpha):
+        return grad_input, grad_weight
+
+    return backward_gemm_alpha
 
 
 def _forward_scale_with_e5m2_max(original):
@@ -172,6 +182,14 @@ FAULTS = {
             "of NVIDIA/TransformerEngine#3342's error)",
             "gradfuzz_adapter.recipes.QuantizedLinearFunction.backward",
             _dgrad_scaled_down,
+        ),
+        Fault(
+            "torch-backward-linear-scale-alpha-dropped",
+            "The fused BackwardLinearScale runs its dgrad and wgrad GEMMs without their alpha "
+            "(the ConstantScale's scale), so both gradients of its Linear, and everything "
+            "upstream, miss that factor while the forward stays right",
+            "gradfuzz_adapter.recipes.backward_gemm_alpha",
+            _alpha_dropped,
         ),
         Fault(
             "torch-delayed-forward-scale-e5m2-max",

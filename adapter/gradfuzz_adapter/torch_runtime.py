@@ -1,5 +1,10 @@
 """The torch backend's runtime: the repaired channel semantics of
-../shared/spec/runtime.md on plain PyTorch eager autograd (no fusion, no custom autograd).
+../shared/spec/runtime.md on plain PyTorch eager autograd (no custom autograd).
+
+One fusion, under an FP8 recipe only: TE's BackwardLinearScale (a quantized Linear and the
+ConstantScale after it; te.ops fused/backward_linear_scale.py): the Linear's backward GEMMs
+quantize the unscaled gradient and apply the scale as their alpha, the ConstantScale's
+backward passes the gradient through (FUSIONS; a Sequential made with it enabled).
 
 Ops are small classes with forward(x, extra_inputs) -> (y, extra_outputs) over the catalog
 functions; channels are bound with the setters of runtime.md section 2 (validation order
@@ -11,7 +16,7 @@ locks. Embedded in exported torch scripts after errors.py and catalog.py.
 
 import torch
 
-from .catalog import apply, param_shapes, slot_kinds, validate
+from .catalog import apply, attr_real, param_shapes, slot_kinds, validate
 from .errors import (
     DuplicateProducerError,
     ExtraCountError,
@@ -59,6 +64,10 @@ class BasicOp:
         # recipes.OpQuantization under a case's FP8 recipe (or cache_quantized_input), set
         # by whoever builds the op; None: the catalog's math as it is.
         self.quantization = None
+        # Set by a fuser whose fused op applies this op's factor to the gradient elsewhere
+        # (the ConstantScale of a BackwardLinearScale): the value as it is, the gradient
+        # passed through unchanged.
+        self.gradient_passthrough = False
 
     # -- runtime.md section 1: the op's math
 
@@ -67,6 +76,8 @@ class BasicOp:
             y, outs = self.quantization.apply(x, list(extra_inputs), self.params, self.attrs)
         else:
             y, outs = apply(self.name, x, list(extra_inputs), self.params, self.attrs)
+        if self.gradient_passthrough:
+            y = y.detach() + (x - x.detach())
         if self.output_style == "generator":
             return y, (t for t in outs)
         return y, tuple(outs)
@@ -134,14 +145,53 @@ def _slot(ops, op, slot, direction):
     return f"{ops[op].name} (op {op}) extra {direction} slot {slot}"
 
 
+# The fusions this runtime implements, by name (capabilities.fusions): their pass.
+FUSIONS = {"BackwardLinearScale": "backward"}
+
+
+def _linear_scale_pairs(ops):
+    """Local index pairs (i, i + 1) that BackwardLinearScale fuses, left to right, as TE's
+    fuse_backward_ops window scan does: a Linear quantized under a recipe (recipes.
+    OpQuantization with quantizers; not tensor-parallel: the torch backend's ranks do not
+    fuse) and the ConstantScale after it."""
+    pairs = []
+    i = 0
+    while i + 1 < len(ops):
+        linear, scale = ops[i], ops[i + 1]
+        fusable = (
+            linear.name == "Linear"
+            and scale.name == "ConstantScale"
+            and float(linear.attrs.get("tensor_parallel_mode", 0)) == 0
+            and linear.quantization is not None
+            and bool(linear.quantization.linear)
+        )
+        if fusable:
+            pairs.append((i, i + 1))
+            i += 2
+        else:
+            i += 1
+    return pairs
+
+
 class Fuser:
     """Routing tables of runtime.md section 3, built (and validated) at construction; a
     persistent fuser locks its ops. forward() follows sections 6 and 7; autograd does the
     backward of section 8, so channel gradients sum by construction and no gradient is
-    ever written in place."""
+    ever written in place. `fusions`: the enabled names of FUSIONS (backward_groups)."""
 
-    def __init__(self, ops, *, persistent=True):
+    def __init__(self, ops, *, persistent=True, fusions=()):
         self.ops = list(ops)
+        # BackwardLinearScale's pairs: the Linear's backward GEMMs take the scale as alpha,
+        # the ConstantScale passes its gradient through.
+        self.backward_fused = []
+        if "BackwardLinearScale" in fusions:
+            self.backward_fused = _linear_scale_pairs(self.ops)
+            for i, j in self.backward_fused:
+                scale = self.ops[j]
+                self.ops[i].quantization.backward_alpha = attr_real(
+                    scale.name, scale.attrs, "scale", 0.5
+                )
+                scale.gradient_passthrough = True
         producers = {}
         for i, op in enumerate(self.ops):
             for s, channel in enumerate(op.output_channels):
@@ -244,13 +294,43 @@ class Fuser:
             for i, op in enumerate(self.ops)
         ]
 
+    def backward_plan(self, members):
+        """The backward groups as TE's fuser reports them, in the spec op indices `members`:
+        a fused BackwardLinearScale over its Linear and ConstantScale, one group per other op."""
+        fused = dict(self.backward_fused)
+        groups = []
+        i = 0
+        while i < len(self.ops):
+            if i in fused:
+                j = fused[i]
+                groups.append(
+                    {
+                        "name": "BackwardLinearScale",
+                        "begin": members[i],
+                        "end": members[j] + 1,
+                        "fused": True,
+                    }
+                )
+                i = j + 1
+                continue
+            groups.append(
+                {
+                    "name": self.ops[i].name,
+                    "begin": members[i],
+                    "end": members[i] + 1,
+                    "fused": False,
+                }
+            )
+            i += 1
+        return groups
+
 
 class Sequential:
     """Maximal runs of BasicOps become one fuser each; anything else is a plain module.
     Construction validates every fuser first and locks only when all are valid; channels
     never cross a boundary (missing-producer at construction)."""
 
-    def __init__(self, *modules):
+    def __init__(self, *modules, fusions=()):
         self.modules = list(modules)
         runs, current = [], None
         for m in self.modules:
@@ -261,7 +341,7 @@ class Sequential:
                 current.append(m)
             else:
                 current = None
-        self.fusers = [Fuser(run, persistent=False) for run in runs]
+        self.fusers = [Fuser(run, persistent=False, fusions=fusions) for run in runs]
         for fuser in self.fusers:
             for op in fuser.ops:
                 op.locked = True

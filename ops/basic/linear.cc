@@ -149,7 +149,14 @@ BackwardResult ConstantScale::backward_impl(OpContext& /*ctx*/, const at::Tensor
 
 ReferenceResult ConstantScale::reference_impl(const at::Tensor& input, const std::vector<at::Tensor>& /*extra_inputs*/,
                                               const std::vector<at::Tensor>& /*params*/) const {
-  return {at::mul(input, at::scalar_tensor(scale_, input.options())), {}};
+  const at::Tensor value = at::mul(input, at::scalar_tensor(scale_, input.options()));
+  // A fused op applies the scale to the gradient elsewhere (QuantizationPoints: TE's
+  // BackwardLinearScale, as the previous Linear's GEMM alpha): the gradient passes through.
+  const ReferenceQuantization* quantization = reference_quantization();
+  if (quantization != nullptr && quantization->gradient_passthrough(quantization->current_op())) {
+    return {value_with_gradient_of(value, input), {}};
+  }
+  return {value, {}};
 }
 
 // ---------------------------------------------------------------------------------------

@@ -210,6 +210,52 @@ TEST_F(TorchBackend, UnderEachRecipeFp8RoundingPassesAndAGradientScaledBy2ToTheM
   }
 }
 
+// TE's fused BackwardLinearScale (te.ops fused/backward_linear_scale.py) quantizes the
+// Linear's unscaled gradient and applies the ConstantScale's scale as the dgrad and wgrad
+// GEMMs' alpha; the torch backend emulates it under a recipe and reports the fused group as
+// TE's fuser does. Under DelayedScaling (scale 1 at call 1, then the history's) and block
+// scaling (power-of-2 scales) a scale of 1.5 moves the gradient to another FP8 grid than the
+// unfused order's, so the fused path is judged against a reference with its own quantization
+// point (runner/quantization_points.h): it passes, and the same emulation with the alpha
+// dropped fails. Judged against the unfused reference, these clean cases fail.
+TEST_F(TorchBackend, BackwardLinearScaleIsJudgedAtItsOwnQuantizationPoint) {
+  WorkerPool pool(torch_pool_options(120));
+  const std::vector<harness::RecipeSpec> recipes = {{"DelayedScaling", "HYBRID", {{"amax_history_len", "2"}}},
+                                                    {"Float8BlockScaling", "HYBRID", {}}};
+  for (const auto& recipe : recipes) {
+    for (const std::string dtype : {"float32", "bfloat16"}) {
+      SCOPED_TRACE(recipe.name + " " + dtype);
+      harness::CaseSpec spec;
+      spec.ops = {harness::OpSpec{"Linear", {{"out", 48}}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+                  harness::OpSpec{"ConstantScale", {{"scale", 1.5}}, {}, {}, ops::OutputStyle::kVector, {}, {}}};
+      spec.input_shape = {32, 64};
+      spec.dtype = dtype;
+      spec.recipe = recipe;
+      spec.fusions = {"BackwardLinearScale"};
+      spec.repeat_calls = {harness::RepeatCall{}};
+      for (const uint64_t seed : {1u, 2u, 3u}) {
+        SCOPED_TRACE(seed);
+        spec.seed = seed;
+        const harness::CaseResult clean = pool.run_now(spec, "");
+        EXPECT_EQ(clean.verdict, harness::VerdictKind::kPass) << clean;
+        EXPECT_THAT(clean.fusions_fired, ::testing::Contains("BackwardLinearScale")) << clean;
+        EXPECT_THAT(clean.features, ::testing::Contains("fused_quantization_points")) << clean;
+        const harness::CaseResult dropped = pool.run_now(spec, "torch-backward-linear-scale-alpha-dropped");
+        ASSERT_EQ(dropped.verdict, harness::VerdictKind::kMismatch) << dropped;
+        bool fused_grad = false;
+        for (const auto& f : dropped.findings) {
+          if (f.path_pair == "fused~reference" && (f.tensor == "grad_input" || f.role == "grad_param")) {
+            fused_grad = true;
+          }
+          // The unfused path has no fused op: nothing of it may fail.
+          EXPECT_EQ(f.path_pair.rfind("unfused", 0), std::string::npos) << f.path_pair;
+        }
+        EXPECT_TRUE(fused_grad) << dropped;
+      }
+    }
+  }
+}
+
 // Issue 14's CPU acceptance: every planted fault of the recipe emulation is found by the
 // default selftest within 2000 cases, shrunk, failing on replay with the fault and passing
 // without (the DelayedScaling one under that recipe: it shows from a repeat call on).
@@ -219,7 +265,8 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
     std::string recipe;
   };
   const std::vector<Stage> stages = {{"torch-fp8-e5m2-grad-read-as-e4m3,torch-fp8-scale-inv-applied-twice,"
-                                      "torch-fp8-transposed-copy-read-rowwise,torch-fp8-dgrad-scaled-down",
+                                      "torch-fp8-transposed-copy-read-rowwise,torch-fp8-dgrad-scaled-down,"
+                                      "torch-backward-linear-scale-alpha-dropped",
                                       "any"},
                                      {"torch-delayed-forward-scale-e5m2-max", "DelayedScaling"}};
   int64_t faults = 0;
@@ -257,7 +304,7 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
       EXPECT_LE(e["cases_to_detect"].get<int64_t>(), 2000) << e.dump();
     }
   }
-  EXPECT_EQ(faults, 5);
+  EXPECT_EQ(faults, 6);
 }
 
 }  // namespace

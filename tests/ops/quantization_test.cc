@@ -421,6 +421,122 @@ TEST(Fp8Linear, HybridQuantizesTheGradientInE5M2) {
   expect_gemm_close(e4m3.dx, hand_qdq(e4m3.g, Fp8Format::kE4M3, Groups::kTensor, false).mm(w), "E4M3 dgrad");
 }
 
+// ---------------------------------------------------------------------------------------
+// Per-path quantization points (TE's BackwardLinearScale)
+
+/// Linear [in 4 -> out 3] -> ConstantScale(`scale`) under `r`, with `points` (the basic ops'
+/// when empty): forward and backward of the cotangent g; the quantization kept for its state.
+struct LinearScaleRun {
+  at::Tensor x, w, g, y, dx, dw;
+  std::unique_ptr<ReferenceQuantization> quantization;
+};
+
+LinearScaleRun run_linear_scale(const QuantRecipe& r, double scale, const QuantizationPoints& points, uint64_t seed) {
+  at::Generator gen = make_generator(seed);
+  auto linear = std::make_shared<Linear>(LinearOptions(4, 3), test_options());
+  auto scaled = std::make_shared<ConstantScale>(scale);
+  Sequential seq({linear, scaled}, FusionRegistry{});
+  LinearScaleRun run;
+  run.x = seeded_randn({5, 4}, gen, at::kDouble, true);
+  run.g = cpu(seeded_randn({5, 3}, gen));
+  run.w = cpu(linear->weight());
+  run.quantization = std::make_unique<ReferenceQuantization>(r);
+  run.quantization->set_points(points);
+  ReferenceEvaluator ref(seq);
+  ref.set_quantization(run.quantization.get());
+  run.y = cpu(ref.forward(run.x, {})[0]);
+  const ReferenceGradients grads = ref.backward({run.g});
+  run.dx = cpu(grads.grad_input);
+  run.dw = cpu(grads.grad_params[0][0]);
+  run.x = cpu(run.x);
+  return run;
+}
+
+QuantizationPoints linear_scale_points(double scale) {
+  QuantizationPoints points;
+  points.backward_gemm_alpha[0] = scale;
+  points.gradient_passthrough.insert(1);
+  return points;
+}
+
+// TE's fused BackwardLinearScale quantizes the unscaled gradient and applies the scale as
+// the dgrad and wgrad GEMMs' alpha: dx = s dq(Qg(dy)) · dq(Qw(W)), dW = s dq(Qg(dy))ᵀ ·
+// dq(Qi(x)); unfused, the Linear quantizes s·dy. DelayedScaling's first call quantizes at
+// scale 1, so with s = 1.5 the two land on different E5M2 grids; the histories record the
+// amax each quantizer saw.
+TEST(Fp8QuantizationPoints, BackwardLinearScaleQuantizesTheUnscaledGradientAndAppliesTheScaleAsAlpha) {
+  const double s = 1.5;
+  const QuantRecipe delayed = recipe("DelayedScaling", "HYBRID", {{"amax_history_len", "2"}});
+  const LinearScaleRun fused = run_linear_scale(delayed, s, linear_scale_points(s), 311);
+  const LinearScaleRun unfused = run_linear_scale(delayed, s, {}, 311);
+  const at::Tensor xq = hand_qdq(fused.x, Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+  const at::Tensor wq = hand_qdq(fused.w, Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+  const at::Tensor gq = hand_qdq(fused.g, Fp8Format::kE5M2, Groups::kTensor, false, 1.0F);
+  const at::Tensor sgq = hand_qdq(s * fused.g, Fp8Format::kE5M2, Groups::kTensor, false, 1.0F);
+  // The forward is the same computation in both.
+  EXPECT_TRUE(fused.y.equal(unfused.y));
+  expect_gemm_close(fused.y, s * xq.mm(wq.t()), "forward");
+  expect_gemm_close(fused.dx, s * gq.mm(wq), "fused dgrad");
+  expect_gemm_close(fused.dw, s * gq.t().mm(xq), "fused wgrad");
+  expect_gemm_close(unfused.dx, sgq.mm(wq), "unfused dgrad");
+  expect_gemm_close(unfused.dw, sgq.t().mm(xq), "unfused wgrad");
+  // Different FP8 grids: the gradients differ by FP8 rounding (not by a factor).
+  EXPECT_FALSE(fused.dx.allclose(unfused.dx, 1e-9, 0));
+  EXPECT_TRUE(fused.dx.allclose(unfused.dx, 0.25, 0.25 * unfused.dx.abs().max().item<double>()));
+  // The grad_output history holds the unscaled gradient's amax where the fused op ran (the
+  // update rolled it to slot 1), the scaled one's unfused; its scale follows.
+  const float amax = fused.g.abs().max().item<float>();
+  const float scaled_amax = (s * fused.g).abs().max().item<float>();
+  EXPECT_EQ(fused.quantization->amax_history(0, QuantRole::kGradOutput)[1], amax);
+  EXPECT_EQ(unfused.quantization->amax_history(0, QuantRole::kGradOutput)[1], scaled_amax);
+  EXPECT_EQ(fused.quantization->delayed_scale(0, QuantRole::kGradOutput), 57344.0F / amax);
+  EXPECT_EQ(unfused.quantization->delayed_scale(0, QuantRole::kGradOutput), 57344.0F / scaled_amax);
+}
+
+// Float8BlockScaling's power-of-2 scales do not cancel a scale of 1.5 either; current
+// scaling's fp32 scales do (up to the scale's fp32 rounding); with backward_override the
+// fused op's alpha applies to an unquantized GEMM, the same math as unfused.
+TEST(Fp8QuantizationPoints, WhereTheScaleCancelsAndWhereItDoesNot) {
+  const double s = 1.5;
+  const auto both = [&](const QuantRecipe& r) {
+    return std::make_pair(run_linear_scale(r, s, linear_scale_points(s), 312), run_linear_scale(r, s, {}, 312));
+  };
+  {
+    const auto [fused, unfused] = both(recipe("Float8BlockScaling", "HYBRID"));
+    const at::Tensor wc = hand_qdq(fused.w, Fp8Format::kE4M3, Groups::kTensor, true);  // W 2D: one tile
+    expect_gemm_close(fused.dx, s * hand_qdq(fused.g, Fp8Format::kE5M2, Groups::kRows, true).mm(wc), "block dgrad");
+    EXPECT_FALSE(fused.dx.allclose(unfused.dx, 1e-9, 0));
+  }
+  {
+    const auto [fused, unfused] = both(recipe("Float8CurrentScaling", "HYBRID"));
+    EXPECT_TRUE(fused.dx.allclose(unfused.dx, 1e-6, 0));
+    EXPECT_TRUE(fused.dw.allclose(unfused.dw, 1e-6, 0));
+  }
+  for (const char* override_value : {"high_precision", "dequantized"}) {
+    const auto [fused, unfused] =
+        both(recipe("Float8CurrentScaling", "HYBRID", {{"backward_override", override_value}}));
+    expect_gemm_close(fused.dx, unfused.dx, override_value);
+    expect_gemm_close(fused.dw, unfused.dw, override_value);
+  }
+}
+
+TEST(Fp8QuantizationPoints, NeedARecipeAndDescribeThemselves) {
+  const QuantizationPoints points = linear_scale_points(1.5);
+  EXPECT_EQ(points.describe(), "op 0: backward GEMMs alpha 1.5; op 1: gradient passed through");
+  EXPECT_EQ(QuantizationPoints{}.describe(), "the basic ops'");
+  EXPECT_TRUE(QuantizationPoints{}.empty());
+  EXPECT_NE(points, QuantizationPoints{});
+  ReferenceQuantization none;
+  EXPECT_THAT(error_message([&] { none.set_points(points); }), HasSubstr("need a recipe"));
+  none.set_points({});  // the basic ops' points need none
+  ReferenceQuantization with(recipe("DelayedScaling", "HYBRID"));
+  with.set_points(points);
+  EXPECT_EQ(with.backward_gemm_alpha(0), 1.5);
+  EXPECT_EQ(with.backward_gemm_alpha(1), 1.0);
+  EXPECT_TRUE(with.gradient_passthrough(1));
+  EXPECT_FALSE(with.gradient_passthrough(0));
+}
+
 TEST(Fp8Linear, BackwardOverrideHighPrecisionAndDequantized) {
   for (const char* name : {"Float8CurrentScaling", "Float8BlockScaling"}) {
     const bool block = std::string(name) == "Float8BlockScaling";
