@@ -13,6 +13,8 @@
 
 namespace gradfuzz::ops {
 
+struct QuantRecipe;  // ops/quantization.h
+
 /// Result of a fused-path forward: main output and the extra outputs (either style).
 struct ForwardResult {
   at::Tensor output;
@@ -58,6 +60,12 @@ class BasicOp : public std::enable_shared_from_this<BasicOp> {
   /// Whether the fused-path forward writes into extra input `slot` in place; the fuser
   /// then hands it a private copy so no channel consumer or caller sees the write.
   virtual bool writes_extra_input_in_place(int64_t /*slot*/) const { return false; }
+  /// Whether, under `recipe`, TE 2.20.2 casts this op's input gradient to FP8 with the
+  /// previous op's grad_output quantizer when both are in one fuser (fuser.py:
+  /// OperationFuser forward hands every op `prev_op.get_grad_output_quantizer()`; the ops
+  /// that cast with it override this). The previous op then receives a quantized gradient
+  /// (docs/BACKENDS.md "Where te.ops quantizes").
+  virtual bool casts_grad_input_for_previous_op(const QuantRecipe& /*recipe*/) const { return false; }
 
   /// Fused-path forward. `extra_inputs` has num_extra_inputs() entries; an undefined entry
   /// is a bound slot whose producer sits in the same fused group (only fused ops see those).

@@ -519,6 +519,8 @@ struct QuantizationState {
   std::optional<at::Generator> accumulation_generator;
   /// The path's quantization points (set_points).
   QuantizationPoints points;
+  /// Whether the current op's next op casts its input gradient for it (set_next_op_casts_gradient).
+  bool next_op_casts_gradient = false;
 };
 
 }  // namespace detail
@@ -758,6 +760,10 @@ void ReferenceQuantization::set_current_op(int64_t op) { state_->current_op = op
 
 int64_t ReferenceQuantization::current_op() const { return state_->current_op; }
 
+void ReferenceQuantization::set_next_op_casts_gradient(bool casts) { state_->next_op_casts_gradient = casts; }
+
+bool ReferenceQuantization::next_op_casts_gradient() const { return state_->next_op_casts_gradient; }
+
 QuantizedOperand ReferenceQuantization::quantize(QuantRole role, int64_t group, const at::Tensor& x) {
   return quantize_operand(*state_, QuantKey{state_->current_op, group, role}, x);
 }
@@ -897,6 +903,13 @@ at::Tensor with_accumulated_gradient(const at::Tensor& operand, const std::share
 }
 
 }  // namespace
+
+at::Tensor ReferenceQuantization::with_gradient_cast_for_next_op(const at::Tensor& t, int64_t group) {
+  const QuantRecipe& recipe = recipe_of(*state_, "a next op's gradient cast");
+  const QuantKey key{state_->current_op, group, QuantRole::kGradOutput};
+  if (recipe.kind == RecipeKind::kDelayedScaling) delayed_quantizer(*state_, key);
+  return with_quantized_gradient(t, state_, key, Copy::kRowwise);
+}
 
 at::Tensor reference_quantized_linear(const at::Tensor& input, const at::Tensor& weight_in, int64_t group) {
   ReferenceQuantization* quantization = reference_quantization();

@@ -310,6 +310,19 @@ class ReferenceQuantization {
   /// Set by the evaluator before each module: the module index the next quantizations use.
   void set_current_op(int64_t op);
   int64_t current_op() const;
+  /// Set by the evaluator before each module: whether the module after it, in the same fuser,
+  /// casts its input gradient to FP8 with this module's grad_output quantizer
+  /// (BasicOp::casts_grad_input_for_previous_op under the recipe). Every path of a case has
+  /// it alike: TE's fuser hands the previous op's quantizer to basic and fused ops the same.
+  void set_next_op_casts_gradient(bool casts);
+  bool next_op_casts_gradient() const;
+  /// `t` (the current op's output) whose incoming gradient dy reaches t's producer as
+  /// dq(Qg(dy)): the current op's grad_output quantizer of `group` over the whole tensor, the
+  /// row-wise copy (what te.ops' maybe_dequantize reads of it), recording dy's amax into that
+  /// quantizer's DelayedScaling history. The cast a next op makes for a GroupedLinear
+  /// (docs/BACKENDS.md "Where te.ops quantizes"). A view of t; t itself where it needs no
+  /// gradient. Throws InvalidArgumentError without a recipe.
+  at::Tensor with_gradient_cast_for_next_op(const at::Tensor& t, int64_t group);
 
   /// Quantizes `x` with the current op's quantizer of `role` and `group` under the recipe
   /// (delayed: its current scale, recording x's amax in history slot 0 with a max; current:

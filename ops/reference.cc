@@ -126,6 +126,16 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
         extras[s] = extra_inputs_.at(next_extra++);
       }
     }
+    if (quantization_) {
+      // The next module casts this op's gradient when it is a basic op of the same fuser (a
+      // plain module ends the fuser, and TE's fuser has no previous op at its start).
+      const auto& modules = sequential_.modules();
+      const size_t next = static_cast<size_t>(module_index) + 1;
+      const auto* next_op = next < modules.size() ? std::get_if<BasicOpPtr>(&modules[next]) : nullptr;
+      const QuantRecipe* recipe = quantization_->recipe();
+      quantization_->set_next_op_casts_gradient(recipe != nullptr && next_op != nullptr &&
+                                                (*next_op)->casts_grad_input_for_previous_op(*recipe));
+    }
     ReferenceResult result = op.reference(x, extras, params_.at(op_index++));
     for (int64_t s = 0; s < op.num_extra_outputs(); ++s) {
       const OutputBinding binding = op.extra_output_binding(s);

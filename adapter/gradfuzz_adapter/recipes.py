@@ -487,6 +487,44 @@ def quantized_linear(x, weight, quantizers, alpha=None):
     return QuantizedLinearFunction.apply(x, weight, quantizers, alpha)
 
 
+class GradientCastFunction(torch.autograd.Function):
+    """The identity forward; backward: the gradient as the next op hands it over after
+    casting it with `quantizers.grad_output` (group 0's) over the whole tensor, dequantized
+    to the gradient's dtype, the row-wise copy (TE: maybe_dequantize)."""
+
+    @staticmethod
+    def forward(ctx, y, quantizers):
+        ctx.quantizers = quantizers
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        quantizers = ctx.quantizers
+        quantizers.backward_ran = True
+        return quantizers.grad_output(grad_output).rowwise().to(grad_output.dtype), None
+
+
+def casts_grad_input_for_previous_op(name, attrs, recipe):
+    """Whether TE 2.20.2 casts op `name`'s input gradient to FP8 with the previous op's
+    grad_output quantizer under `recipe`, both in one fuser (fuser.py: the fuser hands each op
+    prev_op.get_grad_output_quantizer()): activations always (activation.py, swiglu.py:
+    op_backward; SwiGLU not with glu_interleave_size), Bias without a backward_override
+    (bias.py: op_forward drops it under one; op_backward: tex.bgrad_quantize), Linear under
+    DelayedScaling only (basic_linear.py: _functional_backward writes the dgrad GEMM's output
+    with a Float8Quantizer; current and block scaling raise there)."""
+    if recipe is None:
+        return False
+    if name in ("ReLU", "GELU", "SReLU"):
+        return True
+    if name == "SwiGLU":
+        return int(float(attrs.get("interleave", 0))) == 0
+    if name == "Bias":
+        return recipe.backward_override is None
+    if name == "Linear":
+        return recipe.name == "DelayedScaling"
+    return False
+
+
 def cached_input_activation(fn, x):
     """fn(x) whose backward evaluates fn' at the E4M3 current-scaling quantize-dequantize
     of x rounded to x's dtype (activation.py: _ActivationOperation.op_forward with
@@ -506,6 +544,7 @@ class OpQuantization:
 
     def __init__(self, name, attrs, recipe):
         self.name = name
+        self.recipe = recipe
         self.linear = []
         self.cache_input = False
         if recipe is not None and name == "Linear":
@@ -517,6 +556,9 @@ class OpQuantization:
         # Set by the torch runtime's fuser where a BackwardLinearScale fused this Linear with
         # the ConstantScale after it: that scale, the alpha of its backward GEMMs.
         self.backward_alpha = None
+        # Set by the torch runtime's fuser: whether the next op of the fuser casts this op's
+        # gradient with its grad_output quantizer (casts_grad_input_for_previous_op).
+        self.gradient_cast_by_next = False
 
     @property
     def active(self):
@@ -532,7 +574,9 @@ class OpQuantization:
             return None
         alone = OpQuantization.__new__(OpQuantization)
         alone.name, alone.linear, alone.cache_input = self.name, [], True
+        alone.recipe = None
         alone.backward_alpha = None
+        alone.gradient_cast_by_next = False
         return alone
 
     def quantizers(self, backward):
@@ -579,7 +623,16 @@ class OpQuantization:
             elif biases is not None:
                 y_g = y_g + biases[g]
             parts.append(y_g)
-        return torch.cat(parts, 0)
+        y = torch.cat(parts, 0)
+        # The next op casts the gradient with group 0's quantizer (get_grad_output_quantizer)
+        # over the whole tensor; grouped_linear.py: _fuser_backward_split_quantize dequantizes
+        # it, reduces the bias and scales gradients from that (compute_grouped_dbias_dscales)
+        # and quantizes it per group again (split_quantize). Under a backward_override the
+        # activations' cast is TE's open defect: the emulation keeps the override's gradient.
+        cast = self.gradient_cast_by_next and self.linear[0].backward_override is None
+        if cast and y.requires_grad:
+            y = GradientCastFunction.apply(y, self.linear[0])
+        return y
 
 
 # The activations with TE's cache_quantized_input: name -> fn(attrs) giving x -> y.

@@ -30,6 +30,7 @@ from .errors import (
     PublicOutputNoneError,
     SlotOutOfRangeError,
 )
+from .recipes import casts_grad_input_for_previous_op
 
 
 class BasicOp:
@@ -192,6 +193,17 @@ class Fuser:
                     scale.name, scale.attrs, "scale", 0.5
                 )
                 scale.gradient_passthrough = True
+        # TE's fuser hands each op the previous op's grad_output quantizer, in every path
+        # (fuser.py); the ops that cast their input gradient with it give the previous op an
+        # FP8 gradient (recipes.casts_grad_input_for_previous_op). The first op has none.
+        for i, op in enumerate(self.ops):
+            quantization = op.quantization
+            if quantization is None or not quantization.linear:
+                continue
+            after = self.ops[i + 1] if i + 1 < len(self.ops) else None
+            quantization.gradient_cast_by_next = after is not None and (
+                casts_grad_input_for_previous_op(after.name, after.attrs, quantization.recipe)
+            )
         producers = {}
         for i, op in enumerate(self.ops):
             for s, channel in enumerate(op.output_channels):

@@ -8,7 +8,7 @@ from helpers import run, spec
 
 from gradfuzz_adapter import catalog, recipes
 from gradfuzz_adapter.torch_backend import TorchBackend
-from gradfuzz_adapter.torch_runtime import BasicOp, Sequential
+from gradfuzz_adapter.torch_runtime import BasicOp, Boundary, Sequential
 
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
@@ -158,6 +158,48 @@ def test_quantized_linear_computes_on_the_quantized_operands():
     qdy = recipes.current_scaling_qdq(dy, "E5M2")
     assert torch.equal(dx, (qdy @ qw).float())
     assert torch.equal(dw, (qdy.t() @ qx).float())
+
+
+def _grouped_then(next_name, recipe, *, boundary=False):
+    """GroupedLinear (2 groups, in 3, out 4, scale_bias) then `next_name` (out 4) under
+    `recipe`, rows 5 split (3, 2); returns the Sequential's ops and (x, sizes, scales)."""
+    grouped_attrs = {"groups": 2.0, "out": 4.0, "bias": 1.0, "scale_bias": 1.0}
+    grouped = BasicOp("GroupedLinear", grouped_attrs, [5, 3])
+    after = BasicOp(next_name, {}, [5, 4])
+    gen = torch.Generator().manual_seed(11)
+    for op in (grouped, after):
+        with torch.no_grad():
+            for p in op.params:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+                p.requires_grad_(True)
+        op.quantization = recipes.OpQuantization(op.name, op.attrs, recipe)
+    x = torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    scales = torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)
+    modules = [grouped, Boundary(), after] if boundary else [grouped, after]
+    return Sequential(*modules), grouped, (x, torch.tensor([3, 2]), scales)
+
+
+@pytest.mark.parametrize("boundary", [False, True])
+def test_a_grouped_linears_gradient_arrives_cast_by_the_next_op(boundary):
+    # TE: Bias (like an activation) casts its input gradient with the GroupedLinear's group-0
+    # grad_output quantizer; the GroupedLinear reduces the bias and scales gradients from
+    # that and quantizes it per group again. DelayedScaling's first call: scale 1.
+    recipe = recipes.parse_recipe(
+        {"name": "DelayedScaling", "fp8_format": "HYBRID", "options": {"amax_history_len": "2"}}
+    )
+    seq, grouped, (x, sizes, scales) = _grouped_then("Bias", recipe, boundary=boundary)
+    g = torch.linspace(-1.3, 1.7, 20, dtype=torch.float64).reshape(5, 4)
+    g[:3] /= 64  # group 0's part far smaller: the whole tensor's amax is group 1's
+    y = seq(x, sizes, scales)
+    _, _, db, ds = torch.autograd.grad(y, (x, grouped.params[0], grouped.params[1], scales), g)
+    one = torch.ones((), dtype=torch.float32)
+    dy = g if boundary else recipes.quantize_dequantize(g, one, "E5M2")
+    for k, rows in enumerate((slice(0, 3), slice(3, 5))):
+        assert torch.allclose(db[k], (dy[rows] * scales[rows, None]).sum(0), rtol=1e-12, atol=0)
+        assert torch.allclose(ds[rows], dy[rows] @ grouped.params[1][k], rtol=1e-12, atol=0)
+    group0 = grouped.quantization.linear[0].grad_output
+    expected_amax = g[:3].abs().max() if boundary else g.abs().max()
+    assert group0.history[0].item() == pytest.approx(expected_amax.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("override", ["high_precision", "dequantized"])

@@ -223,6 +223,8 @@ void Activation::save_context(OpContext& ctx, const at::Tensor& input) const {
   ctx.saved_sizes.clear();
 }
 
+bool Activation::casts_grad_input_for_previous_op(const QuantRecipe& /*recipe*/) const { return true; }
+
 ForwardResult Activation::forward_impl(OpContext& ctx, const at::Tensor& input,
                                        const std::vector<at::Tensor>& /*extra_inputs*/) const {
   save_context(ctx, input);
@@ -265,6 +267,8 @@ ReferenceResult Activation::reference_impl(const at::Tensor& input, const std::v
 SwiGLU::SwiGLU(int64_t interleave, InputCache cache) : BasicOp("SwiGLU"), interleave_(interleave), cache_(cache) {
   check_interleave(type(), interleave_);
 }
+
+bool SwiGLU::casts_grad_input_for_previous_op(const QuantRecipe& /*recipe*/) const { return interleave_ == 0; }
 
 ForwardResult SwiGLU::forward_impl(OpContext& ctx, const at::Tensor& input,
                                    const std::vector<at::Tensor>& /*extra_inputs*/) const {

@@ -64,6 +64,9 @@ class Activation : public BasicOp {
   /// Fills ctx exactly as forward_impl does (for forward-only fused ops), the input cached as
   /// this op caches it.
   void save_context(OpContext& ctx, const at::Tensor& input) const;
+  /// activation.py: _ActivationOperation.op_backward casts dx with the previous op's
+  /// grad_output quantizer, whatever the recipe's backward_override.
+  bool casts_grad_input_for_previous_op(const QuantRecipe& recipe) const override;
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();
@@ -103,6 +106,9 @@ class SwiGLU final : public BasicOp {
   explicit SwiGLU(int64_t interleave = 0, InputCache cache = InputCache::kHighPrecision);
   int64_t interleave() const { return interleave_; }
   InputCache input_cache() const { return cache_; }
+  /// swiglu.py: SwiGLU.op_backward casts dx with the previous op's grad_output quantizer,
+  /// except with glu_interleave_size (interleave > 0), where it drops the quantizer.
+  bool casts_grad_input_for_previous_op(const QuantRecipe& recipe) const override;
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();

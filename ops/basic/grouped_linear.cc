@@ -215,6 +215,23 @@ ReferenceResult GroupedLinear::reference_impl(const at::Tensor& input, const std
   // measures with jitter. (Groups whose amax is below the whole tensor's 2^-15 reach E4M3's
   // subnormals in the first rounding and lose more; the generator's values do not.)
   const bool quantized = reference_recipe() != nullptr;
+  // The gradient this op receives, when the next op casts it: TE's fuser hands the next op
+  // this op's get_grad_output_quantizer(), group 0's (ops/op.py: BasicOperation, fuser.py:
+  // OperationFuser forward); an activation's backward (activation.py, swiglu.py: op_backward),
+  // Bias (bias.py: op_backward) or a DelayedScaling Linear's dgrad GEMM
+  // (basic_linear.py: _functional_backward) writes its input gradient in FP8 with it, over the
+  // whole tensor. _fuser_backward_split_quantize then dequantizes it (maybe_dequantize),
+  // reduces the bias and scales gradients from that (compute_grouped_dbias_dscales,
+  // compute_grouped_dbias) and quantizes it per group again for its GEMMs (split_quantize).
+  // No TE fusion changes this on the H200 (BackwardActivationBias over Bias -> GELU/ReLU casts
+  // with the same quantizer; the grouped MLP fusions need MXFP8 or NVFP4; the grouped-tensor
+  // path needs cuBLASLt >= 13.4), so every path gets it. Here dy is dq(Q_0(dy)) for everything
+  // below (bias, scales and each group's GEMMs, which quantize their part once more).
+  // Under a backward_override TE's activations still cast (an open TE defect, known:
+  // te-activation-quantizes-grad-under-backward-override-*); the reference keeps the
+  // override's high-precision gradient, as for the rest of this op's backward.
+  const bool cast_by_next = quantized && reference_recipe()->backward_override == BackwardOverride::kNone &&
+                            reference_quantization()->next_op_casts_gradient();
   std::vector<at::Tensor> y_parts;
   for (int64_t g = 0; g < options_.groups(); ++g) {
     at::Tensor y = quantized ? reference_quantized_linear(x_parts[g], weight.select(0, g), g)
@@ -226,7 +243,9 @@ ReferenceResult GroupedLinear::reference_impl(const at::Tensor& input, const std
     }
     y_parts.push_back(y);
   }
-  return {at::cat(y_parts, 0), {}};
+  at::Tensor output = at::cat(y_parts, 0);
+  if (cast_by_next) output = reference_quantization()->with_gradient_cast_for_next_op(output, /*group=*/0);
+  return {output, {}};
 }
 
 }  // namespace gradfuzz::ops

@@ -72,6 +72,10 @@ void Linear::save_context(OpContext& ctx, const at::Tensor& input) {
   ctx.saved_sizes.clear();
 }
 
+bool Linear::casts_grad_input_for_previous_op(const QuantRecipe& recipe) const {
+  return recipe.kind == RecipeKind::kDelayedScaling;
+}
+
 ForwardResult Linear::forward_impl(OpContext& ctx, const at::Tensor& input,
                                    const std::vector<at::Tensor>& /*extra_inputs*/) const {
   detail::check_features(type(), "input", input, in_);
@@ -106,6 +110,10 @@ Bias::Bias(int64_t features, const at::TensorOptions& tensor_options) : BasicOp(
     throw InvalidArgumentError("Bias: features must be >= 1, got " + std::to_string(features_));
   }
   bias_ = detail::deterministic_param({features_}, tensor_options, detail::kParamSeed ^ 0x22, 0.5).requires_grad_(true);
+}
+
+bool Bias::casts_grad_input_for_previous_op(const QuantRecipe& recipe) const {
+  return recipe.backward_override == BackwardOverride::kNone;
 }
 
 ForwardResult Bias::forward_impl(OpContext& ctx, const at::Tensor& input,

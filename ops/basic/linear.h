@@ -62,6 +62,12 @@ class Linear final : public BasicOp {
   int64_t out_features() const { return out_; }
   /// Fills ctx exactly as forward_impl does (for forward-only fused ops).
   static void save_context(OpContext& ctx, const at::Tensor& input);
+  /// basic_linear.py: BasicLinear.op_forward keeps the previous op's grad_output quantizer as
+  /// its grad_input quantizer and _functional_backward writes the dgrad GEMM's output with
+  /// it, only under a quantized backward with a Float8Quantizer (DelayedScaling); current and
+  /// block scaling raise there instead ("Attempting to generate quantized grad input tensor
+  /// with unsupported quantizer").
+  bool casts_grad_input_for_previous_op(const QuantRecipe& recipe) const override;
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();
@@ -82,6 +88,10 @@ class Bias final : public BasicOp {
   /// Bias [n]; shares storage with the op.
   const at::Tensor& bias() const { return bias_; }
   int64_t features() const { return features_; }
+  /// bias.py: Bias.op_backward quantizes dy with the previous op's grad_output quantizer
+  /// (tex.bgrad_quantize; db from the unquantized dy), except under a backward_override,
+  /// where op_forward drops the quantizer.
+  bool casts_grad_input_for_previous_op(const QuantRecipe& recipe) const override;
 
  protected:
   GRADFUZZ_BASIC_OP_IMPL();

@@ -588,6 +588,172 @@ TEST(Fp8Linear, GroupedLinearQuantizesPerGroupAndAddsBiasInHighPrecision) {
 }
 
 // ---------------------------------------------------------------------------------------
+// A GroupedLinear whose next op casts its gradient (TE: the next op casts with group 0's
+// grad_output quantizer; grouped_linear.py: _fuser_backward_split_quantize reduces the bias
+// and scales gradients from the dequantized FP8 dy and quantizes it per group again)
+
+/// GroupedLinear [groups 2, in 3, out 4, bias, scale_bias] then `next` (nullptr: nothing after
+/// it; `boundary`: a plain module between them) under `r`, rows 5 split {3, 2}; the cotangent
+/// of group 0's rows is 1/64 of group 1's, so the whole tensor's amax is group 1's.
+struct GroupedNextRun {
+  at::Tensor x, w, b, s, g, y, dx, dw, db, ds;
+  std::unique_ptr<ReferenceQuantization> quantization;
+};
+
+GroupedNextRun run_grouped_next(const QuantRecipe& r, const BasicOpPtr& next, bool boundary, uint64_t seed) {
+  at::Generator gen = make_generator(seed);
+  auto grouped =
+      std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 3, 4).bias(true).scale_bias(true), test_options());
+  std::vector<Module> modules{BasicOpPtr(grouped)};
+  if (boundary) modules.emplace_back(make_boundary());
+  if (next) modules.emplace_back(next);
+  Sequential seq(modules, FusionRegistry{});
+  GroupedNextRun run;
+  run.x = seeded_randn({5, 3}, gen, at::kDouble, true);
+  run.s = seeded_randn({5}, gen, at::kDouble, true);
+  run.g = cpu(seeded_randn({5, 4}, gen));
+  run.g.narrow(0, 0, 3).div_(64);
+  run.w = cpu(grouped->weight());
+  run.b = cpu(grouped->bias());
+  run.quantization = std::make_unique<ReferenceQuantization>(r);
+  ReferenceEvaluator ref(seq);
+  ref.set_quantization(run.quantization.get());
+  run.y = cpu(ref.forward(run.x, {testing::int_tensor({3, 2}), run.s})[0]);
+  const ReferenceGradients grads = ref.backward({run.g});
+  run.dx = cpu(grads.grad_input);
+  run.dw = cpu(grads.grad_params[0][0]);
+  run.db = cpu(grads.grad_params[0][1]);
+  run.ds = cpu(grads.grad_extra_inputs.at(1));
+  run.x = cpu(run.x);
+  run.s = cpu(run.s);
+  return run;
+}
+
+/// What the GroupedLinear of `run` must give when the gradient reaching it is `dy` and that
+/// arrives as `dy_cast` (dy itself, or its whole-tensor quantize-dequantize): the bias and
+/// scales gradients reduced from dy_cast, each group's GEMMs on dy_cast quantized per group
+/// (`per_group`, fixed_scale as hand_qdq takes it).
+void expect_grouped_gradients(const GroupedNextRun& run, const at::Tensor& dy_cast, Fp8Format grad_format,
+                              float fixed_scale, const std::string& what) {
+  for (int64_t grp = 0; grp < 2; ++grp) {
+    const int64_t begin = grp == 0 ? 0 : 3;
+    const int64_t n = grp == 0 ? 3 : 2;
+    const at::Tensor dy_g = dy_cast.narrow(0, begin, n);
+    const at::Tensor s_g = run.s.narrow(0, begin, n);
+    const at::Tensor xq = hand_qdq(run.x.narrow(0, begin, n), Fp8Format::kE4M3, Groups::kTensor, false, fixed_scale);
+    const at::Tensor wq = hand_qdq(run.w[grp], Fp8Format::kE4M3, Groups::kTensor, false, fixed_scale);
+    const at::Tensor gq = hand_qdq(dy_g, grad_format, Groups::kTensor, false, fixed_scale);
+    const std::string where = what + ", group " + std::to_string(grp);
+    // Σ_r dy [n, out] · s [n, 1] -> db [out]; dy [n, out] · b [out] -> ds [n]
+    expect_gemm_close(run.db[grp], (dy_g * s_g.unsqueeze(1)).sum(0), (where + ": bias grad").c_str());
+    expect_gemm_close(run.ds.narrow(0, begin, n), dy_g.mv(run.b[grp]), (where + ": scales grad").c_str());
+    expect_gemm_close(run.dx.narrow(0, begin, n), gq.mm(wq), (where + ": dgrad").c_str());
+    expect_gemm_close(run.dw[grp], gq.t().mm(xq), (where + ": wgrad").c_str());
+  }
+}
+
+// The H200 false positive (tests/backends/data/te-open-grouped-dbias.json: GroupedLinear ->
+// GELU under DelayedScaling HYBRID): the bias and scales gradients come from the E5M2
+// quantize-dequantize of the whole dy at group 0's scale (1 at the first call), and group 0's
+// history records the whole tensor's amax.
+TEST(Fp8GroupedLinearGradientCast, BiasAndScalesGradientsComeFromTheCastGradientUnderDelayedScaling) {
+  const QuantRecipe delayed = recipe("DelayedScaling", "HYBRID", {{"amax_history_len", "2"}});
+  const GroupedNextRun run = run_grouped_next(delayed, std::make_shared<Bias>(4, test_options()), false, 331);
+  // Bias passes the gradient through: dy = g.
+  const at::Tensor dy_cast = hand_qdq(run.g, Fp8Format::kE5M2, Groups::kTensor, false, 1.0F);
+  expect_grouped_gradients(run, dy_cast, Fp8Format::kE5M2, 1.0F, "DelayedScaling, Bias next");
+  // Not the unquantized reduction.
+  for (int64_t grp = 0; grp < 2; ++grp) {
+    const int64_t begin = grp == 0 ? 0 : 3;
+    const int64_t n = grp == 0 ? 3 : 2;
+    const at::Tensor unquantized = (run.g.narrow(0, begin, n) * run.s.narrow(0, begin, n).unsqueeze(1)).sum(0);
+    EXPECT_FALSE(run.db[grp].allclose(unquantized, 1e-6, 1e-9)) << "group " << grp;
+  }
+  // Group 0's history (rolled once by the backward update) holds the whole tensor's amax
+  // (its cast); group 1's the amax of its part of the dequantized tensor (split_quantize).
+  const float whole = run.g.abs().max().item<float>();
+  const float part1 = dy_cast.narrow(0, 3, 2).abs().max().item<float>();
+  EXPECT_NE(whole, part1);
+  EXPECT_EQ(run.quantization->amax_history(0, QuantRole::kGradOutput, 0)[1], whole);
+  EXPECT_EQ(run.quantization->amax_history(0, QuantRole::kGradOutput, 1)[1], part1);
+  EXPECT_EQ(run.quantization->delayed_scale(0, QuantRole::kGradOutput, 0), 57344.0F / whole);
+}
+
+TEST(Fp8GroupedLinearGradientCast, GeluNextCastsWithGroupZerosQuantizer) {
+  const QuantRecipe delayed = recipe("DelayedScaling", "HYBRID");
+  const GroupedNextRun run = run_grouped_next(delayed, std::make_shared<GELU>(), false, 332);
+  // y = dq(Qi(x_g)) · dq(Qw(W_g))ᵀ + s ⊗ b_g per group (scale 1), then dy = g ⊙ gelu'(y).
+  std::vector<at::Tensor> parts;
+  for (int64_t grp = 0; grp < 2; ++grp) {
+    const int64_t begin = grp == 0 ? 0 : 3;
+    const int64_t n = grp == 0 ? 3 : 2;
+    const at::Tensor xq = hand_qdq(run.x.narrow(0, begin, n), Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+    const at::Tensor wq = hand_qdq(run.w[grp], Fp8Format::kE4M3, Groups::kTensor, false, 1.0F);
+    parts.push_back(xq.mm(wq.t()) + at::outer(run.s.narrow(0, begin, n), run.b[grp]));
+  }
+  const at::Tensor y = at::cat(parts, 0).requires_grad_(true);
+  expect_gemm_close(run.y, at::gelu(y.detach(), "tanh"), "GELU output");
+  const at::Tensor dy = torch::autograd::grad({at::gelu(y, "tanh")}, {y}, {run.g})[0].detach();
+  const at::Tensor dy_cast = hand_qdq(dy, Fp8Format::kE5M2, Groups::kTensor, false, 1.0F);
+  expect_grouped_gradients(run, dy_cast, Fp8Format::kE5M2, 1.0F, "DelayedScaling, GELU next");
+}
+
+// Under current scaling the cast takes the whole tensor's amax; each group's GEMMs then
+// quantize their part of the dequantized tensor at their own scale (a second rounding).
+TEST(Fp8GroupedLinearGradientCast, CurrentScalingCastsTheWholeTensorThenEachGroupAgain) {
+  const GroupedNextRun run =
+      run_grouped_next(recipe("Float8CurrentScaling", "HYBRID"), std::make_shared<Bias>(4, test_options()), false, 333);
+  const at::Tensor dy_cast = hand_qdq(run.g, Fp8Format::kE5M2, Groups::kTensor, false);
+  expect_grouped_gradients(run, dy_cast, Fp8Format::kE5M2, 0, "Float8CurrentScaling, Bias next");
+}
+
+// No cast: an op that does not cast (ConstantScale), a plain module between them (another
+// fuser), a Linear under current scaling (TE raises there), an activation or Bias under a
+// backward_override (Bias drops the quantizer; the activation's cast is TE's open defect and
+// the override's high-precision gradient the reference's contract).
+TEST(Fp8GroupedLinearGradientCast, NothingCastsWhereTeHandsNoQuantizerOrTheOverrideHoldsTheGradient) {
+  const QuantRecipe delayed = recipe("DelayedScaling", "HYBRID");
+  {
+    const GroupedNextRun run = run_grouped_next(delayed, std::make_shared<ConstantScale>(1.0), false, 334);
+    expect_grouped_gradients(run, run.g, Fp8Format::kE5M2, 1.0F, "ConstantScale next");
+  }
+  {
+    const GroupedNextRun run = run_grouped_next(delayed, std::make_shared<Bias>(4, test_options()), true, 335);
+    expect_grouped_gradients(run, run.g, Fp8Format::kE5M2, 1.0F, "Bias after a boundary");
+  }
+  {
+    const GroupedNextRun run = run_grouped_next(delayed, nullptr, false, 336);
+    expect_grouped_gradients(run, run.g, Fp8Format::kE5M2, 1.0F, "nothing next");
+  }
+  const QuantRecipe current = recipe("Float8CurrentScaling", "HYBRID");
+  EXPECT_FALSE(Linear(LinearOptions(4, 2)).casts_grad_input_for_previous_op(current));
+  EXPECT_TRUE(Linear(LinearOptions(4, 2)).casts_grad_input_for_previous_op(delayed));
+  const QuantRecipe high = recipe("Float8CurrentScaling", "HYBRID", {{"backward_override", "high_precision"}});
+  EXPECT_FALSE(Bias(4).casts_grad_input_for_previous_op(high));
+  EXPECT_TRUE(Bias(4).casts_grad_input_for_previous_op(current));
+  EXPECT_TRUE(GELU().casts_grad_input_for_previous_op(high));  // TE's activation casts even so
+  EXPECT_FALSE(SwiGLU(2).casts_grad_input_for_previous_op(current));
+  EXPECT_TRUE(SwiGLU(0).casts_grad_input_for_previous_op(current));
+  {
+    // Under the override the GroupedLinear's backward stays in high precision: dy = g ⊙
+    // srelu'(y), y from the quantized forward (current scaling per group), reduced as it is.
+    const GroupedNextRun run = run_grouped_next(high, std::make_shared<SReLU>(), false, 337);
+    for (int64_t grp = 0; grp < 2; ++grp) {
+      const int64_t begin = grp == 0 ? 0 : 3;
+      const int64_t n = grp == 0 ? 3 : 2;
+      const at::Tensor s_g = run.s.narrow(0, begin, n);
+      const at::Tensor xq = hand_qdq(run.x.narrow(0, begin, n), Fp8Format::kE4M3, Groups::kTensor, false);
+      const at::Tensor wq = hand_qdq(run.w[grp], Fp8Format::kE4M3, Groups::kTensor, false);
+      const at::Tensor y = xq.mm(wq.t()) + at::outer(s_g, run.b[grp]);
+      const at::Tensor dy = run.g.narrow(0, begin, n) * 2 * at::relu(y);
+      expect_gemm_close(run.db[grp], (dy * s_g.unsqueeze(1)).sum(0), "override: bias grad");
+      expect_gemm_close(run.ds.narrow(0, begin, n), dy.mv(run.b[grp]), "override: scales grad");
+      expect_gemm_close(run.dx.narrow(0, begin, n), dy.mm(run.w[grp]), "override: dgrad");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // cache_quantized_input
 
 TEST(Fp8CachedInput, ValueOfTheInputGradientAtItsQuantizeDequantize) {
