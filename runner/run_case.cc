@@ -446,29 +446,53 @@ class CaseRun {
     }
   }
 
-  /// The bounds judge_values would hold the paths to once the first check failed.
-  Expectation expectation() {
+  /// The bounds judge_values would hold the paths to once the first check failed, and the
+  /// reference's values where a script needs them; for each path of `paths` with quantization
+  /// points of its own, the same of its reference set (set_expectation).
+  Expectation expectation(const std::vector<PathRequest>& paths) {
     disable_tf32();
     Expectation out;
     if (!prepare()) return out;
+    plan_path_sets(paths);
     run_reference();
     if (!ref_->reference.ok()) return out;
-    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
-    out.bounds = dtype_ == at::kDouble || !gather_evidence()
-                     ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
-                     : oracle::evidence_bounds(dtype_, context_, expected, ref_->evidence, options_.rounding);
     out.quantized = quantizes_;
     // The reference's own values go with a quantizing case (a script cannot recompute the FP8
     // reference) and with a distributed one (its script compares the ranks' results, put
     // together, with them).
-    if (!quantizes_ && !harness::is_distributed(spec_)) return out;
+    PathExpectation basic = set_expectation(quantizes_ || harness::is_distributed(spec_));
+    out.bounds = std::move(basic.bounds);
+    out.expected = std::move(basic.expected);
+    out.repeat_expected = std::move(basic.repeat_expected);
+    for (const PathRequest& path : paths) {
+      const size_t index = set_index(path.name);
+      if (index == 0 || !sets_.at(index)->reference.ok()) continue;
+      ref_ = sets_[index].get();
+      PathExpectation own = set_expectation(/*values=*/true);
+      own.points = ref_->points.describe();
+      ref_ = sets_.front().get();
+      if (own.bounds) out.paths[path.name] = std::move(own);
+    }
+    return out;
+  }
+
+  /// The expectation of the reference set `ref_`: its bounds (the first check's for float64
+  /// or where the evidence cannot be gathered, else the low-precision rule's with its
+  /// evidence) and, with `values`, exactly the tensors judge_values compares each call with,
+  /// on the CPU.
+  PathExpectation set_expectation(bool values) {
+    PathExpectation out;
+    const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
+    out.bounds = dtype_ == at::kDouble || !gather_evidence()
+                     ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
+                     : oracle::evidence_bounds(dtype_, context_, expected, ref_->evidence, options_.rounding);
+    if (!values) return out;
     auto on_cpu = [](std::map<std::string, at::Tensor> tensors) {
       for (auto& [name, t] : tensors) {
         if (t.defined()) t = t.detach().cpu();
       }
       return tensors;
     };
-    // Exactly the tensors judge_values compares each call with.
     out.expected = on_cpu(oracle::tensors_by_name(spec_, ref_->reference));
     for (size_t k = 0; k < spec_.repeat_calls.size(); ++k) {
       const bool own = k < ref_->repeat_references.size() && ref_->repeat_references[k].ok();
@@ -478,6 +502,37 @@ class CaseRun {
       out.repeat_expected.push_back(on_cpu(oracle::tensors_by_name(spec_, call)));
     }
     return out;
+  }
+
+  /// The reference sets of the paths a script runs, without running the target
+  /// (judging_expectation): under a recipe, each path with fusions runs its first call on
+  /// backend_ (the model: its fuser plans as te.ops' does, unquantized), and its fused groups
+  /// give its quantization points as a run's do in replay (assign_reference_sets). A path
+  /// the model cannot run keeps the basic ops' reference.
+  void plan_path_sets(const std::vector<PathRequest>& paths) {
+    if (!recipe_ || harness::is_distributed(spec_)) return;
+    std::vector<PathRequest> requests;
+    for (const PathRequest& path : paths) {
+      if (path.fusions.empty()) continue;  // no fused op: the basic ops' points
+      PathRequest r{path.name, path.fusions, false};
+      r.writers = harness::WriterSearch::kNone;
+      r.expected_plans = harness::ExpectedPlans::kNone;
+      requests.push_back(std::move(r));
+    }
+    if (requests.empty()) return;
+    CaseSpec first_call = spec_;  // the points come from the first call's plans
+    first_call.repeat_calls.clear();
+    try {
+      runs_ = backend_.run_paths(first_call, prepared_.plan, prepared_.tensors, requests);
+    } catch (const BackendCrash&) {
+      return;
+    } catch (const BackendTimeout&) {
+      return;
+    }
+    for (const auto& r : runs_) {
+      if (r.ok()) active_.push_back(&r);
+    }
+    assign_reference_sets();
   }
 
   CaseResult run() {
@@ -1559,9 +1614,11 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
 
 }  // namespace
 
-Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options) {
-  thread_local ModelBackend model;  // not run: the expectation needs only the reference
-  return CaseRun(spec, model, options).expectation();
+Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options,
+                                const std::vector<PathRequest>& paths) {
+  // Runs only the first call of `paths` under a recipe, for their plans (plan_path_sets).
+  thread_local ModelBackend model;
+  return CaseRun(spec, model, options).expectation(paths);
 }
 
 std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options) {

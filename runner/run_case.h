@@ -99,6 +99,18 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options = {});
 /// nullopt when the case cannot be built or its reference raises.
 std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options = {});
 
+/// What the oracle expects of one path whose fused ops quantize elsewhere than its basic ops
+/// (runner/quantization_points.h): the bounds, expected tensors and repeat calls' expected
+/// tensors of the reference with that path's quantization points (its ReferenceSet in
+/// run_case), which it is judged against instead of the basic ops' reference.
+struct PathExpectation {
+  /// The quantization points, described (ops::QuantizationPoints::describe).
+  std::string points;
+  std::optional<oracle::CaseBounds> bounds;
+  std::map<std::string, at::Tensor> expected;
+  std::vector<std::map<std::string, at::Tensor>> repeat_expected;
+};
+
 /// What the oracle expects of every path of a case: its bounds and, where the reference
 /// quantizes (an FP8 recipe, an activation caching its input in FP8), the float64
 /// quantize-dequantize reference's own values, which a script cannot recompute from the
@@ -111,8 +123,17 @@ struct Expectation {
   /// (delayed scaling: the scales the calls before it left), on the CPU.
   std::map<std::string, at::Tensor> expected;
   std::vector<std::map<std::string, at::Tensor>> repeat_expected;
+  /// By path name: the paths of `paths` (judging_expectation) whose quantization points are
+  /// not the basic ops' (absent: the path is held to the fields above).
+  std::map<std::string, PathExpectation> paths;
 };
-Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options = {});
+/// `paths`: the paths a script runs (name, fusions of the target backend). Under a recipe,
+/// each one's quantization points come from the fusion plans of the model's fuser (the
+/// model of te.ops' fuser, ops/fuser.h) for its fusions: the export does not run the target,
+/// so these are the plans the target is expected to report (the fused groups a path's plans
+/// report are what replay reads, runner/quantization_points.h). A non-distributed case only.
+Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options = {},
+                                const std::vector<PathRequest>& paths = {});
 
 /// A case's plan, drawn values and float64 reference ops (holding those values), exactly as
 /// run_case makes them.

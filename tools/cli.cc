@@ -911,6 +911,26 @@ int cmd_worker(const Flags& f) {
   return run_worker(backend, run_options);
 }
 
+/// The export's paths with the fusions the target runs of theirs, for their quantization
+/// points (runner::judging_expectation): te runs every fusion a case names (the model's fuser
+/// models te.ops'); torch only those of its capabilities (torch_runtime.py: FUSIONS).
+std::vector<harness::PathRequest> target_paths(std::vector<harness::PathRequest> paths, const std::string& target,
+                                               backends::RemoteBackend& torch) {
+  if (target != "torch") return paths;
+  std::set<std::string> runs;
+  try {
+    for (const auto& fusion : torch.capabilities().fusions) runs.insert(fusion.name);
+  } catch (const backends::BackendUnavailable& e) {
+    throw InputError(std::string("export: ") + e.what());
+  }
+  for (auto& path : paths) {
+    path.fusions.erase(std::remove_if(path.fusions.begin(), path.fusions.end(),
+                                      [&](const std::string& name) { return !runs.count(name); }),
+                       path.fusions.end());
+  }
+  return paths;
+}
+
 int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
   if (!f.python_format) throw InputError("export: choose a format: --python (a pytest file)");
   const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
@@ -957,13 +977,20 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   const oracle::Tolerance tolerance =
       oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
   request.expect["tolerance"] = {{"atol", tolerance.atol}, {"rtol", tolerance.rtol}};
+  // Generating a script is plain code generation: the torch adapter does it for both
+  // targets, so a te script can be written where TE does not import.
+  Flags adapter = f;
+  adapter.backend = "torch";
+  backends::RemoteBackend backend(backend_options(adapter));
+  std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
   // The oracle's own bound of every tensor, computed here from the reference and its evidence,
   // so the script judges exactly as replay does (docs/BACKENDS.md "export").
   if (request.expect.at("kind") == "pass") {
-    const runner::Expectation expectation = runner::judging_expectation(spec);
-    if (const auto& bounds = expectation.bounds) {
+    const runner::Expectation expectation =
+        runner::judging_expectation(spec, {}, spec.recipe ? target_paths(paths, target, backend) : paths);
+    auto bounds_json = [&](const oracle::CaseBounds& bounds) {
       nlohmann::json tensors = nlohmann::json::object();
-      for (const auto& [name, b] : bounds->tensors) {
+      for (const auto& [name, b] : bounds.tensors) {
         nlohmann::json t{{"atol", b.atol}, {"rtol", b.rtol}};
         t["norm_bound"] = std::isfinite(b.norm_bound) ? nlohmann::json(b.norm_bound) : nlohmann::json(nullptr);
         if (b.allowance.defined()) {
@@ -975,32 +1002,43 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
         }
         tensors[name] = std::move(t);
       }
-      request.expect["tensors"] = std::move(tensors);
-    }
-    if (expectation.quantized || distributed) {
-      // The FP8 reference's values: the script compares with these, not with the catalog's
-      // unquantized math (docs/BACKENDS.md "export").
-      auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {
-        nlohmann::json refs = nlohmann::json::object();
-        for (const auto& [name, t] : tensors) {
-          if (!t.defined()) continue;
-          request.expect_tensors.push_back(t);
-          refs[name] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
-        }
-        return refs;
-      };
-      request.expect["expected"] = ship(expectation.expected);
+      return tensors;
+    };
+    // The FP8 reference's values: the script compares with these, not with the catalog's
+    // unquantized math (docs/BACKENDS.md "export").
+    auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {
+      nlohmann::json refs = nlohmann::json::object();
+      for (const auto& [name, t] : tensors) {
+        if (!t.defined()) continue;
+        request.expect_tensors.push_back(t);
+        refs[name] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
+      }
+      return refs;
+    };
+    auto ship_calls = [&](const std::vector<std::map<std::string, at::Tensor>>& calls) {
       nlohmann::json repeats = nlohmann::json::array();
-      for (const auto& call : expectation.repeat_expected) repeats.push_back(ship(call));
-      request.expect["repeat_expected"] = std::move(repeats);
+      for (const auto& call : calls) repeats.push_back(ship(call));
+      return repeats;
+    };
+    if (const auto& bounds = expectation.bounds) request.expect["tensors"] = bounds_json(*bounds);
+    if (expectation.quantized || distributed) {
+      request.expect["expected"] = ship(expectation.expected);
+      request.expect["repeat_expected"] = ship_calls(expectation.repeat_expected);
+    }
+    if (!expectation.paths.empty()) {
+      // A path whose fused ops quantize elsewhere (BackwardLinearScale under a recipe) is
+      // judged against its own reference, in replay and in the script (docs/BACKENDS.md
+      // "Per-path quantization points").
+      nlohmann::json own = nlohmann::json::object();
+      for (const auto& [name, e] : expectation.paths) {
+        own[name] = {{"points", e.points},
+                     {"tensors", bounds_json(*e.bounds)},
+                     {"expected", ship(e.expected)},
+                     {"repeat_expected", ship_calls(e.repeat_expected)}};
+      }
+      request.expect["paths"] = std::move(own);
     }
   }
-  // Generating a script is plain code generation: the torch adapter does it for both
-  // targets, so a te script can be written where TE does not import.
-  Flags adapter = f;
-  adapter.backend = "torch";
-  backends::RemoteBackend backend(backend_options(adapter));
-  std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
   backends::ExportReply reply;
   try {
     reply = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);

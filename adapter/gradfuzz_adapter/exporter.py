@@ -58,9 +58,14 @@ def export_reply(case, request, default_backend, tensors=()):
     expect = request.get("expect") or {"kind": "pass"}
     allowances = _allowances(expect, tensors)
     expected = _shipped_expectation(expect, tensors)
+    own = _path_expectations(expect, tensors)
     extra = dict(allowances)
     for k, call in enumerate(expected or []):
         extra.update({f"expected call[{k}] {name}": t for name, t in call.items()})
+    for path, e in own.items():
+        extra.update({f"{path} {name}": t for name, t in e["allowances"].items()})
+        for k, call in enumerate(e["expected"]):
+            extra.update({f"{path} expected call[{k}] {name}": t for name, t in call.items()})
     values = ScriptValues(case, data_file=data_file, extra=extra)
     script = export_script(
         case,
@@ -72,6 +77,7 @@ def export_reply(case, request, default_backend, tensors=()):
         full=bool(request.get("full", False)),
         allowances=allowances,
         expected=expected,
+        own=own,
     )
     values.save()
     reply = {"ok": True, "script": script, "notes": values.notes}
@@ -80,7 +86,7 @@ def export_reply(case, request, default_backend, tensors=()):
     return reply
 
 
-def _shipped_expectation(expect, tensors):
+def _shipped_expectation(expect, tensors, where="expect"):
     """[{tensor name: expected value}] per call from expect.expected and
     expect.repeat_expected (the float64 FP8 reference's values of a quantizing case), or
     None when the request ships none (the script then recomputes its reference)."""
@@ -97,23 +103,46 @@ def _shipped_expectation(expect, tensors):
             out[name] = tensors[index]
         return out
 
-    calls = [one(expect["expected"], "expect.expected")]
+    calls = [one(expect["expected"], f"{where}.expected")]
     repeats = expect.get("repeat_expected") or []
     if not isinstance(repeats, list):
-        raise ValueError("expect.repeat_expected: expected a list, one object per repeat call")
-    calls += [one(r, f"expect.repeat_expected[{k}]") for k, r in enumerate(repeats)]
+        raise ValueError(f"{where}.repeat_expected: expected a list, one object per repeat call")
+    calls += [one(r, f"{where}.repeat_expected[{k}]") for k, r in enumerate(repeats)]
     return calls
 
 
-def _allowances(expect, tensors):
+def _allowances(expect, tensors, where="expect"):
     """{tensor name: allowance tensor} from expect.tensors' "allowance" indices."""
     out = {}
     for name, bound in (expect.get("tensors") or {}).items():
         ref = bound.get("allowance")
         if ref is not None:
             if not isinstance(ref, int) or not 0 <= ref < len(tensors):
-                raise ValueError(f"expect.tensors[{name!r}].allowance: no tensor {ref!r}")
+                raise ValueError(f"{where}.tensors[{name!r}].allowance: no tensor {ref!r}")
             out[name] = tensors[ref]
+    return out
+
+
+def _path_expectations(expect, tensors):
+    """{path name: {"points", "tensors", "allowances", "expected"}} from expect.paths: the
+    paths whose fused ops quantize elsewhere than their basic ops (BackwardLinearScale under
+    a recipe), each with its own reference's bounds and expected values per call, as
+    expect.tensors and expect.expected are for the other paths (docs/BACKENDS.md "Per-path
+    quantization points")."""
+    paths = expect.get("paths") or {}
+    if not isinstance(paths, dict):
+        raise ValueError("expect.paths: expected an object of path names")
+    out = {}
+    for path, own in paths.items():
+        where = f"expect.paths[{path!r}]"
+        if not isinstance(own, dict) or "expected" not in own or "tensors" not in own:
+            raise ValueError(f"{where}: expected an object with tensors and expected")
+        out[path] = {
+            "points": str(own.get("points", "")),
+            "tensors": own["tensors"],
+            "allowances": _allowances(own, tensors, where),
+            "expected": _shipped_expectation(own, tensors, where),
+        }
     return out
 
 
@@ -128,13 +157,16 @@ def export_script(
     full=False,
     allowances=None,
     expected=None,
+    own=None,
 ):
     """The pytest file for `case` on `backend` ("te" or "torch"): the compact form, or with
     `full` the self-contained one. `expected` ([{name: tensor}] per call): values the
-    script compares with instead of its own reference (a quantizing case's)."""
+    script compares with instead of its own reference (a quantizing case's). `own`
+    (_path_expectations): the paths judged against their own quantization points' reference,
+    each tested against its own bounds and expected values."""
     if backend not in ("te", "torch"):
         raise ValueError(f"export writes te or torch scripts, got '{backend}'")
-    if full and expected:
+    if full and (expected or own):
         raise ValueError(
             "the self-contained form (--full) computes its reference from the catalog's "
             "high-precision math, which cannot judge an FP8-quantized case: export it "
@@ -148,7 +180,7 @@ def export_script(
     allowances = allowances or {}
     values = values or ScriptValues(case, extra=allowances)
     return _Writer(
-        case, backend, paths, expect or {}, case_file, values, allowances, expected
+        case, backend, paths, expect or {}, case_file, values, allowances, expected, own
     ).script()
 
 
@@ -259,7 +291,9 @@ def reference_lines(op, h, extras, params, outs):
 class _Writer:
     """Writes one compact script; each method returns a list of source lines."""
 
-    def __init__(self, case, backend, paths, expect, case_file, values, allowances, expected=None):
+    def __init__(
+        self, case, backend, paths, expect, case_file, values, allowances, expected=None, own=None
+    ):
         self.case = case
         self.te = backend == "te"
         self.backend = backend
@@ -271,10 +305,16 @@ class _Writer:
         self.picker = Picker()
         self.expects_error = expect.get("kind") == "error"
         # TE exposes no channel gradient to a user: a te script compares none.
-        self.expected = expected and [
-            {n: t for n, t in call.items() if not (self.te and n.startswith("grad_channel"))}
-            for call in expected
-        ]
+        self.expected = expected and [self.exposed(call) for call in expected]
+        # The paths with their own expectation (their fused ops' quantization points), among
+        # those the script tests; the script then tests each path against its own
+        # (EXPECTATIONS), the others against EXPECTED and BOUNDS.
+        names = [p["name"] for p in self.paths]
+        self.own = {
+            name: dict(e, expected=[self.exposed(call) for call in e["expected"]])
+            for name, e in (own or {}).items()
+            if name in names and self.expected and not self.expects_error
+        }
         self.baseline = False
         self.tail = []  # module-level statements after every definition
         self.recipe = parse_recipe(case.spec.get("recipe"))
@@ -299,6 +339,10 @@ class _Writer:
             ]:
                 multi.setdefault(channel, set()).add(op.fuser)
         self.channel_fusers = multi
+
+    def exposed(self, tensors):
+        """`tensors` ({name: t}) but channel gradients on te: TE exposes none to a user."""
+        return {n: t for n, t in tensors.items() if not (self.te and n.startswith("grad_channel"))}
 
     @staticmethod
     def flag(op, attr):
@@ -494,18 +538,49 @@ class _Writer:
         if not self.expects_error:
             lines += self.bounds()
             lines += self.shipped_expected()
+            lines += self.path_expectations()
         return lines
 
-    def shipped_expected(self):
+    def shipped_expected(self, var="EXPECTED", calls=None):
         """EXPECTED: per call, the tensors the quantized reference computed."""
-        if not self.expected:
+        calls = self.expected if calls is None else calls
+        if not calls:
             return []
-        lines = ["EXPECTED = [  # per call: tensor -> the float64 FP8 reference's value"]
-        for call in self.expected:
+        lines = [f"{var} = [  # per call: tensor -> the float64 FP8 reference's value"]
+        for call in calls:
             lines.append("    {")
             lines += [f"        {name!r}: {self.values.expr(t)}," for name, t in call.items()]
             lines.append("    },")
         return lines + ["]"]
+
+    def path_expectations(self):
+        """Each path's own bounds and expected values where its fused ops quantize elsewhere
+        than its basic ops (<PATH>_BOUNDS, <PATH>_EXPECTED), and EXPECTATIONS: per path what
+        its test holds it to, as replay judges each path against the reference of its own
+        quantization points (docs/BACKENDS.md "Per-path quantization points")."""
+        if not self.own:
+            return []
+        lines = []
+        for name, e in self.own.items():
+            var = _identifier(name).upper()
+            lines += [
+                f"# The {name} path's own reference: its fused ops quantize elsewhere than its "
+                "basic ops",
+                f"# (quantization points: {e['points']})",
+            ]
+            lines += self.bound_lines(f"{var}_BOUNDS", e["tensors"], e["allowances"])
+            lines += self.shipped_expected(f"{var}_EXPECTED", e["expected"])
+        pairs = [
+            f"{p['name']!r}: "
+            + (
+                f"({_identifier(p['name']).upper()}_EXPECTED, {_identifier(p['name']).upper()}"
+                "_BOUNDS)"
+                if p["name"] in self.own
+                else "(EXPECTED, BOUNDS)"
+            )
+            for p in self.paths
+        ]
+        return lines + self.wrapped("EXPECTATIONS = {", pairs, "}  # path: expected, bounds")
 
     def bounds(self):
         """BOUNDS (expect.tensors: per tensor name atol, rtol, allowance, norm bound) and
@@ -524,14 +599,22 @@ class _Writer:
         if self.baseline:
             cap = float(tolerance.get("baseline_cap", 0.0) or 0.0)
             self.helpers.add("check_all_baseline")
+            self.own = {}  # a rounding baseline, no bounds per tensor: one expectation
             return [f"FALLBACK = {(atol, rtol, factor, cap)!r}  # atol, rtol, baseline factor, cap"]
-        self.helpers.add("check_all")
+        self.helpers.add("check_all_paths" if self.own else "check_all")
         if not tensors:
             return [f"BOUNDS, FALLBACK = {{}}, {(atol, rtol)!r}  # no bound per tensor: atol, rtol"]
         lines = [f"FALLBACK = {(atol, rtol)!r}  # atol, rtol of the tensors BOUNDS does not name"]
-        lines.append("BOUNDS = {  # tensor: atol, rtol, per-element allowance, norm bound")
+        return lines + self.bound_lines("BOUNDS", tensors, self.allowances)
+
+    def bound_lines(self, var, tensors, allowances):
+        """`var` = {tensor: (atol, rtol, allowance, norm bound)} of expect.tensors-like
+        `tensors` (te: no channel gradient), the allowances' values from `allowances`."""
+        lines = [f"{var} = {{  # tensor: atol, rtol, per-element allowance, norm bound"]
         for name, bound in tensors.items():
-            allowance = self.values.expr(self.allowances[name]) if name in self.allowances else None
+            if self.te and name.startswith("grad_channel"):
+                continue  # TE exposes none
+            allowance = self.values.expr(allowances[name]) if name in allowances else None
             norm = bound.get("norm_bound")
             lines.append(
                 f"    {name!r}: ({float(bound.get('atol', 0.0))!r}, "
@@ -618,8 +701,11 @@ class _Writer:
     # -- the case under test
 
     def build_head(self):
+        # A torch script testing paths of their own builds each path's Sequential with its
+        # fusions (torch_runtime.py: FUSIONS); a te script's paths pick TE's (only_fusions).
+        arg = "state" if self.expects_error else "fusions=()" if self.own and not self.te else ""
         return [
-            f"def build({'state' if self.expects_error else ''}):",
+            f"def build({arg}):",
             f'    """The case with {"te.ops" if self.te else "the runtime under test"}, '
             'as a user writes it: its Sequential and ops."""',
         ]
@@ -637,7 +723,8 @@ class _Writer:
             lines.append('    state["locked_before"] = [locked(op) for op in ops]')
         # An error script records how far construction got (see error_test).
         built = '    state["model"] = ' if self.expects_error else "    "
-        lines.append(f"{'    ' if self.te else built}model = {sequential}({ops})")
+        fusions = ", fusions=fusions" if self.own and not self.te else ""
+        lines.append(f"{'    ' if self.te else built}model = {sequential}({ops}{fusions})")
         lines += self.late_binds()
         lines += ['    state["model"] = model'] if self.te and self.expects_error else []
         lines.append("    return model, ops")
@@ -964,12 +1051,25 @@ class _Writer:
 
     def test_head(self, name):
         """The decorator and def line of the test: one test per path on te (its fusions);
-        the torch runtime fuses nothing, so its paths are one test."""
+        the torch runtime fuses only under a recipe (torch_runtime.py: FUSIONS), so its
+        paths are one test unless a path has an expectation of its own. With such a path
+        each test also gets its path's name (EXPECTATIONS)."""
+        ids = [p["name"] for p in self.paths]
+        if self.own:
+            cases = [(p["name"], list(p.get("fusions") or [])) for p in self.paths]
+            head = self.wrapped(
+                '@pytest.mark.parametrize("path, fusions", [',
+                [repr(c) for c in cases],
+                f"], ids={ids!r})",
+            )
+            if not self.te:
+                return head + [f"def {name}(path, fusions):"]
+            self.helpers.add("only_fusions")
+            return head + [f"def {name}(path, fusions, monkeypatch):"]
         if not self.te:
             return [f"def {name}():"]
         self.helpers.add("only_fusions")
         fusions = [list(p.get("fusions") or []) for p in self.paths]
-        ids = [p["name"] for p in self.paths]
         return [
             f'@pytest.mark.parametrize("fusions", {fusions!r}, ids={ids!r})',
             f"def {name}(fusions, monkeypatch):",
@@ -980,10 +1080,16 @@ class _Writer:
             return self.error_test()
         lines = self.test_head("test_case")
         lines += ["    only_fusions(monkeypatch, fusions)"] if self.te else []
+        build = "build(fusions)" if self.own and not self.te else "build()"
+        if self.own:
+            lines.append("    expected, bounds = EXPECTATIONS[path]  # its quantization points'")
+        wanted = (
+            "expected[0], bounds" if self.own else "EXPECTED[0]" if self.expected else "reference()"
+        )
         lines += [
-            "    model, ops = build()" if self.repeats else "    got, changed = run(*build())",
+            f"    model, ops = {build}" if self.repeats else f"    got, changed = run(*{build})",
             *(["    got, changed = run(model, ops)"] if self.repeats else []),
-            f"    problems = check_all(got, {'EXPECTED[0]' if self.expected else 'reference()'}"
+            f"    problems = check_all(got, {wanted}"
             + (", reference(DTYPE))  # and the rounding baseline" if self.baseline else ")"),
             '    problems += [f"{n}: changed by the call (a caller tensor)" for n in changed]',
         ]
@@ -1001,7 +1107,11 @@ class _Writer:
         per op whatever the call (torch_runtime.py: Fuser.plan), so its scripts compare no
         plans."""
         wanted = (
-            "EXPECTED[k]" if self.expected else "reference(input_requires_grad=input_requires_grad)"
+            "expected[k]"
+            if self.own
+            else "EXPECTED[k]"
+            if self.expected
+            else "reference(input_requires_grad=input_requires_grad)"
         )
         lines = [
             "    # Repeat calls of the same Sequential (same values): the reference's values"
@@ -1037,7 +1147,7 @@ class _Writer:
             )
         lines += [
             f'        problems += [f"call[{{k}}] {{p}}" for p in check_all(got, wanted'
-            f"{', baseline' if self.baseline else ''})]",
+            f"{', baseline' if self.baseline else ', bounds' if self.own else ''})]",
             '        problems += [f"call[{k}] {n}: changed by the call" for n in changed]',
         ]
         if self.te:
@@ -1133,6 +1243,7 @@ HELPER_ORDER = (
     "results_groups",
     "check",
     "check_all",
+    "check_all_paths",
     "check_all_baseline",
     "only_fusions",
     "channel_leaves",
@@ -1211,6 +1322,14 @@ def check_all(got, expected):
     """What is off among the tensors either side has (channels: the reference's), by BOUNDS."""
     names = [n for n in {**expected, **got} if n in expected or not n.startswith("grad_channel")]
     problems = [check(n, got.get(n), expected.get(n), *BOUNDS.get(n, FALLBACK)) for n in names]
+    return [p for p in problems if p]
+''',
+    "check_all_paths": '''
+def check_all(got, expected, bounds):
+    """What is off among the tensors either side has (channels: the reference's), by `bounds`
+    (the path's own, EXPECTATIONS; FALLBACK for the tensors it does not name)."""
+    names = [n for n in {**expected, **got} if n in expected or not n.startswith("grad_channel")]
+    problems = [check(n, got.get(n), expected.get(n), *bounds.get(n, FALLBACK)) for n in names]
     return [p for p in problems if p]
 ''',
     "check_all_baseline": '''
