@@ -1614,11 +1614,36 @@ CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOption
 
 }  // namespace
 
-Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options,
-                                const std::vector<PathRequest>& paths) {
+namespace {
+/// The model backend (its fuser's plans) with the FP8 capabilities of the backend a script
+/// is written for: the evidence then holds the paths to that backend's FP8 rounding and
+/// GEMM accumulation, as replay there does.
+class WithTargetFp8 final : public Backend {
+ public:
+  WithTargetFp8(Backend& inner, const BackendCapabilities& target) : inner_(inner), caps_(inner.capabilities()) {
+    caps_.fp8_reference_exact = target.fp8_reference_exact;
+    caps_.fp8_gemm_accumulation = target.fp8_gemm_accumulation;
+  }
+  std::string name() const override { return inner_.name(); }
+  const BackendCapabilities& capabilities() override { return caps_; }
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths) override {
+    return inner_.run_paths(spec, plan, tensors, paths);
+  }
+
+ private:
+  Backend& inner_;
+  BackendCapabilities caps_;
+};
+}  // namespace
+
+Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options, const std::vector<PathRequest>& paths,
+                                const BackendCapabilities* target) {
   // Runs only the first call of `paths` under a recipe, for their plans (plan_path_sets).
   thread_local ModelBackend model;
-  return CaseRun(spec, model, options).expectation(paths);
+  if (target == nullptr) return CaseRun(spec, model, options).expectation(paths);
+  WithTargetFp8 backend(model, *target);
+  return CaseRun(spec, backend, options).expectation(paths);
 }
 
 std::optional<oracle::CaseBounds> judging_bounds(const CaseSpec& spec, const RunOptions& options) {

@@ -132,8 +132,13 @@ struct Expectation {
 /// model of te.ops' fuser, ops/fuser.h) for its fusions: the export does not run the target,
 /// so these are the plans the target is expected to report (the fused groups a path's plans
 /// report are what replay reads, runner/quantization_points.h). A non-distributed case only.
+/// `target`: the capabilities of the backend the script is for, of which the FP8 fields
+/// (fp8_reference_exact, fp8_gemm_accumulation) decide the FP8 evidence as replay on that
+/// backend does (an H200's TE: the tight rule with its GEMMs' accumulation term); null: the
+/// model's (exact FP8 GEMMs).
 Expectation judging_expectation(const CaseSpec& spec, const RunOptions& options = {},
-                                const std::vector<PathRequest>& paths = {});
+                                const std::vector<PathRequest>& paths = {},
+                                const BackendCapabilities* target = nullptr);
 
 /// A case's plan, drawn values and float64 reference ops (holding those values), exactly as
 /// run_case makes them.

@@ -118,6 +118,7 @@ struct Flags {
   std::string dtypes_text;
   std::string case_log;
   std::string generate_as;
+  std::string export_capabilities;
   std::string max_shrink_calls_text;
   std::string known;
   bool fail_on_known = false;
@@ -931,6 +932,40 @@ std::vector<harness::PathRequest> target_paths(std::vector<harness::PathRequest>
   return paths;
 }
 
+/// The capabilities whose FP8 fields set a recipe case's exported bounds (replay on the
+/// target judges with the target's): --capabilities FILE; else the target's own when it
+/// starts here (torch: the adapter already running; te: where TE imports); else none of
+/// its FP8 is taken as the reference's (the coarse allowance, one FP8 step on any quantized
+/// element), said on `err`: a te script written away from TE must not fail on TE's GEMM
+/// accumulation.
+std::optional<harness::BackendCapabilities> export_fp8_target(const Flags& f, const std::string& target,
+                                                              backends::RemoteBackend& torch, std::ostream& err) {
+  if (!f.export_capabilities.empty()) {
+    std::ifstream in(f.export_capabilities);
+    if (!in) throw InputError("--capabilities: cannot read '" + f.export_capabilities + "'");
+    try {
+      return nlohmann::json::parse(in).get<harness::BackendCapabilities>();
+    } catch (const std::exception& e) {
+      throw InputError("--capabilities " + f.export_capabilities + ": not a capabilities document: " + e.what());
+    }
+  }
+  if (target == "torch") return torch.capabilities();
+  Flags te = f;
+  te.backend = "te";
+  try {
+    auto backend = backends::make_backend(backend_options(te));
+    return backend->capabilities();
+  } catch (const backends::BackendUnavailable& e) {
+    const std::string why = e.what();
+    err << "export: TE does not start here (" << why.substr(0, why.find('\n'))
+        << "): the script holds the FP8 paths to the coarse FP8 allowance; export where TE runs, or pass "
+           "--capabilities FILE, for replay's tight rule\n";
+    harness::BackendCapabilities coarse;
+    coarse.fp8_reference_exact = false;
+    return coarse;
+  }
+}
+
 int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
   if (!f.python_format) throw InputError("export: choose a format: --python (a pytest file)");
   const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
@@ -986,8 +1021,10 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   // The oracle's own bound of every tensor, computed here from the reference and its evidence,
   // so the script judges exactly as replay does (docs/BACKENDS.md "export").
   if (request.expect.at("kind") == "pass") {
-    const runner::Expectation expectation =
-        runner::judging_expectation(spec, {}, spec.recipe ? target_paths(paths, target, backend) : paths);
+    const std::optional<harness::BackendCapabilities> fp8_target =
+        spec.recipe ? export_fp8_target(f, target, backend, err) : std::nullopt;
+    const runner::Expectation expectation = runner::judging_expectation(
+        spec, {}, spec.recipe ? target_paths(paths, target, backend) : paths, fp8_target ? &*fp8_target : nullptr);
     auto bounds_json = [&](const oracle::CaseBounds& bounds) {
       nlohmann::json tensors = nlohmann::json::object();
       for (const auto& [name, b] : bounds.tensors) {
@@ -1116,6 +1153,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   exporter->add_option("--output,-o", f.output, "write the script here (default: stdout)");
   exporter->add_flag("--full", f.full_export,
                      "the self-contained form (whole catalog, reference and oracle) instead of the compact test");
+  exporter->add_option("--capabilities", f.export_capabilities,
+                       "the target's capabilities (`gradfuzz list capabilities --backend te --json` on the target "
+                       "machine): its FP8 rounding and GEMM accumulation set a recipe case's bounds (default: asked "
+                       "of the target when it starts here, else the coarse FP8 allowance)");
   add_backend_flags(*exporter, f, /*with_workers=*/false);
 
   CLI::App* worker = app.add_subcommand("worker", "");  // internal: a campaign's worker process
