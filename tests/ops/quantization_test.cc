@@ -604,9 +604,12 @@ GroupedNextRun run_grouped_next(const QuantRecipe& r, const BasicOpPtr& next, bo
   at::Generator gen = make_generator(seed);
   auto grouped =
       std::make_shared<GroupedLinear>(GroupedLinearOptions(2, 3, 4).bias(true).scale_bias(true), test_options());
-  std::vector<Module> modules{BasicOpPtr(grouped)};
-  if (boundary) modules.emplace_back(make_boundary());
-  if (next) modules.emplace_back(next);
+  // Each list whole (GCC 12's -Wstringop-overflow misreads a variant grown by emplace_back).
+  const Module first = BasicOpPtr(grouped);
+  const std::vector<Module> modules = boundary && next ? std::vector<Module>{first, make_boundary(), next}
+                                      : boundary       ? std::vector<Module>{first, make_boundary()}
+                                      : next           ? std::vector<Module>{first, next}
+                                                       : std::vector<Module>{first};
   Sequential seq(modules, FusionRegistry{});
   GroupedNextRun run;
   run.x = seeded_randn({5, 3}, gen, at::kDouble, true);
