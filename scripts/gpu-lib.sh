@@ -17,7 +17,15 @@ summary="$out/$tag.txt"
 say() { echo "$*" | tee -a "$summary"; }
 left() { echo $((budget - ($(date +%s) - start))); }
 pack() {
-  tar czf "$out/$tag.tar.gz" -C "$work" . 2>/dev/null
+  # The device returns files of at most 16 MiB: the exported scripts' value files and the
+  # known clusters' example cases stay behind (a call of 2026-12-02c packed 284 MiB and lost
+  # every report); if it is still too large, the reports, logs and summaries alone.
+  tar czf "$out/$tag.tar.gz" -C "$work" --exclude='*.values.pt' --exclude='examples' --exclude='inflight' . 2>/dev/null
+  if [ "$(stat -c %s "$out/$tag.tar.gz")" -gt $((15 * 1024 * 1024)) ]; then
+    (cd "$work" && find . -maxdepth 1 -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -print0 |
+      tar czf "$out/$tag.tar.gz" --null -T -) 2>/dev/null
+    say "the whole work folder is over 15 MiB packed: $tag.tar.gz holds its reports, case logs and logs only"
+  fi
   say "packed $(du -h "$out/$tag.tar.gz" | cut -f1) in $(($(date +%s) - start)) s"
 }
 trap pack EXIT
