@@ -61,6 +61,15 @@ def report(cluster, name, ok, detail, **numbers):
     print(f"[{cluster}] {flag}{name}: {detail}", flush=True)
 
 
+def attempt(cluster, name, fn, *args):
+    """fn(*args), or None after reporting what it raised as an err line of `cluster`."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - TE refusing a configuration is a result
+        report(cluster, name, None, f"raised {type(exc).__name__}: {exc}")
+        return None
+
+
 def verdict(cluster, text):
     RESULTS["verdicts"][cluster] = text
     print(f"[{cluster}] VERDICT: {text}", flush=True)
@@ -358,28 +367,16 @@ def probe_hp_saved_input(te, r):
     defect = []
     dyd = dy.double()
     for first in ("GELU", "RMSNorm"):
-        try:
-            _, plain = run(first, None)
-        except Exception as exc:  # noqa: BLE001
-            report(
-                cluster,
-                f"{first} -> Linear, no recipe",
-                None,
-                f"raised {type(exc).__name__}: {exc}",
-            )
+        plain = attempt(cluster, f"{first} -> Linear, no recipe", run, first, None)
+        if plain is None:
             continue
+        _, plain = plain
         dw_hp = dyd.t() @ plain["x"]
         for label, recipe in recipes.items():
-            try:
-                gw, seen = run(first, recipe)
-            except Exception as exc:  # noqa: BLE001
-                report(
-                    cluster,
-                    f"{first} -> Linear {label} high_precision",
-                    None,
-                    f"raised {type(exc).__name__}: {exc}",
-                )
+            got = attempt(cluster, f"{first} -> Linear {label} high_precision", run, first, recipe)
+            if got is None:
                 continue
+            gw, seen = got
             dw_q = dyd.t() @ seen["x"]
             e_hp, e_q = rel(gw, dw_hp), rel(gw, dw_q)
             quantized = seen.get("type") not in (None, "Tensor", "Parameter")

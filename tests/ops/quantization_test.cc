@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -330,23 +331,29 @@ TEST(Fp8DelayedScaling, MarginMostRecentAndTheZeroAmaxKeepTheScale) {
 // ---------------------------------------------------------------------------------------
 // Linear and GroupedLinear in the reference
 
-/// Forward and backward of one Linear [in 4 -> out 3] under `r`, with rows 5 and a seeded
-/// cotangent; returns {y, grad_input, grad_weight} (float64 CPU) and the operands used.
+/// Forward and backward of one Linear [in 4 -> out 3] under `r`, followed by
+/// ConstantScale(`scale`) when given, with `points` (the basic ops' when empty), rows 5 and a
+/// seeded cotangent g: {y, grad_input, grad_weight} (float64 CPU), the operands used, and the
+/// quantization kept for its state.
 struct LinearRun {
   at::Tensor x, w, g, y, dx, dw;
+  std::unique_ptr<ReferenceQuantization> quantization;
 };
 
-LinearRun run_linear(const QuantRecipe& r, uint64_t seed) {
+LinearRun run_linear_chain(const QuantRecipe& r, std::optional<double> scale, const QuantizationPoints& points,
+                           uint64_t seed) {
   at::Generator gen = make_generator(seed);
   auto linear = std::make_shared<Linear>(LinearOptions(4, 3), test_options());
-  Sequential seq({linear}, FusionRegistry{});
+  Sequential seq = scale ? Sequential({linear, std::make_shared<ConstantScale>(*scale)}, FusionRegistry{})
+                         : Sequential({linear}, FusionRegistry{});
   LinearRun run;
   run.x = seeded_randn({5, 4}, gen, at::kDouble, true);
   run.g = cpu(seeded_randn({5, 3}, gen));
   run.w = cpu(linear->weight());
-  ReferenceQuantization quantization(r);
+  run.quantization = std::make_unique<ReferenceQuantization>(r);
+  if (!points.empty()) run.quantization->set_points(points);
   ReferenceEvaluator ref(seq);
-  ref.set_quantization(&quantization);
+  ref.set_quantization(run.quantization.get());
   run.y = cpu(ref.forward(run.x, {})[0]);
   const ReferenceGradients grads = ref.backward({run.g});
   run.dx = cpu(grads.grad_input);
@@ -354,6 +361,8 @@ LinearRun run_linear(const QuantRecipe& r, uint64_t seed) {
   run.x = cpu(run.x);
   return run;
 }
+
+LinearRun run_linear(const QuantRecipe& r, uint64_t seed) { return run_linear_chain(r, std::nullopt, {}, seed); }
 
 /// float64 GEMMs of the same dequantized values, summed in another order than the
 /// reference's autograd: agreement to 1e-12 relative (an FP8 ulp is 2^-3 relative).
@@ -424,32 +433,10 @@ TEST(Fp8Linear, HybridQuantizesTheGradientInE5M2) {
 // ---------------------------------------------------------------------------------------
 // Per-path quantization points (TE's BackwardLinearScale)
 
-/// Linear [in 4 -> out 3] -> ConstantScale(`scale`) under `r`, with `points` (the basic ops'
-/// when empty): forward and backward of the cotangent g; the quantization kept for its state.
-struct LinearScaleRun {
-  at::Tensor x, w, g, y, dx, dw;
-  std::unique_ptr<ReferenceQuantization> quantization;
-};
+using LinearScaleRun = LinearRun;
 
 LinearScaleRun run_linear_scale(const QuantRecipe& r, double scale, const QuantizationPoints& points, uint64_t seed) {
-  at::Generator gen = make_generator(seed);
-  auto linear = std::make_shared<Linear>(LinearOptions(4, 3), test_options());
-  auto scaled = std::make_shared<ConstantScale>(scale);
-  Sequential seq({linear, scaled}, FusionRegistry{});
-  LinearScaleRun run;
-  run.x = seeded_randn({5, 4}, gen, at::kDouble, true);
-  run.g = cpu(seeded_randn({5, 3}, gen));
-  run.w = cpu(linear->weight());
-  run.quantization = std::make_unique<ReferenceQuantization>(r);
-  run.quantization->set_points(points);
-  ReferenceEvaluator ref(seq);
-  ref.set_quantization(run.quantization.get());
-  run.y = cpu(ref.forward(run.x, {})[0]);
-  const ReferenceGradients grads = ref.backward({run.g});
-  run.dx = cpu(grads.grad_input);
-  run.dw = cpu(grads.grad_params[0][0]);
-  run.x = cpu(run.x);
-  return run;
+  return run_linear_chain(r, scale, points, seed);
 }
 
 QuantizationPoints linear_scale_points(double scale) {
