@@ -387,7 +387,9 @@ CaseResult run_case(const CaseSpec& spec, const RunOptions& options) {
 }
 
 namespace {
-CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options);
+struct EvidenceCarry;
+CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options,
+                         const EvidenceCarry* carried_evidence = nullptr);
 }  // namespace
 
 CaseResult run_case(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
@@ -430,13 +432,50 @@ struct ReferenceSet {
   std::optional<oracle::RoundingEvidence> coarse_evidence;
 };
 
+/// What a case's low-precision evidence stage gathered, handed to the in-place ablation's
+/// rerun of the same values (attribute_in_place_stage) so that it does not draw the same
+/// samples again. The rerun differs only in its ops' in_place options, which the float64
+/// reference does not see: where its reference sets have the same quantization points, in the
+/// same order, and the same reference values, the parent's samples are the ones it would draw.
+/// It starts at the parent's last round (`rounds`) and draws further rounds from the
+/// generators' saved states. Its findings are those of its own evidence because an allowance
+/// only grows with samples (oracle::evidence_bounds: maxima over samples): a round the rerun
+/// would have stopped at earlier (no finding left) has none with more samples either.
+struct EvidenceCarry {
+  struct Set {
+    ops::QuantizationPoints points;
+    /// The values the evidence was measured against (evidence_reference, by name).
+    std::map<std::string, at::Tensor> reference;
+    oracle::RoundingEvidence evidence;
+    std::optional<oracle::RoundingEvidence> coarse_evidence;
+    std::vector<ops::KinkProbe::Site> baseline_kinks;
+    std::vector<at::Tensor> fp8_windows;
+    std::vector<at::Tensor> fp8_reference;
+  };
+  std::vector<Set> sets;
+  at::Generator sample_generator;
+  at::Generator noise_generator;
+  /// The last round the parent compared with (0: the first samples; kEvidenceRounds - 1: all).
+  int rounds = -1;
+};
+
+/// The rounding samples each round of the evidence adds (judge_values): the first two come
+/// with gather_evidence.
+constexpr int64_t kEvidenceSamples[] = {0, 6, 8};
+constexpr int kEvidenceRounds = 3;
+
 /// One case through its stages (run_case's contract). Each stage adds its findings to
 /// result_; the paths, the reference and the bounds it judges by are members so that the
 /// stages read in order.
 class CaseRun {
  public:
-  CaseRun(const CaseSpec& spec, Backend& backend, const RunOptions& options)
-      : spec_(spec), backend_(backend), options_(options), dtype_(harness::scalar_type_from_name(spec.dtype)) {
+  CaseRun(const CaseSpec& spec, Backend& backend, const RunOptions& options,
+          const EvidenceCarry* carried_evidence = nullptr)
+      : spec_(spec),
+        backend_(backend),
+        options_(options),
+        dtype_(harness::scalar_type_from_name(spec.dtype)),
+        carried_evidence_(carried_evidence) {
     sets_.push_back(std::make_unique<ReferenceSet>());
     ref_ = sets_.front().get();
     result_.seed = spec.seed;
@@ -1167,15 +1206,24 @@ class CaseRun {
       // a value that fails 8x the largest of 16 samples is not noise). Each reference set
       // gathers its own (the FP8 windows are its reference's).
       CostStage stage("evidence");
-      if (for_each_set([&] { return gather_evidence(); })) {
-        for (int64_t more : {int64_t{0}, int64_t{6}, int64_t{8}}) {
-          if (more > 0) {
+      int first_round = 0;
+      bool gathered = take_carried_evidence();
+      if (gathered) {
+        first_round = carried_evidence_->rounds;
+        count_cost("evidence_carried");
+      } else {
+        gathered = for_each_set([&] { return gather_evidence(); });
+      }
+      if (gathered) {
+        for (int round = first_round; round < kEvidenceRounds; ++round) {
+          if (round > first_round) {
             if (!has_value_findings(values)) break;
             for_each_set([&] {
-              add_rounding_samples(more);
+              add_rounding_samples(kEvidenceSamples[round]);
               return true;
             });
           }
+          evidence_rounds_ = round;
           notes_.clear();
           int64_t cancellation = 0;
           values = compare_all(/*with_evidence=*/true, &cancellation);
@@ -1263,6 +1311,64 @@ class CaseRun {
         oracle::accumulate_max(ref_->evidence.output_noise, oracle::abs_differences(spec_, evidence_reference(), run));
       }
     }
+  }
+
+  /// The values a reference set's evidence is measured against, by name.
+  std::map<std::string, at::Tensor> evidence_values() const {
+    return oracle::tensors_by_name(evidence_spec_, evidence_reference());
+  }
+
+  /// The evidence stage's state for the in-place ablation's rerun (EvidenceCarry); none
+  /// when this run gathered no evidence.
+  std::optional<EvidenceCarry> carry_evidence() {
+    if (evidence_rounds_ < 0) return std::nullopt;
+    EvidenceCarry carry;
+    for (const auto& set : sets_) {
+      ref_ = set.get();
+      carry.sets.push_back({set->points, evidence_values(), set->evidence, set->coarse_evidence, set->baseline_kinks,
+                            set->fp8_windows, set->fp8_reference});
+    }
+    ref_ = sets_.front().get();
+    carry.sample_generator = sample_generator_.clone();
+    carry.noise_generator = noise_generator_.clone();
+    carry.rounds = evidence_rounds_;
+    return carry;
+  }
+
+  /// Takes the parent run's evidence (EvidenceCarry) where it was measured on this run's
+  /// reference sets: same quantization points in the same order, same reference values
+  /// (bit for bit); false otherwise (the rerun gathers its own).
+  bool take_carried_evidence() {
+    const EvidenceCarry* carry = carried_evidence_;
+    if (carry == nullptr || carry->rounds < 0 || carry->sets.size() != sets_.size()) return false;
+    bool same = true;
+    for (size_t k = 0; k < sets_.size() && same; ++k) {
+      ref_ = sets_[k].get();
+      const auto& theirs = carry->sets[k].reference;
+      const auto mine = evidence_values();
+      same = sets_[k]->points == carry->sets[k].points && mine.size() == theirs.size();
+      for (const auto& [name, t] : mine) {
+        if (!same) break;
+        const auto it = theirs.find(name);
+        same = it != theirs.end() && t.defined() == it->second.defined() &&
+               (!t.defined() || (t.sizes() == it->second.sizes() && t.scalar_type() == it->second.scalar_type() &&
+                                 t.device() == it->second.device() && at::equal(t, it->second)));
+      }
+    }
+    ref_ = sets_.front().get();
+    if (!same) return false;
+    for (size_t k = 0; k < sets_.size(); ++k) {
+      const EvidenceCarry::Set& from = carry->sets[k];
+      ReferenceSet& to = *sets_[k];
+      to.evidence = from.evidence;
+      to.coarse_evidence = from.coarse_evidence;
+      to.baseline_kinks = from.baseline_kinks;
+      to.fp8_windows = from.fp8_windows;
+      to.fp8_reference = from.fp8_reference;
+    }
+    sample_generator_ = carry->sample_generator.clone();
+    noise_generator_ = carry->noise_generator.clone();
+    return true;
   }
 
   bool gather_evidence() {
@@ -1532,9 +1638,12 @@ class CaseRun {
     o.check_plans = options_.check_plans && (!options_.shared_runs ||
                                              std::any_of(candidates.begin(), candidates.end(),
                                                          [&](size_t k) { return result_.findings[k].role == "plan"; }));
+    // The rerun's reference is this run's (the reference ignores in_place): with shared runs
+    // it starts from this run's evidence where its reference sets match (EvidenceCarry).
+    const std::optional<EvidenceCarry> carry = options_.shared_runs ? carry_evidence() : std::nullopt;
     CaseResult without;
     try {
-      without = run_case_impl(ablated, backend_, o);
+      without = run_case_impl(ablated, backend_, o, carry ? &*carry : nullptr);
     } catch (const std::exception& e) {
       notes_.push_back(std::string("in-place ablation not run: ") + e.what());
       return;
@@ -1597,6 +1706,10 @@ class CaseRun {
   CaseSpec evidence_spec_;
   at::Generator sample_generator_;
   at::Generator noise_generator_;
+  /// The last evidence round judge_values compared with (-1: no evidence gathered).
+  int evidence_rounds_ = -1;
+  /// The parent run's evidence, for the in-place ablation's rerun (EvidenceCarry).
+  const EvidenceCarry* carried_evidence_ = nullptr;
   /// FP8 quantization of the reference (ops/quantization.h): the case's recipe, parsed, and
   /// whether any reference evaluation quantizes (a recipe, or an activation caching its
   /// input in FP8).
@@ -1608,8 +1721,9 @@ class CaseRun {
   std::vector<std::string> notes_;
 };
 
-CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options) {
-  return CaseRun(spec, backend, options).run();
+CaseResult run_case_impl(const CaseSpec& spec, Backend& backend, const RunOptions& options,
+                         const EvidenceCarry* carried_evidence) {
+  return CaseRun(spec, backend, options, carried_evidence).run();
 }
 
 }  // namespace

@@ -232,5 +232,36 @@ TEST_F(SharedRuns, ModelCasesYieldTheSameFindingsInFewerRequests) {
             total_count(separate.costs, "requests"));
 }
 
+// The in-place ablation's rerun takes the first run's low-precision evidence where its
+// reference sets match (EvidenceCarry in runner/run_case.cc) instead of drawing the same
+// samples again: FP8 cases of the torch backend's recipe emulation with a planted gradient
+// fault fail on every path, with and without in-place ops, so their ablation reruns need the
+// evidence. Same outcomes case by case as each rerun gathering its own.
+TEST_F(SharedRuns, TheAblationsRerunTakesTheFirstRunsEvidenceAndFindsTheSame) {
+  const std::vector<std::string> args{"fuzz",     "--backend", "torch",   "--device",
+                                      "cpu",      "--workers", "0",       "--shapes",
+                                      "tiny",     "--cases",   "150",     "--seed",
+                                      "5",        "--dtypes",  "bfloat16", "--recipe",
+                                      "any",      "--fault",   "torch-fp8-dgrad-scaled-down", "--max-shrink-calls",
+                                      "0"};
+  const Campaign shared = fuzz(args, "shared");
+  std::vector<std::string> separate_args = args;
+  separate_args.push_back("--no-shared-runs");
+  const Campaign separate = fuzz(separate_args, "separate");
+  ASSERT_EQ(shared.run.exit, 1) << shared.run.err;  // the planted fault is found
+  ASSERT_EQ(separate.run.exit, 1) << separate.run.err;
+  expect_same_outcomes(shared, separate);
+  EXPECT_EQ(total_count(separate.costs, "evidence_carried"), 0);
+  const int64_t carried = total_count(shared.costs, "evidence_carried");
+  EXPECT_GT(carried, 0);
+  // Every rerun that gathered evidence without the carry takes it with the carry: the
+  // ablation's reruns here differ from their parents only in in_place.
+  int64_t reruns_with_evidence = 0;
+  for (const auto& c : separate.costs) {
+    if (c.at("seconds").contains("ablation/judge/evidence")) ++reruns_with_evidence;
+  }
+  EXPECT_EQ(carried, reruns_with_evidence);
+}
+
 }  // namespace
 }  // namespace gradfuzz::tools
