@@ -24,7 +24,10 @@
 #   FILES     case files (globs, space-separated) the export stage replays and exports
 #             before the campaigns' findings, e.g. "tests/backends/data/te-bls-*.json"
 #   EXPORT_FROM  campaigns whose findings the export stage takes (default: te32 te16 and
-#             every recipe-* campaign of this call)
+#             every recipe-* campaign of this call); a campaign of an earlier call of the
+#             lease is taken from /tmp/gradfuzz-state/campaigns (each campaign's case files
+#             and report are kept there), so export can be a call of its own
+#   RECIPES   the recipe campaigns to run (default: every recipe TE has here)
 #   CASES     cases of the te32, te16 and each recipe campaign (default 2000)
 #   TE32_S TE16_S RECIPE_S  the most seconds each of them may take (100, 100, 75)
 #   SELFTEST_S SELFTEST_FP8_S  limits of the plain and of each of the two FP8 selftest
@@ -34,6 +37,8 @@
 #   TPUT_S                  seconds of each throughput campaign (default 20)
 #   TPUT_MODES              one-worker cost ledgers: "shared" (default), "separate" or both
 #   TPUT_MPS_WORKERS        te worker counts run under --mps (default "12")
+#   TPUT_MORE               0: only the te worker table and the one-worker ledgers (no mix,
+#                           MPS or model campaigns, no profile); default 1
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
@@ -104,11 +109,20 @@ campaign_cases() {  # campaign_cases NAME CASES LIMIT ARGS...: a fuzz campaign o
   stage "$name" "$limit" "$gf" fuzz --backend "$backend" --device "$device" --workers "$workers" \
     --corpus "$work/$name" --report "$work/$name.json" --case-log "$work/$name.cases.jsonl" --quiet --cases "$cases" "$@"
   say "  $name: $(report_line "$work/$name.json")"
+  keep_campaign "$name"
 }
 
 # What TE runs here; kept for the later calls of the lease ($OUT is emptied before each call).
 state=/tmp/gradfuzz-state
-mkdir -p "$state"
+mkdir -p "$state/campaigns"
+keep_campaign() {  # keep_campaign NAME: its case files and report, for an export in a later call
+  [ -d "$work/$1" ] || return 0
+  rm -rf "${state:?}/campaigns/$1" && mkdir -p "$state/campaigns/$1"
+  (cd "$work/$1" && find . -name '*.json' -not -path '*/examples/*' -not -path '*/inflight/*' \
+    -exec cp --parents -t "$state/campaigns/$1" {} +) 2>/dev/null
+  cp "$work/$1.json" "$state/campaigns/$1.json" 2>/dev/null
+  return 0
+}
 if has caps || [ ! -s "$state/te-capabilities.json" ]; then
   timeout 90 "$gf" list capabilities --backend "$backend" >"$state/te-capabilities.json" 2>"$work/caps.err" ||
     say "caps failed: $(tail -3 "$work/caps.err")"
@@ -140,8 +154,9 @@ if has recipes; then
   # float32 and bfloat16 on mixed shapes (tiny, edge and large by time), the tight FP8 rule
   # where the capabilities say fp8_reference_exact, stopped at RECIPE_S seconds.
   recipes=$(python3 -c "import json; print(' '.join(r['name'] for r in json.load(open('$work/te-capabilities.json'))['recipes'] if r['available']))" 2>/dev/null)
-  say "recipes available: ${recipes:-none}"
+  say "recipes available: ${recipes:-none}${RECIPES:+; this call runs: $RECIPES}"
   for r in $recipes; do
+    [ -z "${RECIPES:-}" ] || [[ " $RECIPES " == *" $r "* ]] || continue
     campaign_cases "recipe-$r" "${CASES:-2000}" "${RECIPE_S:-75}" --seed 41 --dtypes float32,bfloat16 --shapes mix \
       --recipe "$r" --known "$known" --max-shrink-calls 30
   done
@@ -191,8 +206,14 @@ if has export; then
   done
   from="${EXPORT_FROM:-te32 te16 $(cd "$work" && ls -d recipe-* 2>/dev/null | grep -v '\.' | paste -sd' ' -)}"
   for dir in $from; do
+    root="$work/$dir"
+    if [ ! -d "$root" ] && [ -d "$state/campaigns/$dir" ]; then
+      root="$state/campaigns/$dir"
+      cp "$state/campaigns/$dir.json" "$work/$dir.json" 2>/dev/null
+      say "export: $dir from an earlier call ($(report_line "$work/$dir.json" | head -1))"
+    fi
     for sub in findings crashing findings/known; do
-      for f in "$work/$dir/$sub"/*.json; do
+      for f in "$root/$sub"/*.json; do
         [ -f "$f" ] && [ "$copied" -lt "${EXPORT_MAX:-80}" ] || continue
         cp "$f" "$work/export/${dir}_${sub//\//-}_$(basename "$f")"
         copied=$((copied + 1))
@@ -204,7 +225,11 @@ if has export; then
   # One export per case file, EXPORT_JOBS at a time (each starts the adapter and imports TE).
   export gf backend work
   t=$(date +%s)
-  ls "$work"/export/*.json 2>/dev/null | timeout $(( $(left) > 150 ? 120 : $(left) - 30 )) xargs -P "${EXPORT_JOBS:-8}" -I{} \
+  # About 1.7 s of 8 exporters per script on the H200 (30 in 50 s, 2026-12-02c): 120 s or
+  # more for many, whatever the budget leaves room for beside pytest.
+  export_s=$(( copied * 3 + 30 > 120 ? copied * 3 + 30 : 120 ))
+  [ "$export_s" -gt $(( $(left) - 100 )) ] && export_s=$(( $(left) - 100 ))
+  ls "$work"/export/*.json 2>/dev/null | timeout "$export_s" xargs -P "${EXPORT_JOBS:-8}" -I{} \
     bash -c 'id=$(basename "{}" .json); timeout 90 "$gf" export --python "{}" --backend "$backend" \
       -o "$work/export/test_$id.py" >/dev/null 2>"$work/export/$id.export.log" ||
       echo "export $id failed: $(tail -1 "$work/export/$id.export.log")"' | tee -a "$summary"
@@ -267,14 +292,17 @@ if has tput; then
   mps=0
   [ "$device" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null && mps=1
   for w in ${TPUT_WORKERS:-1 4 8 12 16}; do tput "tput-te-w$w" "$backend" "$w" tiny --known "$known"; done
-  tput tput-te-mix "$backend" 12 mix --known "$known"
+  [ "${TPUT_MORE:-1}" = 1 ] || mps=0
+  [ "${TPUT_MORE:-1}" = 1 ] && tput tput-te-mix "$backend" 12 mix --known "$known"
   if [ "$mps" = 1 ]; then
     tput tput-te-mix-mps "$backend" 12 mix --known "$known" --mps
     for w in ${TPUT_MPS_WORKERS:-12}; do tput "tput-te-w$w-mps" "$backend" "$w" tiny --known "$known" --mps; done
   fi
-  tput tput-model-w8 model 8 tiny
-  tput tput-model-mix model 8 mix
-  [ "$mps" = 1 ] && tput tput-model-w8-mps model 8 tiny --mps
+  if [ "${TPUT_MORE:-1}" = 1 ]; then
+    tput tput-model-w8 model 8 tiny
+    tput tput-model-mix model 8 mix
+    [ "$mps" = 1 ] && tput tput-model-w8-mps model 8 tiny --mps
+  fi
   for mode in ${TPUT_MODES:-shared}; do
     extra=(); [ "$mode" = separate ] && extra=(--no-shared-runs)
     GRADFUZZ_CASE_COST="$work/cost-te-w1-$mode.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$mode.jsonl" \
@@ -284,6 +312,7 @@ if has tput; then
     say "    $(head -3 "$work/cost-te-w1-$mode.txt" | paste -sd' ' -)"
   done
   # Where one te worker's adapter spends its time, function by function (read with pstats).
-  GRADFUZZ_ADAPTER_PROFILE="$work/profile-te-w1" tput tput-te-w1-profile "$backend" 1 tiny --known "$known"
+  [ "${TPUT_MORE:-1}" = 1 ] &&
+    GRADFUZZ_ADAPTER_PROFILE="$work/profile-te-w1" tput tput-te-w1-profile "$backend" 1 tiny --known "$known"
 fi
 exit 0
