@@ -3,11 +3,12 @@
 # Before sourcing: out (where the call writes), tag, budget (seconds).
 #
 # The core wheel travels in pieces (../shared/te/fetch.sh lays out .te/c0..c3, 60 MiB each):
-# a call carries at most 64 MiB with the tracked tree, and the tree (6.7 MB on 2026-12-02) no
-# longer leaves room for a 60 MiB part. So carry 48 MiB pieces instead, one call each:
-#   here:  mkdir -p .te/q && cat .te/c?/part? | split -b 48M -d -a 1 - .te/q/q && \
-#          for i in 0 1 2 3 4; do mkdir -p .te/q$i && mv .te/q/q$i .te/q$i/; done
-#   there: mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/   (N = 0..4, carrying .te/qN)
+# a call carries at most 64 MiB with the tracked tree, and the tree (15 MiB on 2026-12-02,
+# docs/gpu's logs included) no longer leaves room for a 60 MiB part. So carry 40 MiB pieces
+# instead, one call each:
+#   here:  mkdir -p .te/q && cat .te/c?/part? | split -b 40M -d -a 1 - .te/q/q && \
+#          for i in 0 1 2 3 4 5; do mkdir -p .te/q$i && mv .te/q/q$i .te/q$i/; done
+#   there: mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/   (N = 0..5, carrying .te/qN)
 # gpu_te_setup joins them back into part0..part3 (or takes part0..3 copied as before).
 start=$(date +%s)
 work="$out/work"
@@ -39,8 +40,8 @@ gpu_te_setup() {
     python="$PWD/.venv/bin/python"
     return 0
   fi
-  if [ ! -f /tmp/teparts/part3 ] && [ -f /tmp/teparts/q4 ]; then
-    (cd /tmp/teparts && cat q0 q1 q2 q3 q4 | split -b 60M -d -a 1 - part)
+  if [ ! -f /tmp/teparts/part3 ] && [ -f /tmp/teparts/q0 ]; then
+    (cd /tmp/teparts && cat q? | split -b 60M -d -a 1 - part)
   fi
   local i t0
   for i in 0 1 2 3; do

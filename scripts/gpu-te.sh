@@ -4,7 +4,7 @@
 # te, model and torch backends. Everything goes under $OUT/work, packed at the end into
 # $OUT/<tag>.tar.gz (the device returns at most 8 files) beside a summary $OUT/<tag>.txt.
 #
-# Before it: five calls carrying .te/q0 .. .te/q4 (scripts/gpu-lib.sh says how to make them),
+# Before it: six calls carrying .te/q0 .. .te/q5 (scripts/gpu-lib.sh says how to make them),
 # each `mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/`; then this call carries .te/rest
 # and a gradfuzz binary built on the CPU machines (GRADFUZZ=path; the GPU machine has the same
 # LibTorch 2.11 + CUDA 13; e.g. copied into an ignored .gpu/ folder and carried).
