@@ -583,7 +583,29 @@ at::Tensor quantize_dequantize(QuantizationState* state, const at::Tensor& x, co
         return at::where(at::bitwise_and(c, 0x80) != 0, -magnitude, magnitude);
       };
       q = at::where((codes(q) - codes(own)).abs() <= 1, q, own);
-      const at::Tensor eligible = fp8_rounding_margin(reference, format) < state->jitter_windows[index].to(x.device());
+      // An element's window is measured from one rounding of its upstream values (the
+      // baseline's), so it is 0 wherever the baseline happened to round to the reference's
+      // value, while another correct implementation rounds otherwise there
+      // (tests/backends/data/torch-fp8-zero-window-tie.json: the torch emulation's scaled
+      // value 2 fp32 ulps off the reference's, on an FP8 midpoint, where the baseline's was
+      // the reference's). Which element's upstream rounding differs is not predictable
+      // element by element, so each window is at least the tensor's norm-wise relative
+      // window times the element's own magnitude, ||windows|| / ||reference|| * |reference|,
+      // up to the tensor's largest window (a relative floor: the largest window for every
+      // element would make most small bfloat16 elements eligible and loosen the bounds
+      // several times; the cap leaves a window of one size everywhere, an accumulation
+      // term's, as it is).
+      const at::Tensor& windows = state->jitter_windows[index];
+      const at::Tensor finite_windows = at::nan_to_num(windows, 0.0, 0.0, 0.0).to(x.device());
+      const at::Tensor magnitude = at::nan_to_num(reference.abs(), 0.0, 0.0, 0.0);
+      const double reference_norm = magnitude.numel() > 0 ? magnitude.norm().item<double>() : 0.0;
+      const double window_norm = finite_windows.numel() > 0 ? finite_windows.norm().item<double>() : 0.0;
+      const double relative = reference_norm > 0 ? window_norm / reference_norm : 0.0;
+      at::Tensor window = windows.to(x.device());
+      if (relative > 0) {
+        window = at::maximum(window, at::minimum(magnitude * relative, finite_windows.max()));
+      }
+      const at::Tensor eligible = fp8_rounding_margin(reference, format) < window;
       q = jitter_fp8(q, eligible, state->jitter_probability, *state->jitter_generator);
     } else {
       // An element whose input is exactly zero is zero in every implementation: it stays.

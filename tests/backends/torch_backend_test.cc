@@ -164,6 +164,24 @@ TEST_F(TorchBackend, AnFP8CaseReplaysAndItsScriptShipsEachCallsReference) {
   EXPECT_THAT(bad_log, HasSubstr("call[1] output"));
 }
 
+// A float32 Float8CurrentScaling case of a torch campaign (seed 7, 1 of 1113 cases) whose
+// emulation rounds one element of the last Linear's input, x[1][0], to the other FP8 value
+// than the reference: its scaled value is -50 exactly, the midpoint of -48 and -52 (a tie, to
+// even: -48), 2 fp32 ulps off the reference's -50.0000076 (-52), while the rounding
+// baseline's equalled the reference's there, so that element's FP8 window was 0 and the
+// flip (a whole output row and a weight-gradient column off) was a mismatch. Each element's
+// window is now at least its tensor's norm-wise relative window times its magnitude
+// (ops/quantization.cc: quantize_dequantize; docs/BACKENDS.md "The quantization-aware
+// tolerance"): replay passes.
+TEST_F(TorchBackend, AnFp8FlipWhereTheBaselineMatchedTheReferenceIsRounding) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  const std::string source = root ? root : ".";
+  const std::string file = source + "/tests/backends/data/torch-fp8-zero-window-tie.json";
+  const CliRun replay = cli({"replay", file, "--backend", "torch", "--workers", "0"});
+  EXPECT_EQ(replay.exit, 0) << replay.out << replay.err;
+  EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
+}
+
 // The quantization-aware tolerance rule (docs/BACKENDS.md "Recipes"), end to end on the
 // torch backend's emulation, an implementation of its own (PyTorch's float8 casts): under
 // each recipe, in float32 and bfloat16, a Linear -> GELU -> Linear chain passes (FP8

@@ -891,6 +891,41 @@ TEST(Fp8Jitter, WindowsMoveOnlyElementsNearABoundaryFromTheReferencesCodes) {
   EXPECT_GT((c != a).sum().item<int64_t>(), x.numel() / 2);
 }
 
+// A window is measured per element from one rounding of the upstream values (the
+// baseline's), so it is zero wherever the baseline happened to round to the reference's
+// value, while another correct implementation rounds otherwise there (the torch emulation of
+// tests/backends/data/torch-fp8-zero-window-tie.json: its scaled value 2 fp32 ulps off the
+// reference's, on an FP8 midpoint, where the baseline's was the reference's). Each element's
+// window is therefore at least the tensor's norm-wise relative window times its own
+// magnitude, up to the tensor's largest window: with windows of 2^-6 |reference| on half the
+// elements and 0 on the other half, elements of both halves move, exactly those closer to a
+// boundary than that (a window of one size everywhere stays as it is: the test above).
+TEST(Fp8Jitter, AZeroWindowIsRaisedToTheTensorsRelativeWindow) {
+  at::Generator gen = make_generator(313);
+  const at::Tensor x = at::randn({60, 50}, gen, at::TensorOptions().dtype(at::kDouble));
+  const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
+  std::vector<at::Tensor> recorded;
+  ReferenceQuantization plain(r);
+  plain.record_scaled(&recorded);
+  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  ASSERT_EQ(recorded.size(), 1U);
+  const at::Tensor reference = recorded[0];
+  const at::Tensor zero = (at::arange(reference.numel(), at::TensorOptions().dtype(at::kLong)) % 2 == 0)
+                              .reshape(reference.sizes());
+  const at::Tensor window = at::where(zero, at::zeros_like(reference), std::ldexp(1.0, -6) * reference.abs());
+  const double relative = (window.norm() / reference.norm()).item<double>();
+  ASSERT_GT(relative, std::ldexp(1.0, -8));
+  ReferenceQuantization jittered(r);
+  jittered.set_jitter(1.0, make_generator(5), recorded, {window});
+  const at::Tensor moved = jittered.quantize(QuantRole::kInput, 0, x).rowwise != a;
+  const at::Tensor margin = fp8_rounding_margin(reference, Fp8Format::kE4M3);
+  const at::Tensor near = margin < at::maximum(window, at::minimum(relative * reference.abs(), window.max()));
+  EXPECT_TRUE(moved.equal(near)) << moved.sum().item<int64_t>() << " moved, " << near.sum().item<int64_t>()
+                                 << " near a boundary";
+  // Elements whose own window is 0 move too, where they lie that close to a boundary.
+  EXPECT_GT(at::logical_and(moved, zero).sum().item<int64_t>(), 20);
+}
+
 // ---------------------------------------------------------------------------------------
 // Errors
 
