@@ -15,6 +15,13 @@ registers on the fused path) and prints:
   whose own cost, building the request and the float64 reference, is not counted).
 --profile writes a cProfile of the in-process loop (read it with pstats or snakeviz);
 --syncs also counts the GPU synchronisations per case (torch.cuda.set_sync_debug_mode).
+
+    python adapter/tests/bench_adapter.py --tracker [--device cuda]
+
+times the writer tracker alone (driver.WriterTracker, modified_by): microseconds per check
+of 8 tiny caller tensors (a fresh tracker per case of 16 checks), deferred (a GPU's mode,
+forced on the CPU) and, on the CPU, immediate, and per leave() (with the deferred flags to
+the host); with GRADFUZZ_BENCH_ADAPTER, an older tree's.
 """
 
 import argparse
@@ -328,9 +335,41 @@ def through_pipes(backend_name, reqs):
     return rate
 
 
+def tracker_checks(device="cpu", deferred=True, cases=400, checks=16):
+    """(microseconds per check, per leave) of a WriterTracker over 8 tiny caller tensors of
+    a case: `checks` group changes (groups A and B in turn, B adding to one tensor at its
+    third run), then leave()."""
+    sizes = [(4, 8), (8,), (3, 5), (16,), (2, 2), (7,), (4, 4), (1,)]
+    groups = [{"name": n, "begin": 0, "end": 1, "pass": "forward"} for n in "AB"]
+    check_s = leave_s = 0.0
+    for case in range(cases + 2):
+        caller = driver._CallerTensors()
+        tensors = [torch.rand(size, device=device) for size in sizes]
+        for k, t in enumerate(tensors):
+            caller.add(f"t{k}", t)
+        tracker = driver.WriterTracker(caller, deferred=deferred)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for k in range(checks):
+            tracker.enter(groups[k % 2])
+            if k == 5:
+                tensors[5].add_(1)
+        middle = time.perf_counter()
+        tracker.leave()
+        end = time.perf_counter()
+        assert not tracker.failed and list(tracker.writers) == ["t5"], tracker.writers
+        if case >= 2:  # warm
+            check_s += middle - start
+            leave_s += end - middle
+    return 1e6 * check_s / (cases * checks), 1e6 * leave_s / cases
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("te", "torch"), required=True)
+    parser.add_argument("--backend", choices=("te", "torch"))
+    parser.add_argument("--tracker", action="store_true", help="time the writer tracker alone")
+    parser.add_argument("--device", default="cpu", help="the tracker's tensors' device")
     parser.add_argument("--cases", type=int, default=600)
     parser.add_argument("--profile")
     parser.add_argument("--real", action="store_true", help="real TE on CUDA (no stub)")
@@ -338,6 +377,17 @@ def main():
     parser.add_argument("--no-pipes", action="store_true", help="skip the subprocess runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.tracker:
+        for deferred in (True, False) if args.device == "cpu" else (None,):
+            check, leave = tracker_checks(args.device, deferred)
+            mode = "immediate" if deferred is False else "deferred"
+            print(
+                f"tracker ({args.device}, {mode}): {check:.1f} us per check, "
+                f"{leave:.1f} us per leave"
+            )
+        return
+    if args.backend is None:
+        parser.error("--backend is required (or --tracker)")
     torch.backends.cuda.matmul.allow_tf32 = False
     backend = make_backend(args.backend, args.real)
     fusions = []

@@ -237,6 +237,292 @@ def test_a_tracker_that_cannot_compare_reports_no_writer_and_lets_the_call_run(m
     assert tracker.failed and tracker.writers == {}
 
 
+# The tracker's comparisons: deferred None compares at once (the CPU's mode), True queues
+# flags as on a GPU (one batched snapshot per check).
+
+GROUPS = {n: {"name": n, "begin": i, "end": i + 1, "pass": "forward"} for i, n in enumerate("ABC")}
+
+
+def tracked(tensors, deferred):
+    caller = _CallerTensors()
+    for name, t in tensors.items():
+        caller.add(name, t)
+    return WriterTracker(caller, deferred=deferred)
+
+
+def run_groups(tracker, steps):
+    """Runs `steps`, (group name or None, function that writes) each, as the instrumented
+    groups' runs would: a check at each step's start, one at leave()."""
+    for group, write in steps:
+        tracker.enter(GROUPS.get(group))
+        if write is not None:
+            write()
+    tracker.leave()
+    assert not tracker.failed
+    return {name: group["name"] for name, group in tracker.writers.items()}
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_the_tracker_tells_apart_tensors_of_mixed_dtypes(deferred):
+    t = {
+        "f32": torch.rand(3, 4),
+        "bf16": torch.rand(5).to(torch.bfloat16),
+        "i64": torch.arange(6).reshape(2, 3),
+        "bool": torch.tensor([True, False, True]),
+        "f32b": torch.rand(7),
+    }
+    tracker = tracked(t, deferred)
+
+    def a():
+        t["bf16"][2] += 1
+
+    def b():
+        t["bool"][1] = True
+        t["i64"][1, 2] = -4
+
+    assert run_groups(tracker, [("A", a), ("B", b), ("C", None)]) == {
+        "bf16": "A",
+        "bool": "B",
+        "i64": "B",
+    }
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_a_non_contiguous_caller_tensor_changes_by_its_own_elements(deferred):
+    # base[:, ::2] flattens to a view of stride 2 (reshape(-1) copies nothing).
+    base = torch.zeros(4, 6)
+    t = {"strided": base[:, ::2], "transposed": torch.zeros(3, 5).t(), "plain": torch.zeros(2)}
+    assert not t["strided"].is_contiguous() and not t["transposed"].is_contiguous()
+    tracker = tracked(t, deferred)
+
+    def a():
+        base[:, 1] = 7  # beside the strided view's elements: no change of it
+
+    def b():
+        t["strided"][3, 2] = 1
+        t["transposed"][4, 0] = 2
+
+    assert run_groups(tracker, [("A", a), ("B", b)]) == {"strided": "B", "transposed": "B"}
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_empty_and_zero_dim_caller_tensors(deferred):
+    t = {"empty": torch.zeros(0, 3), "scalar": torch.tensor(1.5), "flag": torch.tensor(False)}
+    tracker = tracked(t, deferred)
+
+    def b():
+        t["scalar"].mul_(2)
+        t["flag"].fill_(True)
+
+    assert run_groups(tracker, [("A", None), ("B", b), ("C", None)]) == {
+        "scalar": "B",
+        "flag": "B",
+    }
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_a_nan_that_nobody_writes_is_no_change(deferred):
+    # NaN != NaN: a comparison by value called this tensor changed at every check.
+    t = {"nan": torch.tensor([float("nan"), 1.0, float("nan")]), "other": torch.zeros(2)}
+    tracker = tracked(t, deferred)
+
+    def b():
+        t["other"][0] = 1
+
+    assert run_groups(tracker, [("A", None), ("B", b), ("C", None)]) == {"other": "B"}
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_a_nan_written_over_a_number_is_a_change(deferred):
+    t = {"x": torch.ones(3)}
+    tracker = tracked(t, deferred)
+
+    def b():
+        t["x"][1] = float("nan")
+
+    assert run_groups(tracker, [("A", None), ("B", b), ("C", None)]) == {"x": "B"}
+
+
+def test_a_negative_zero_written_over_zero_is_a_change():
+    # The batched (deferred) comparison is bit-exact. The immediate one compares by value
+    # as _CallerTensors.modified does, which reports no such tensor as modified either.
+    t = {"x": torch.zeros(3), "y": torch.zeros(2, dtype=torch.bfloat16)}
+    tracker = tracked(t, True)
+
+    def b():
+        t["x"][1] = -0.0
+        t["y"].neg_()
+
+    assert run_groups(tracker, [("A", None), ("B", b)]) == {"x": "B", "y": "B"}
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_only_the_second_of_two_groups_writes(deferred):
+    t = {"x": torch.zeros(4), "y": torch.zeros(4)}
+    tracker = tracked(t, deferred)
+
+    def b():
+        t["y"].add_(1)
+
+    assert run_groups(tracker, [(None, None), ("A", None), ("B", b), (None, None)]) == {"y": "B"}
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_tensors_resized_replaced_or_freed_mid_run(deferred):
+    t = {k: torch.zeros(2, 2) for k in ("resized", "replaced", "freed", "late", "quiet")}
+    tracker = tracked(t, deferred)
+
+    def a():
+        t["resized"].resize_(3, 3)
+
+    def b():
+        t["replaced"].data = torch.empty(0)  # as TE's clear_tensor_data frees a tensor
+
+    def c():
+        t["freed"].untyped_storage().resize_(0)  # reading it crashed the process (SIGSEGV)
+
+    def c_again():
+        t["late"][0, 0] = 1  # after the checks that fell back, a batched one again
+
+    steps = [("A", a), ("B", b), (None, None), ("C", c), ("A", None), ("B", c_again), ("C", None)]
+    assert run_groups(tracker, steps) == {
+        "resized": "A",
+        "replaced": "B",
+        "freed": "C",
+        "late": "B",
+    }
+
+
+@pytest.mark.parametrize("deferred", [None, True])
+def test_a_freed_tensor_outside_any_group_is_nobodys(deferred):
+    t = {"freed": torch.zeros(3), "x": torch.zeros(3)}
+    tracker = tracked(t, deferred)
+
+    def b():
+        t["x"].add_(1)
+
+    steps = [(None, lambda: t["freed"].untyped_storage().resize_(0)), ("A", None), ("B", b)]
+    assert run_groups(tracker, steps) == {"x": "B"}
+
+
+def test_a_deferred_check_queues_one_flag_tensor_for_all_tensors():
+    t = {f"t{k}": torch.zeros(k + 1) for k in range(8)}
+    tracker = tracked(t, True)
+    for group in "ABAB":
+        tracker.enter(GROUPS[group])
+    assert len(tracker.pending) == 4
+    assert all(len(names) == 8 and flags.shape == (8,) for _, names, flags in tracker.pending)
+    t["t3"].add_(1)
+    tracker.leave()
+    assert tracker.writers == {"t3": GROUPS["B"]}
+
+
+def test_past_batch_bytes_the_checks_go_tensor_by_tensor(monkeypatch):
+    monkeypatch.setattr(WriterTracker, "BATCH_BYTES", 40)
+    t = {"small": torch.zeros(2), "large": torch.zeros(10)}
+    tracker = tracked(t, True)
+    tracker.enter(GROUPS["A"])
+    assert [names for _, names, _ in tracker.pending] == [("small",), ("large",)]
+
+    def b():
+        t["large"][9] = 1
+
+    assert run_groups(tracker, [("B", b), ("C", None)]) == {"large": "B"}
+
+
+class ReferenceTracker:
+    """The tracker's contract, tensor by tensor and at once: at each check a tensor not yet
+    attributed whose bytes differ from the previous check's is the open group's (nobody's
+    outside a group)."""
+
+    def __init__(self, caller):
+        self.caller = caller
+        self.previous = {name: pristine.clone() for name, _, pristine in caller.entries}
+        self.current = None
+        self.writers = {}
+
+    @staticmethod
+    def same(a, b):
+        return (a.shape, a.dtype) == (b.shape, b.dtype) and torch.equal(
+            a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8)
+        )
+
+    def enter(self, group):
+        for name, given, pristine in self.caller.entries:
+            seen = self.previous.setdefault(name, pristine.clone())
+            if name in self.writers:
+                continue
+            if not self.same(given.detach(), seen) and self.current is not None:
+                self.writers[name] = self.current
+            self.previous[name] = given.detach().clone()
+        self.current = group
+
+
+def random_tensor(gen, device):
+    dtype = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool][
+        int(torch.randint(5, (), generator=gen))
+    ]
+    shape = [(3,), (2, 3), (), (0,), (4, 4), (5, 2)][int(torch.randint(6, (), generator=gen))]
+    t = torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    if len(shape) == 2 and torch.rand((), generator=gen) < 0.5:
+        t = t.t()  # non-contiguous
+    return t.to(device)
+
+
+def random_write(gen, t, signed_zero):
+    if t.numel() == 0:
+        return
+    i = torch.randint(t.numel(), (), generator=gen)
+    index = tuple(int(j) for j in torch.unravel_index(i, t.shape))
+    choice = int(torch.randint(4, (), generator=gen))
+    if t.dtype == torch.bool:
+        t[index] = bool(choice % 2)
+    elif t.dtype == torch.int64:
+        t[index] = choice - 1
+    else:
+        t[index] = [float("nan"), -0.0 if signed_zero else 0.0, 1.0, 2.5][choice]
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize(
+    "device, deferred, signed_zero",
+    [("cpu", True, True), ("cpu", None, False), pytest.param("cuda", None, True, marks=CUDA)],
+)
+@pytest.mark.parametrize("seed", range(12))
+def test_random_writes_are_attributed_as_the_reference_attributes_them(
+    device, deferred, signed_zero, seed
+):
+    # signed_zero: -0.0 among the values written (the immediate mode compares by value).
+    gen = torch.Generator().manual_seed(seed)
+    caller = _CallerTensors()
+    tensors = []
+
+    def add():
+        t = random_tensor(gen, device)
+        caller.add(f"t{len(tensors)}", t)
+        tensors.append(t)
+
+    for _ in range(int(torch.randint(3, 9, (), generator=gen))):
+        add()
+    tracker = WriterTracker(caller, deferred=deferred)
+    reference = ReferenceTracker(caller)
+    for _ in range(int(torch.randint(4, 20, (), generator=gen))):
+        group = GROUPS.get([None, "A", "B", "C"][int(torch.randint(4, (), generator=gen))])
+        tracker.enter(group)
+        reference.enter(group)
+        for _ in range(int(torch.randint(3, (), generator=gen))):
+            k = int(torch.randint(len(tensors), (), generator=gen))
+            random_write(gen, tensors[k], signed_zero)
+        if torch.rand((), generator=gen) < 0.1:
+            add()  # as a cotangent is added for the backward
+    tracker.leave()
+    reference.enter(None)
+    assert not tracker.failed
+    assert tracker.writers == reference.writers
+
+
 class UnwatchedTorchBuilder(TorchBuilder):
     """A builder without the writer hook (the driver's default)."""
 
@@ -572,3 +858,42 @@ def test_a_request_can_turn_the_writer_search_off(torch_backend, monkeypatch):
         results = torch_backend.run(decode_case(header, tensors), header["paths"], TensorList())
         assert results[0]["modified"] == ["extra_input[0]"]
         assert ("modified_by" in results[0]) is expected, flag
+
+
+@CUDA
+def test_on_a_gpu_the_checks_do_not_wait_for_it():
+    t = {f"t{k}": torch.zeros(k, 3, device="cuda") for k in range(8)}
+    t["half"] = torch.zeros((), dtype=torch.float16, device="cuda")
+    tracker = tracked(t, None)
+
+    def b():
+        t["t5"][2, 1].fill_(1)  # (an assignment copies a host scalar: a synchronisation)
+        t["half"].fill_(-0.0)
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for group, write in [("A", None), ("B", b), ("C", None), (None, None)]:
+            tracker.enter(GROUPS.get(group))
+            if write is not None:
+                write()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert not tracker.failed and len(tracker.pending) == 4
+    tracker.leave()
+    assert tracker.writers == {"t5": GROUPS["B"], "half": GROUPS["B"]}
+
+
+@CUDA
+def test_caller_tensors_on_the_cpu_and_a_gpu():
+    t = {"cpu": torch.zeros(3), "gpu": torch.zeros(3, device="cuda"), "gpu2": torch.ones(2).cuda()}
+    tracker = tracked(t, None)
+
+    def a():
+        t["gpu"][0] = 1
+
+    def b():
+        t["cpu"][0] = 1
+        t["gpu2"][1] = 0
+
+    assert run_groups(tracker, [("A", a), ("B", b)]) == {"gpu": "A", "cpu": "B", "gpu2": "B"}
