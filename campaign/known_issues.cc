@@ -8,6 +8,7 @@
 
 #include "campaign/exit_codes.h"
 #include "ops/errors.h"
+#include "ops/op_registry.h"
 #include "ops/quantization.h"
 #include "reports/reporter.h"
 
@@ -168,6 +169,10 @@ CaseFacts CaseFacts::of(const harness::CaseSpec& spec) {
   CaseFacts facts;
   facts.dtype = spec.dtype;
   facts.recipe = spec.recipe;
+  for (const auto& op : spec.ops) {
+    if (op.name == harness::kBoundaryOp) continue;
+    if (std::find(facts.ops.begin(), facts.ops.end(), op.name) == facts.ops.end()) facts.ops.push_back(op.name);
+  }
   return facts;
 }
 
@@ -209,7 +214,7 @@ const std::vector<std::string>& steerable_features() {
   return features;
 }
 
-bool KnownIssue::case_level() const { return recipe || !recipe_options.empty() || dtype; }
+bool KnownIssue::case_level() const { return recipe || !recipe_options.empty() || dtype || !case_ops.empty(); }
 
 bool KnownIssue::matches(const harness::Finding& f, const CaseFacts& facts, const std::string& found_backend,
                          const std::string& backend_version) const {
@@ -233,6 +238,12 @@ bool KnownIssue::matches(const harness::Finding& f, const CaseFacts& facts, cons
     }
   }
   if (dtype && facts.dtype != *dtype) return false;
+  if (!case_ops.empty()) {
+    if (!facts.ops_recorded) return false;
+    for (const auto& op : case_ops) {
+      if (std::find(facts.ops.begin(), facts.ops.end(), op) == facts.ops.end()) return false;
+    }
+  }
   if (message_pattern && !std::regex_search(f.message, *message_pattern)) return false;
   return true;
 }
@@ -287,8 +298,8 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
   std::set<std::string> ids;
   static const std::set<std::string> entry_keys{"id", "status", "link", "note", "match", "steer"};
   static const std::set<std::string> match_keys{
-      "kind",    "op",       "options",   "error_kind", "message",        "role", "phase",
-      "backend", "versions", "signature", "recipe",     "recipe_options", "dtype"};
+      "kind",    "op",       "options",   "error_kind", "message",        "role",  "phase",
+      "backend", "versions", "signature", "recipe",     "recipe_options", "dtype", "case_ops"};
   for (size_t i = 0; i < j["entries"].size(); ++i) {
     const json& e = j["entries"][i];
     const std::string path = "/entries/" + std::to_string(i);
@@ -317,7 +328,7 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
       if (!match_keys.count(key)) {
         fail(where, mpath + "/" + key,
              "unknown field (known: kind, op, options, error_kind, message, role, phase, backend, versions, signature, "
-             "recipe, recipe_options, dtype)");
+             "recipe, recipe_options, dtype, case_ops)");
       }
     }
     if (m.contains("kind")) {
@@ -359,6 +370,24 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
         RecipeOptionCondition c = recipe_option_condition(list[o].get<std::string>(), k.recipe, where, item_path);
         if (!keys.insert(c.key).second) fail(where, item_path, "option '" + c.key + "' given twice");
         k.recipe_options.push_back(std::move(c));
+      }
+    }
+    if (m.contains("case_ops")) {
+      const std::string opath = mpath + "/case_ops";
+      const json& list = m["case_ops"];
+      if (!list.is_array() || list.empty())
+        fail(where, opath, "expected a non-empty array of op names such as \"GroupedLinear\"");
+      const auto names = ops::OpRegistry::catalog().names();
+      for (size_t o = 0; o < list.size(); ++o) {
+        const std::string item_path = opath + "/" + std::to_string(o);
+        if (!list[o].is_string()) fail(where, item_path, "expected a string, got " + std::string(list[o].type_name()));
+        const std::string name = list[o].get<std::string>();
+        if (std::find(names.begin(), names.end(), name) == names.end()) {
+          std::string known_names;
+          for (const auto& n : names) known_names += (known_names.empty() ? "" : ", ") + n;
+          fail(where, item_path, "unknown op '" + name + "'; catalog ops: " + known_names);
+        }
+        k.case_ops.push_back(name);
       }
     }
     if (k.dtype && !harness::is_known_dtype(*k.dtype)) {
@@ -440,6 +469,7 @@ json known_issues_to_json(const KnownIssues& known) {
       if (*field) m[key] = **field;
     }
     if (!k.options.empty()) m["options"] = k.options;
+    if (!k.case_ops.empty()) m["case_ops"] = k.case_ops;
     if (!k.recipe_options.empty()) {
       json conditions = json::array();
       for (const auto& c : k.recipe_options) conditions.push_back(c.text);

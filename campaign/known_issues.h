@@ -28,6 +28,10 @@ struct CaseFacts {
   std::optional<harness::RecipeSpec> recipe;
   /// False when the record does not say which recipe the case ran under.
   bool recipe_recorded = true;
+  /// The case's op types (each once, the Boundary left out).
+  std::vector<std::string> ops;
+  /// False when the record does not say which ops the case has.
+  bool ops_recorded = true;
   /// The dtype and recipe of `spec`.
   static CaseFacts of(const harness::CaseSpec& spec);
 };
@@ -80,6 +84,10 @@ struct KnownIssue {
   std::vector<RecipeOptionCondition> recipe_options;
   /// The case's dtype ("float32").
   std::optional<std::string> dtype;
+  /// Op types the case must have, each (anywhere in it): for a defect of one op whose wrong
+  /// values show first in another op's tensors (a gradient the op computes for the op before
+  /// it is that op's input gradient, so the finding's op is the upstream one).
+  std::vector<std::string> case_ops;
 
   /// Steering: the case feature that triggers the issue ("generator_outputs",
   /// "call_then_bind", "in_place") and the share of cases that may draw it.
@@ -90,7 +98,7 @@ struct KnownIssue {
   /// this issue.
   bool matches(const harness::Finding& finding, const CaseFacts& facts, const std::string& backend,
                const std::string& backend_version) const;
-  /// Whether a case-level field (recipe, recipe_options, dtype) is set: the entry then splits
+  /// Whether a case-level field (recipe, recipe_options, dtype, case_ops) is set: the entry then splits
   /// the cases of one signature into known and new ones (ClusterTable::key).
   bool case_level() const;
 };

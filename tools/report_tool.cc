@@ -142,6 +142,13 @@ void apply_known(Json& report, const campaign::KnownIssues& known) {
     const auto recipe = reports::finding_recipe(finding);
     facts.recipe_recorded = recipe.has_value();
     if (recipe) facts.recipe = *recipe;
+    // The ops of the cluster's saved case (case_ops entries); absent in older reports.
+    facts.ops_recorded = finding.contains("ops") && finding["ops"].is_array();
+    if (facts.ops_recorded) {
+      for (const auto& op : finding["ops"]) {
+        if (op.is_string() && op.get<std::string>() != harness::kBoundaryOp) facts.ops.push_back(op.get<std::string>());
+      }
+    }
     // A recipe entry covers a cluster only if every case counted in it ran under that recipe
     // (a campaign run with that entry clusters the others apart; one run without may not).
     auto covers_recipes = [&finding](const campaign::KnownIssue& e) {

@@ -72,6 +72,25 @@ def _alpha_dropped(original):
     return backward_gemm_alpha
 
 
+def _grouped_linear_ignores_override(original):
+    """OpQuantization.__init__ whose GroupedLinear groups drop the recipe's backward_override:
+    the forward is unchanged, the backward the fully quantized one (FP8 saved operands, dy
+    quantized per group, the next op's cast of dy), as te.ops.GroupedLinear does in TE 2.20.2
+    (adapter/tests/probe_te_open.py: its gradients under an override equal, bit for bit,
+    those without one)."""
+
+    def make(init):
+        def faulty(self, name, attrs, recipe):
+            init(self, name, attrs, recipe)
+            if name == "GroupedLinear":
+                for quantizers in self.linear:
+                    quantizers.backward_override = None
+
+        return faulty
+
+    return wrap(original, make)
+
+
 def _forward_scale_with_e5m2_max(original):
     def make(update):
         def faulty(self):
@@ -190,6 +209,15 @@ FAULTS = {
             "upstream, miss that factor while the forward stays right",
             "gradfuzz_adapter.recipes.backward_gemm_alpha",
             _alpha_dropped,
+        ),
+        Fault(
+            "torch-grouped-linear-ignores-backward-override",
+            "GroupedLinear ignores the recipe's backward_override (high_precision, "
+            "dequantized) and runs the fully quantized backward: TE 2.20.2's open defect "
+            "te-groupedlinear-ignores-backward-override, planted in the emulation so that it "
+            "reproduces TE's values on the CPU",
+            "gradfuzz_adapter.recipes.OpQuantization.__init__",
+            _grouped_linear_ignores_override,
         ),
         Fault(
             "torch-delayed-forward-scale-e5m2-max",

@@ -238,11 +238,26 @@ TEST_F(SharedRuns, ModelCasesYieldTheSameFindingsInFewerRequests) {
 // fault fail on every path, with and without in-place ops, so their ablation reruns need the
 // evidence. Same outcomes case by case as each rerun gathering its own.
 TEST_F(SharedRuns, TheAblationsRerunTakesTheFirstRunsEvidenceAndFindsTheSame) {
-  const std::vector<std::string> args{"fuzz",     "--backend", "torch",   "--device",
-                                      "cpu",      "--workers", "0",       "--shapes",
-                                      "tiny",     "--cases",   "150",     "--seed",
-                                      "5",        "--dtypes",  "bfloat16", "--recipe",
-                                      "any",      "--fault",   "torch-fp8-dgrad-scaled-down", "--max-shrink-calls",
+  const std::vector<std::string> args{"fuzz",
+                                      "--backend",
+                                      "torch",
+                                      "--device",
+                                      "cpu",
+                                      "--workers",
+                                      "0",
+                                      "--shapes",
+                                      "tiny",
+                                      "--cases",
+                                      "150",
+                                      "--seed",
+                                      "5",
+                                      "--dtypes",
+                                      "bfloat16",
+                                      "--recipe",
+                                      "any",
+                                      "--fault",
+                                      "torch-fp8-dgrad-scaled-down",
+                                      "--max-shrink-calls",
                                       "0"};
   const Campaign shared = fuzz(args, "shared");
   std::vector<std::string> separate_args = args;

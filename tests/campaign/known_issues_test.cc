@@ -195,6 +195,54 @@ TEST(KnownIssues, DtypeMatchesTheCasesDtypeExactly) {
   EXPECT_EQ(known.match(weight_gradient(), recipe_case("DelayedScaling", "HYBRID", {}, "bfloat16"), "te", ""), nullptr);
 }
 
+// TE 2.20.2's GroupedLinear ignores backward_override in its input gradient: the wrong
+// values show first in the upstream op's tensors (Dispatch's grad_input), so the finding's op
+// is not the op at fault. `case_ops` names the op the case must have, whatever the finding's op.
+TEST(KnownIssues, CaseOpsMustAllBeInTheCase) {
+  const KnownIssues known = parse(R"({"schema_version": 1, "entries": [
+    {"id": "grouped-override", "status": "open-defect",
+     "match": {"kind": "mismatch", "case_ops": ["GroupedLinear"],
+               "recipe_options": ["backward_override=high_precision|dequantized"]}}]})");
+  Finding upstream;
+  upstream.kind = VerdictKind::kMismatch;
+  upstream.op = "Dispatch";
+  upstream.role = "grad_input";
+  upstream.signature = "mismatch|Dispatch|grad_input";
+  CaseFacts with = recipe_case("Float8CurrentScaling", "HYBRID", {{"backward_override", "dequantized"}});
+  with.ops = {"Dispatch", "GroupedLinear"};
+  EXPECT_EQ(known.match(upstream, with, "te", "")->id, "grouped-override");
+  CaseFacts without = with;
+  without.ops = {"Dispatch", "Linear"};
+  EXPECT_EQ(known.match(upstream, without, "te", ""), nullptr);
+  CaseFacts no_override = with;
+  no_override.recipe->options["backward_override"] = "none";
+  EXPECT_EQ(known.match(upstream, no_override, "te", ""), nullptr);
+  CaseFacts unrecorded = with;
+  unrecorded.ops_recorded = false;  // a report that does not list the cluster's ops
+  EXPECT_EQ(known.match(upstream, unrecorded, "te", ""), nullptr);
+  EXPECT_TRUE(known.entry("grouped-override")->case_level());
+  // CaseFacts::of reads the spec's op types (the Boundary left out).
+  harness::CaseSpec spec;
+  spec.dtype = "float32";
+  for (const char* name : {"Dispatch", "Boundary", "GroupedLinear", "Dispatch"}) {
+    harness::OpSpec op;
+    op.name = name;
+    spec.ops.push_back(op);
+  }
+  EXPECT_EQ(CaseFacts::of(spec).ops, (std::vector<std::string>{"Dispatch", "GroupedLinear"}));
+  // Round trip, and an op the catalog lacks is an error naming the path.
+  const KnownIssues back = known_issues_from_json(known_issues_to_json(known), "back");
+  EXPECT_EQ(back.entries[0].case_ops, (std::vector<std::string>{"GroupedLinear"}));
+  try {
+    parse(R"({"schema_version": 1, "entries": [{"id": "x", "status": "open-defect",
+             "match": {"case_ops": ["GroupLinear"]}}]})");
+    ADD_FAILURE() << "an unknown op was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("/entries/0/match/case_ops/0"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("unknown op 'GroupLinear'"));
+  }
+}
+
 TEST(KnownIssues, CaseLevelFieldsDoNotHoldWhereTheRecordDoesNotSayTheCase) {
   // A report written before recipes were recorded (report merge/diff --known): the finding
   // stays new rather than be taken for a recipe's known defect.
