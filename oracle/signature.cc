@@ -228,7 +228,7 @@ std::string normalize_message(const std::string& message) {
 }
 
 void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::vector<const PathRun*>& runs,
-                       CaseResult& result) {
+                       CaseResult& result, const std::vector<size_t>& set_apart) {
   // Per path: the first divergence of its value findings (forward before backward; the
   // earliest forward op, the latest backward op).
   struct Divergence {
@@ -237,8 +237,10 @@ void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::ve
     std::string tensor;
   };
   std::map<std::string, Divergence> first;
-  for (const auto& f : result.findings) {
+  for (size_t k = 0; k < result.findings.size(); ++k) {
+    const Finding& f = result.findings[k];
     if (!is_value_finding(f)) continue;
+    if (std::find(set_apart.begin(), set_apart.end(), k) != set_apart.end()) continue;
     const auto pos = position_of(f.tensor, spec, plan);
     if (!pos) continue;
     auto [it, inserted] = first.emplace(path_of(f), Divergence{*pos, f.role, f.tensor});

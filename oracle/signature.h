@@ -28,8 +28,14 @@ namespace gradfuzz::oracle {
 /// - a plan that differs: "mismatch|<fused op of the differing plan>|plan"; a crash or time-out:
 ///   "<kind>|<op types>"; a sanitizer error: "sanitizer|<kernel>".
 /// `runs` are the case's path runs (their repeat calls inside them), looked up by name.
+/// `set_apart`: indices of findings another cause accounts for (the in-place ablation's: gone
+/// with in_place=0), left out of where values first diverge, so that the other value findings
+/// of their path are signed by their own first divergence (a weight gradient wrong by a
+/// factor with the in-place write and by one FP8 rounding without it is the second cause's,
+/// not the in-place op's tensor's); their own signatures are the caller's to set.
 void assign_signatures(const harness::CaseSpec& spec, const harness::CasePlan& plan,
-                       const std::vector<const harness::PathRun*>& runs, harness::CaseResult& result);
+                       const std::vector<const harness::PathRun*>& runs, harness::CaseResult& result,
+                       const std::vector<size_t>& set_apart = {});
 
 /// The signature of a finding about the process that ran a case (crash, timeout: "<kind>|<op
 /// types>"; sanitizer: "sanitizer|<kernel>", the kernel in `op`).

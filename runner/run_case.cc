@@ -1661,7 +1661,10 @@ class CaseRun {
 
   CaseResult finish() {
     std::vector<const PathRun*> runs = active_;
-    oracle::assign_signatures(spec_, prepared_.plan, runs, result_);
+    // The findings the ablation puts down to writing in place are set apart: the others are
+    // signed by their own first divergence (a weight gradient 3.6x off with the write and one
+    // FP8 rounding off without it was signed by the in-place op's tensor, H200 2026-12-02d).
+    oracle::assign_signatures(spec_, prepared_.plan, runs, result_, in_place_caused_);
     for (size_t k : in_place_caused_) {
       Finding& f = result_.findings[k];
       f.op = "in_place:" + in_place_writers_;

@@ -144,6 +144,24 @@ TEST(AssignSignatures, ABackwardOnlyDefectIsTheLatestOpWhereGradientsDiverge) {
   EXPECT_EQ(r.findings[0].signature, "mismatch|BackwardActivationBias|grad_extra_input");
 }
 
+// A finding another cause accounts for (the in-place ablation's) does not decide where the
+// other findings' values first diverge: the TE case of 2026-12-02d whose in-place write made
+// AddExtraInput's extra input gradient wrong, and the Linear's weight gradient wrong by a
+// factor, but left the weight gradient one FP8 rounding off without the write.
+TEST(AssignSignatures, FindingsSetApartDoNotDecideTheOthersFirstDivergence) {
+  CaseSpec spec = linear_bias_add_relu();
+  PathRun unfused;
+  unfused.name = "unfused";
+  CaseResult r;
+  r.findings = {value("unfused~reference", "grad_extra_input[0]", "grad_extra_input"),
+                value("unfused~reference", "grad_param[0].Linear[0]", "grad_param")};
+  CaseResult together = r;
+  assign_signatures(spec, plan_of(spec), {&unfused}, together);
+  EXPECT_EQ(together.findings[1].signature, "mismatch|AddExtraInput|grad_extra_input");
+  assign_signatures(spec, plan_of(spec), {&unfused}, r, /*set_apart=*/{0});
+  EXPECT_EQ(r.findings[1].signature, "mismatch|Linear|grad_param");
+}
+
 TEST(AssignSignatures, AModifiedTensorIsTheWritingOpWithItsFlags) {
   CaseSpec spec = linear_bias_add_relu();
   PathRun fused = fused_run();
