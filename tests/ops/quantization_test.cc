@@ -910,8 +910,8 @@ TEST(Fp8Jitter, AZeroWindowIsRaisedToTwiceItsRowsMedianWindow) {
   const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
   ASSERT_EQ(recorded.size(), 1U);
   const at::Tensor reference = recorded[0];
-  const at::Tensor zero = (at::arange(reference.numel(), at::TensorOptions().dtype(at::kLong)) % 5 == 0)
-                              .reshape(reference.sizes());
+  const at::Tensor zero =
+      (at::arange(reference.numel(), at::TensorOptions().dtype(at::kLong)) % 5 == 0).reshape(reference.sizes());
   const at::Tensor window = at::where(zero, at::zeros_like(reference), std::ldexp(1.0, -6) * reference.abs());
   ReferenceQuantization jittered(r);
   jittered.set_jitter(1.0, make_generator(5), recorded, {window});
@@ -947,8 +947,9 @@ TEST(Fp8Jitter, AWindowIsAtLeastTwiceItsRowsMedianWindow) {
   const auto options = at::TensorOptions().dtype(at::kLong);
   const at::Tensor row = at::arange(16, options).reshape({16, 1}).expand({16, 64});
   const at::Tensor column = at::arange(64, options).reshape({1, 64}).expand({16, 64});
-  const at::Tensor in_row = at::where(column % 4 == 0, at::zeros_like(reference),
-                                      at::where(column % 4 == 1, at::full_like(reference, 4.0), at::ones_like(reference)));
+  const at::Tensor in_row =
+      at::where(column % 4 == 0, at::zeros_like(reference),
+                at::where(column % 4 == 1, at::full_like(reference, 4.0), at::ones_like(reference)));
   const at::Tensor window = at::where(row == 3, in_row, at::zeros_like(reference));
   ReferenceQuantization jittered(r);
   jittered.set_jitter(1.0, make_generator(6), recorded, {window});
