@@ -7,5 +7,4 @@ gradfuzz_add_test(backends_test
     ${CMAKE_CURRENT_LIST_DIR}/shared_runs_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/distributed_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/torch_backend_test.cc
-    ${CMAKE_CURRENT_LIST_DIR}/te_defects_test.cc
   LIBS gradfuzz::cli)

@@ -42,6 +42,16 @@ CliRun cli(const std::vector<std::string>& args) {
   return {code, out.str(), err.str()};
 }
 
+/// Replays tests/backends/data/`name` on the torch backend in process (`extra` appended).
+CliRun replay_data(const std::string& name, std::vector<std::string> extra = {}) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  std::vector<std::string> args{"replay",    std::string(root ? root : ".") + "/tests/backends/data/" + name,
+                                "--backend", "torch",
+                                "--workers", "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return cli(args);
+}
+
 /// One torch worker (and its adapter), cases stopped after `case_timeout_s`.
 WorkerPoolOptions torch_pool_options(double case_timeout_s) {
   WorkerPoolOptions o;
@@ -173,10 +183,7 @@ TEST_F(TorchBackend, AnFP8CaseReplaysAndItsScriptShipsEachCallsReference) {
 // window is now at least twice its row's median window (ops/quantization.cc:
 // quantize_dequantize; docs/BACKENDS.md "The quantization-aware tolerance"): replay passes.
 TEST_F(TorchBackend, AnFp8FlipWhereTheBaselineMatchedTheReferenceIsRounding) {
-  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
-  const std::string source = root ? root : ".";
-  const std::string file = source + "/tests/backends/data/torch-fp8-zero-window-tie.json";
-  const CliRun replay = cli({"replay", file, "--backend", "torch", "--workers", "0"});
+  const CliRun replay = replay_data("torch-fp8-zero-window-tie.json");
   EXPECT_EQ(replay.exit, 0) << replay.out << replay.err;
   EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
 }
@@ -194,12 +201,29 @@ TEST_F(TorchBackend, AnFp8FlipWhereTheBaselineMatchedTheReferenceIsRounding) {
 // now at least twice its row's median window (ops/quantization.cc: quantize_dequantize):
 // replay passes.
 TEST_F(TorchBackend, AnFp8FlipOfACancellingGradientElementIsRounding) {
-  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
-  const std::string source = root ? root : ".";
-  const std::string file = source + "/tests/backends/data/torch-fp8-row-cancellation.json";
-  const CliRun replay = cli({"replay", file, "--backend", "torch", "--workers", "0"});
+  const CliRun replay = replay_data("torch-fp8-row-cancellation.json");
   EXPECT_EQ(replay.exit, 0) << replay.out << replay.err;
   EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
+}
+
+// A TE defect gradfuzz found on the H200, reproduced on the CPU by the emulation with the
+// defect planted (torch_faults.py): without it the case passes (the reference and the
+// emulation agree), with it the case fails with the signature TE's run had. That explains a
+// te cluster without a GPU (docs/TE.md "fourth lease") and keeps the explanation checked as
+// the oracle changes. te-groupedlinear-ignores-backward-override (known/te-2.20.2.json):
+// Dispatch -> GroupedLinear under Float8CurrentScaling HYBRID, backward_override=dequantized,
+// signed `mismatch|Dispatch|grad_input` on TE (the GroupedLinear's input gradient is
+// Dispatch's tensor); the emulation with GroupedLinear's backward the fully quantized one
+// gives TE's value at TE's worst element (grad_input[2][8] -0.5291 where the override's
+// reference is -0.3778).
+TEST_F(TorchBackend, GroupedLinearIgnoringTheBackwardOverrideGivesTEsFinding) {
+  const CliRun clean = replay_data("te-groupedlinear-override-dgrad.json");
+  EXPECT_EQ(clean.exit, 0) << clean.out << clean.err;
+  EXPECT_THAT(clean.out, HasSubstr("1 cases, 0 failed"));
+  const CliRun planted = replay_data("te-groupedlinear-override-dgrad.json",
+                                     {"--fault", "torch-grouped-linear-ignores-backward-override"});
+  EXPECT_EQ(planted.exit, 1) << planted.out << planted.err;
+  EXPECT_THAT(planted.out, HasSubstr("[mismatch|Dispatch|grad_input]"));
 }
 
 // The quantization-aware tolerance rule (docs/BACKENDS.md "Recipes"), end to end on the
