@@ -240,8 +240,8 @@ bool KnownIssue::matches(const harness::Finding& f, const CaseFacts& facts, cons
   if (dtype && facts.dtype != *dtype) return false;
   if (!case_ops.empty()) {
     if (!facts.ops_recorded) return false;
-    for (const auto& op : case_ops) {
-      if (std::find(facts.ops.begin(), facts.ops.end(), op) == facts.ops.end()) return false;
+    for (const auto& name : case_ops) {
+      if (std::find(facts.ops.begin(), facts.ops.end(), name) == facts.ops.end()) return false;
     }
   }
   if (message_pattern && !std::regex_search(f.message, *message_pattern)) return false;
