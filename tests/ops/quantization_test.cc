@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/basic/activations.h"
@@ -857,15 +858,22 @@ TEST(Fp8RoundingMargin, IsTheDistanceToTheBoundaryOnTheValuesSide) {
   EXPECT_NEAR(e5[1], std::ldexp(1.0, -17) - std::ldexp(1.0, -17), 1e-30);  // a subnormal tie
 }
 
+/// The reference's plain (unjittered) quantization of `x` as an input: its dequantized values
+/// and the scaled values it records (one tensor), what the jitter tests start from.
+std::pair<at::Tensor, std::vector<at::Tensor>> plain_input_quantization(const QuantRecipe& r, const at::Tensor& x) {
+  std::vector<at::Tensor> recorded;
+  ReferenceQuantization plain(r);
+  plain.record_scaled(&recorded);
+  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  return {a, std::move(recorded)};
+}
+
 TEST(Fp8Jitter, WindowsMoveOnlyElementsNearABoundaryFromTheReferencesCodes) {
   at::Generator gen = make_generator(312);
   const at::Tensor x = at::randn({60, 50}, gen, at::TensorOptions().dtype(at::kDouble));
   const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
   // The reference's scaled values, recorded by a plain evaluation.
-  std::vector<at::Tensor> recorded;
-  ReferenceQuantization plain(r);
-  plain.record_scaled(&recorded);
-  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  const auto [a, recorded] = plain_input_quantization(r, x);
   ASSERT_EQ(recorded.size(), 1U);
   const at::Tensor margin = fp8_rounding_margin(recorded[0], Fp8Format::kE4M3);
   // Zero windows: nothing moves, whatever the probability.
@@ -904,10 +912,7 @@ TEST(Fp8Jitter, AZeroWindowIsRaisedToTwiceItsRowsMedianWindow) {
   at::Generator gen = make_generator(313);
   const at::Tensor x = at::randn({60, 50}, gen, at::TensorOptions().dtype(at::kDouble));
   const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
-  std::vector<at::Tensor> recorded;
-  ReferenceQuantization plain(r);
-  plain.record_scaled(&recorded);
-  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  const auto [a, recorded] = plain_input_quantization(r, x);
   ASSERT_EQ(recorded.size(), 1U);
   const at::Tensor reference = recorded[0];
   const at::Tensor zero =
@@ -938,10 +943,7 @@ TEST(Fp8Jitter, AWindowIsAtLeastTwiceItsRowsMedianWindow) {
   at::Generator gen = make_generator(317);
   const at::Tensor x = 30 * at::randn({16, 64}, gen, at::TensorOptions().dtype(at::kDouble));
   const QuantRecipe r = recipe("Float8CurrentScaling", "E4M3");
-  std::vector<at::Tensor> recorded;
-  ReferenceQuantization plain(r);
-  plain.record_scaled(&recorded);
-  const at::Tensor a = plain.quantize(QuantRole::kInput, 0, x).rowwise;
+  const auto [a, recorded] = plain_input_quantization(r, x);
   ASSERT_EQ(recorded.size(), 1U);
   const at::Tensor reference = recorded[0];
   const auto options = at::TensorOptions().dtype(at::kLong);
