@@ -46,6 +46,20 @@ class BackendUnavailable : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A run_paths request under way (Backend::start_paths): the caller does its own work while
+/// the backend runs the paths (a remote backend's adapter runs them in its own process).
+/// Destroyed unanswered, it waits for the answer and drops it, so that the backend's next
+/// request is read in step.
+class PendingPaths {
+ public:
+  virtual ~PendingPaths() = default;
+  /// Whether the answer is there (get() will not wait); true at once for a backend that ran
+  /// the paths when asked.
+  virtual bool ready() = 0;
+  /// The runs, as run_paths returns them (and throwing as it throws); once.
+  virtual std::vector<PathRun> get() = 0;
+};
+
 /// What is under test: builds a case's Sequential and runs it once per path
 /// (docs/BACKENDS.md). The reference, the values and the oracle stay in the harness.
 class Backend {
@@ -61,6 +75,13 @@ class Backend {
   /// broken invariants.
   virtual std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                          const std::vector<PathRequest>& paths) = 0;
+  /// run_paths begun: the runs come from the returned object's get(), which must be called
+  /// (or the object destroyed) before anything else is asked of this backend. By default
+  /// the paths run here and now (in process, nothing to overlap); a remote backend sends the
+  /// request and returns while its adapter runs it. `spec`, `plan` and `tensors` need only
+  /// live during this call.
+  virtual std::unique_ptr<PendingPaths> start_paths(const CaseSpec& spec, const CasePlan& plan,
+                                                    const CaseTensors& tensors, const std::vector<PathRequest>& paths);
   /// Switches on one of the backend's planted faults (capabilities().faults) for the next
   /// run_paths calls; empty switches it off. The model's faults live in ops/faults.h's
   /// switchboard (campaign/case_runner.h sets them); a backend without planted faults of

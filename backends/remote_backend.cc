@@ -1,6 +1,7 @@
 #include "backends/remote_backend.h"
 
 #include <ATen/ATen.h>
+#include <poll.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -254,6 +255,16 @@ const BackendCapabilities& RemoteBackend::capabilities() {
 }
 
 RemoteBackend::Reply RemoteBackend::call(json header, const std::vector<at::Tensor>& tensors, double timeout_s) {
+  send(std::move(header), tensors);
+  return receive(
+      wire::Clock::now() + std::chrono::duration_cast<wire::Clock::duration>(std::chrono::duration<double>(timeout_s)),
+      timeout_s);
+}
+
+void RemoteBackend::send(json header, const std::vector<at::Tensor>& tensors) {
+  if (awaiting_reply_) {
+    throw std::logic_error("the " + options_.name + " backend got a request while the answer to another is awaited");
+  }
   start();
   child_->clear_stderr();
   try {
@@ -261,10 +272,13 @@ RemoteBackend::Reply RemoteBackend::call(json header, const std::vector<at::Tens
   } catch (const wire::PeerClosed&) {
     fail_dead("died before it read the case");
   }
+  awaiting_reply_ = true;
+}
+
+RemoteBackend::Reply RemoteBackend::receive(wire::Clock::time_point deadline, double timeout_s) {
+  awaiting_reply_ = false;
   Reply reply;
   try {
-    const auto deadline = wire::Clock::now() +
-                          std::chrono::duration_cast<wire::Clock::duration>(std::chrono::duration<double>(timeout_s));
     reply.frame = wire::read_frame(child_->stdout_fd(), deadline);
   } catch (const wire::PeerClosed&) {
     fail_dead("died while running the case");
@@ -362,26 +376,78 @@ std::vector<PathRun> RemoteBackend::run_ranks(const CaseSpec& spec, const CasePl
   return runs;
 }
 
-std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
-                                              const std::vector<PathRequest>& paths) {
-  if (harness::is_distributed(spec)) return run_ranks(spec, plan, tensors, paths);
-  std::vector<at::Tensor> out_tensors;
+json RemoteBackend::run_request(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                const std::vector<PathRequest>& paths, std::vector<at::Tensor>& out_tensors) const {
   json header = case_request_json(spec, plan, tensors, out_tensors);
   header["op"] = "run";
   if (!fault_.empty()) header["fault"] = fault_;
   header["paths"] = paths_json(paths);
-  Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
+  return header;
+}
+
+std::vector<PathRun> RemoteBackend::runs_of(const Reply& reply, size_t requested) {
   std::vector<PathRun> runs;
   try {
     for (const auto& p : reply.frame.header.at("paths")) runs.push_back(path_from(p, reply.frame));
   } catch (const std::exception& e) {
     throw std::logic_error(std::string("the adapter's run reply is malformed: ") + e.what());
   }
-  if (runs.size() != paths.size()) {
+  if (runs.size() != requested) {
     throw std::logic_error("the adapter answered " + std::to_string(runs.size()) + " paths for " +
-                           std::to_string(paths.size()) + " requested");
+                           std::to_string(requested) + " requested");
   }
   return runs;
+}
+
+std::vector<PathRun> RemoteBackend::run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                              const std::vector<PathRequest>& paths) {
+  if (harness::is_distributed(spec)) return run_ranks(spec, plan, tensors, paths);
+  std::vector<at::Tensor> out_tensors;
+  json header = run_request(spec, plan, tensors, paths, out_tensors);
+  return runs_of(call(std::move(header), out_tensors, options_.case_timeout_s), paths.size());
+}
+
+/// A run request sent, its reply not read yet.
+class RemoteBackend::Pending final : public PendingPaths {
+ public:
+  Pending(RemoteBackend& backend, size_t requested)
+      : backend_(backend),
+        requested_(requested),
+        deadline_(wire::Clock::now() + std::chrono::duration_cast<wire::Clock::duration>(
+                                           std::chrono::duration<double>(backend.options_.case_timeout_s))) {}
+  ~Pending() override {
+    if (answered_) return;
+    try {
+      get();
+    } catch (...) {  // the caller left without the runs (an exception of its own): nothing to report
+    }
+  }
+  bool ready() override {
+    if (answered_ || !backend_.child_) return true;
+    pollfd p{backend_.child_->stdout_fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) != 0;  // readable, closed, or an error: get() says which
+  }
+  std::vector<PathRun> get() override {
+    if (answered_) throw std::logic_error("PendingPaths::get called twice");
+    answered_ = true;
+    return runs_of(backend_.receive(deadline_, backend_.options_.case_timeout_s), requested_);
+  }
+
+ private:
+  RemoteBackend& backend_;
+  size_t requested_;
+  wire::Clock::time_point deadline_;
+  bool answered_ = false;
+};
+
+std::unique_ptr<PendingPaths> RemoteBackend::start_paths(const CaseSpec& spec, const CasePlan& plan,
+                                                         const CaseTensors& tensors,
+                                                         const std::vector<PathRequest>& paths) {
+  if (harness::is_distributed(spec)) return Backend::start_paths(spec, plan, tensors, paths);
+  std::vector<at::Tensor> out_tensors;
+  json header = run_request(spec, plan, tensors, paths, out_tensors);
+  send(std::move(header), out_tensors);
+  return std::make_unique<Pending>(*this, paths.size());
 }
 
 void RemoteBackend::set_fault(const std::string& name) {

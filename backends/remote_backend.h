@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -49,6 +50,10 @@ class RemoteBackend final : public Backend {
   const BackendCapabilities& capabilities() override;
   std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                  const std::vector<PathRequest>& paths) override;
+  /// Sends the run request and returns while the adapter runs it (a distributed case runs
+  /// here and now, its ranks answering in turn).
+  std::unique_ptr<PendingPaths> start_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                            const std::vector<PathRequest>& paths) override;
 
   /// The pytest script for `spec` (its paths and values). Throws BackendUnavailable when the
   /// adapter cannot start and std::runtime_error when it refuses the request.
@@ -71,6 +76,15 @@ class RemoteBackend final : public Backend {
   /// std::runtime_error for a reply with ok=false.
   struct Reply;
   Reply call(nlohmann::json header, const std::vector<at::Tensor>& tensors, double timeout_s);
+  /// call() in two halves: send the request, then (after other work) read its reply, waiting
+  /// until `deadline`.
+  void send(nlohmann::json header, const std::vector<at::Tensor>& tensors);
+  Reply receive(std::chrono::steady_clock::time_point deadline, double timeout_s);
+  /// The run request of a single-process case, and its reply's runs.
+  nlohmann::json run_request(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                             const std::vector<PathRequest>& paths, std::vector<at::Tensor>& out_tensors) const;
+  static std::vector<PathRun> runs_of(const Reply& reply, size_t requested);
+  class Pending;
   [[noreturn]] void fail_dead(const std::string& what);
   /// Has the adapter start `world_size` rank processes on `device` unless they run.
   void start_ranks(int64_t world_size, const std::string& device);
@@ -83,6 +97,8 @@ class RemoteBackend final : public Backend {
   BackendCapabilities capabilities_;
   bool have_capabilities_ = false;
   std::string fault_;
+  /// A request sent whose reply is not read yet (start_paths): no other request may go out.
+  bool awaiting_reply_ = false;
   /// The adapter's rank processes: how many, on which device, their pids (0: none).
   int64_t ranks_world_size_ = 0;
   std::string ranks_device_;

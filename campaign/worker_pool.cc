@@ -134,6 +134,8 @@ void WorkerPool::start(Slot& slot) {
   const auto& r = options_.run_options;
   if (!r.finite_differences) process.argv.push_back("--no-finite-differences");
   if (!r.shared_runs) process.argv.push_back("--no-shared-runs");
+  process.argv.push_back("--overlap");
+  process.argv.push_back(runner::overlap_name(r.overlap));
   if (options_.backend.world_size > 1) {
     // The worker's adapter starts its rank processes with it (docs/BACKENDS.md
     // "Distributed cases"): not a case's time.

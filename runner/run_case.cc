@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -345,6 +346,25 @@ std::vector<std::string> static_features(const CaseSpec& spec, const CasePlan& p
       "no_grad_call");
   return features;
 }
+const char* overlap_name(RunOptions::Overlap overlap) {
+  switch (overlap) {
+    case RunOptions::Overlap::kNone:
+      return "none";
+    case RunOptions::Overlap::kReference:
+      return "reference";
+    case RunOptions::Overlap::kEvidence:
+      return "evidence";
+  }
+  return "evidence";
+}
+
+RunOptions::Overlap overlap_from_name(const std::string& name) {
+  for (const auto o : {RunOptions::Overlap::kNone, RunOptions::Overlap::kReference, RunOptions::Overlap::kEvidence}) {
+    if (name == overlap_name(o)) return o;
+  }
+  throw std::invalid_argument("expected none, reference or evidence, got '" + name + "'");
+}
+
 bool intends_error(const CaseSpec& spec) {
   if (spec.extra_input_count_delta != 0 || spec.corrupt_split_sizes || !spec.late_binds.empty() ||
       check_static_wiring(spec).has_value()) {
@@ -463,6 +483,35 @@ struct EvidenceCarry {
 /// with gather_evidence.
 constexpr int64_t kEvidenceSamples[] = {0, 6, 8};
 constexpr int kEvidenceRounds = 3;
+
+/// The low-precision evidence of the basic ops' reference set drawn ahead, while a remote
+/// backend runs the case's paths (RunOptions::Overlap::kEvidence): what judge_values would
+/// draw next, in its order, kept apart until it asks for it. Its rounds and the repeat calls'
+/// coarse evidence draw from copies of the generators and keep the generators' states after
+/// them, so that a run that never asks (the first check passed, the ablation's carry) sees
+/// the generators as they were, and one that does continues exactly where they left off.
+/// Used only while the case has that one reference set (another set's evidence comes
+/// between them in judge_values' order): the gathering, which starts the generators afresh,
+/// holds either way.
+struct Speculation {
+  /// gather_evidence's result on the basic ops' set, once run.
+  std::optional<bool> gathered;
+  at::Generator sample_generator;
+  at::Generator noise_generator;
+  /// repeat_call_bounds' coarse evidence, and the sample generator after it.
+  std::optional<oracle::RoundingEvidence> coarse;
+  at::Generator after_coarse;
+  /// Per evidence round (index as kEvidenceSamples): the samples drawn ahead, their maxima,
+  /// and the generators' states after them.
+  struct Round {
+    int64_t taken = 0;
+    std::map<std::string, at::Tensor> sensitivity;
+    std::map<std::string, at::Tensor> output_noise;
+    at::Generator sample_after;
+    at::Generator noise_after;
+  };
+  std::array<Round, kEvidenceRounds> rounds;
+};
 
 /// One case through its stages (run_case's contract). Each stage adds its findings to
 /// result_; the paths, the reference and the bounds it judges by are members so that the
@@ -736,10 +785,19 @@ class CaseRun {
 
   // ---- run the paths: fused, unfused (skipped when nothing fused), and each pass's fusions
   // alone when the fused path ran forward-only and backward-only fused ops together.
-  bool run_backend(const CaseSpec& s, const std::vector<PathRequest>& requests, std::vector<PathRun>& into) {
+  bool run_backend(const CaseSpec& s, const std::vector<PathRequest>& requests, std::vector<PathRun>& into,
+                   bool overlap = false) {
     CostStage stage("backend");
     try {
-      std::vector<PathRun> runs = backend_.run_paths(s, prepared_.plan, prepared_.tensors, requests);
+      std::vector<PathRun> runs;
+      if (overlap && options_.overlap != RunOptions::Overlap::kNone) {
+        const std::unique_ptr<backends::PendingPaths> pending =
+            backend_.start_paths(s, prepared_.plan, prepared_.tensors, requests);
+        overlap_with_paths(*pending);
+        runs = pending->get();
+      } else {
+        runs = backend_.run_paths(s, prepared_.plan, prepared_.tensors, requests);
+      }
       count_request(requests, runs);
       for (auto& r : runs) into.push_back(std::move(r));
       return true;
@@ -837,12 +895,12 @@ class CaseRun {
         r.only_if_fired = {{forward_only.begin(), forward_only.end()}, {backward_only.begin(), backward_only.end()}};
         all.push_back(std::move(r));
       }
-      if (!run_backend(spec_, all, runs_)) return false;
+      if (!run_backend(spec_, all, runs_, /*overlap=*/true)) return false;
       if (runs_.size() == all.size() && runs_[requests_.size()].status != PathStatus::kSkipped) {
         single_pass_ = single_pass;  // what ran, for the confirmation's rerun
       }
     } else {
-      if (!run_backend(spec_, requests_, runs_)) return false;
+      if (!run_backend(spec_, requests_, runs_, /*overlap=*/true)) return false;
       if (!single_pass.empty() && !runs_.empty() && runs_.front().ok() && fired_any_of(runs_.front(), forward_only) &&
           fired_any_of(runs_.front(), backward_only)) {
         single_pass_ = single_pass;
@@ -857,6 +915,61 @@ class CaseRun {
     return true;
   }
 
+  /// While a remote backend runs the case's first request (RunOptions::overlap): the basic
+  /// ops' float64 reference, which does not depend on the paths, and then the low-precision
+  /// evidence judge_values would draw for it, piece by piece until the answer is there
+  /// (Speculation). Nothing where the backend ran the paths when asked.
+  void overlap_with_paths(backends::PendingPaths& pending) {
+    if (pending.ready()) return;
+    CostStage stage("overlap");
+    reference_of_first_set();
+    if (options_.overlap != RunOptions::Overlap::kEvidence || dtype_ == at::kDouble || carried_evidence_ != nullptr ||
+        !sets_.front()->reference.ok() || harness::is_distributed(spec_)) {
+      return;
+    }
+    while (!pending.ready() && speculate()) {
+    }
+  }
+
+  /// One more piece of the Speculation, in judge_values' order: the gathering, the repeat
+  /// calls' coarse evidence, then one rounding sample of the next round; false when nothing
+  /// is left to draw ahead.
+  bool speculate() {
+    ref_ = sets_.front().get();
+    Speculation& ahead = speculation_;
+    if (!ahead.gathered) {
+      ahead.gathered = gather_evidence();
+      count_cost("ahead_gathered");
+      ahead.sample_generator = sample_generator_.clone();
+      ahead.noise_generator = noise_generator_.clone();
+      return *ahead.gathered;
+    }
+    if (!*ahead.gathered) return false;
+    if (quantizes_ && !spec_.repeat_calls.empty() && !ahead.coarse) {
+      ahead.coarse = coarse_evidence(ahead.sample_generator);
+      ahead.after_coarse = ahead.sample_generator.clone();
+      count_cost("ahead_coarse");
+      return true;
+    }
+    for (int round = 1; round < kEvidenceRounds; ++round) {
+      Speculation::Round& r = ahead.rounds[round];
+      if (r.taken >= kEvidenceSamples[round]) continue;
+      rounding_sample(ahead.sample_generator, ahead.noise_generator, r.sensitivity, r.output_noise);
+      ++r.taken;
+      r.sample_after = ahead.sample_generator.clone();
+      r.noise_after = ahead.noise_generator.clone();
+      count_cost("ahead_samples");
+      return true;
+    }
+    return false;
+  }
+
+  /// Whether the evidence of `set` may come from the Speculation: the basic ops' set, the
+  /// case's only one, gathered ahead.
+  bool ahead_for(const ReferenceSet* set) const {
+    return set == sets_.front().get() && sets_.size() == 1 && speculation_.gathered.value_or(false);
+  }
+
   const PathRun* run_named(const std::string& name) const {
     for (const PathRun* r : active_) {
       if (r->name == name) return r;
@@ -867,9 +980,8 @@ class CaseRun {
   // ---- the float64 reference (recording its kinks for the low-precision rule): one per
   // set of quantization points the paths have (ReferenceSet), the basic ops' first.
   void run_reference() {
-    ref_device_ = reference_device(spec_, prepared_.plan, prepared_.tensors);
-    evidence_spec_ = spec_;
-    for (size_t k = 0; k < sets_.size(); ++k) {
+    reference_of_first_set();
+    for (size_t k = 1; k < sets_.size(); ++k) {
       ref_ = sets_[k].get();
       run_reference_of_set(/*first=*/k == 0);
       if (k > 0 && !ref_->reference.ok() && sets_.front()->reference.ok()) {
@@ -882,6 +994,16 @@ class CaseRun {
       }
     }
     ref_ = sets_.front().get();
+  }
+
+  /// The basic ops' reference set's references, once (overlap_with_paths or run_reference).
+  void reference_of_first_set() {
+    if (first_reference_done_) return;
+    first_reference_done_ = true;
+    ref_device_ = reference_device(spec_, prepared_.plan, prepared_.tensors);
+    evidence_spec_ = spec_;
+    ref_ = sets_.front().get();
+    run_reference_of_set(/*first=*/true);
   }
 
   /// The references of `ref_` (run_reference); the first set decides evidence_spec_.
@@ -1212,14 +1334,20 @@ class CaseRun {
         first_round = carried_evidence_->rounds;
         count_cost("evidence_carried");
       } else {
-        gathered = for_each_set([&] { return gather_evidence(); });
+        gathered = for_each_set([&] {
+          // The basic ops' gathering drawn ahead holds whatever sets follow (each gathering
+          // starts the generators afresh).
+          if (ref_ != sets_.front().get() || !speculation_.gathered) return gather_evidence();
+          count_cost("ahead_gathered_used");
+          return *speculation_.gathered;
+        });
       }
       if (gathered) {
         for (int round = first_round; round < kEvidenceRounds; ++round) {
           if (round > first_round) {
             if (!has_value_findings(values)) break;
             for_each_set([&] {
-              add_rounding_samples(kEvidenceSamples[round]);
+              add_round(round);
               return true;
             });
           }
@@ -1272,7 +1400,7 @@ class CaseRun {
   /// ReferenceEvaluator::set_output_noise, drawn from the noise generator).
   PathRun reference_run(const harness::CaseTensors& values, at::ScalarType dtype, ops::KinkProbe* probe = nullptr,
                         at::Generator* jitter = nullptr, std::vector<at::Tensor>* record = nullptr,
-                        bool noise = false) {
+                        at::Generator* noise = nullptr) {
     BuiltCase ops;
     PathRun creation;
     run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, values); });
@@ -1281,7 +1409,7 @@ class CaseRun {
     const auto quantization = fresh_quantization(jitter, record);
     return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe,
                               quantization.get(), /*no_grad=*/false, noise ? harness::unit_roundoff(dtype_) : 0.0,
-                              noise ? &noise_generator_ : nullptr);
+                              noise);
   }
 
   /// `n` more rounding samples: the rounding baseline on values perturbed by a relative u
@@ -1291,26 +1419,44 @@ class CaseRun {
   /// relative u with every op's results (forward and backward) rounded once more, its
   /// distance kept likewise (RoundingEvidence::output_noise).
   void add_rounding_samples(int64_t n) {
-    const double u = harness::unit_roundoff(dtype_);
     for (int64_t k = 0; k < n; ++k) {
-      // A quantizing case's samples also move each quantized element by one FP8 value or not.
-      const PathRun run =
-          reference_run(perturbed(u, sample_generator_), dtype_, nullptr, quantizes_ ? &sample_generator_ : nullptr);
-      if (run.ok()) {
-        oracle::accumulate_max(ref_->evidence.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
-      }
+      rounding_sample(sample_generator_, noise_generator_, ref_->evidence.sensitivity, ref_->evidence.output_noise);
     }
+  }
+
+  /// One rounding sample of add_rounding_samples, drawn from `samples` and `noise` (each
+  /// generator's draws in the same order as n samples in a row draw them), its maxima kept
+  /// in `sensitivity` and `output_noise`.
+  void rounding_sample(at::Generator& samples, at::Generator& noise, std::map<std::string, at::Tensor>& sensitivity,
+                       std::map<std::string, at::Tensor>& output_noise) {
+    const double u = harness::unit_roundoff(dtype_);
+    // A quantizing case's samples also move each quantized element by one FP8 value or not.
+    const PathRun run = reference_run(perturbed(u, samples), dtype_, nullptr, quantizes_ ? &samples : nullptr);
+    if (run.ok()) oracle::accumulate_max(sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
     // A quantizing case's elements already get their tensor's largest evidence (its FP8
     // rounding dominates the dtype's), and noise ahead of a quantizer would move whole FP8
     // steps: output noise is the half-precision rule's alone.
     if (quantizes_) return;
-    for (int64_t k = 0; k < n; ++k) {
-      const PathRun run = reference_run(perturbed(u, noise_generator_), at::kDouble, nullptr, nullptr, nullptr,
-                                        /*noise=*/true);
-      if (run.ok()) {
-        oracle::accumulate_max(ref_->evidence.output_noise, oracle::abs_differences(spec_, evidence_reference(), run));
+    const PathRun noisy = reference_run(perturbed(u, noise), at::kDouble, nullptr, nullptr, nullptr, &noise);
+    if (noisy.ok()) oracle::accumulate_max(output_noise, oracle::abs_differences(spec_, evidence_reference(), noisy));
+  }
+
+  /// Round `round`'s samples of the set ref_: those drawn ahead (Speculation), the maxima
+  /// being the same in any grouping, then the rest from where they left the generators.
+  void add_round(int round) {
+    int64_t n = kEvidenceSamples[round];
+    if (ahead_for(ref_)) {
+      const Speculation::Round& r = speculation_.rounds[round];
+      if (r.taken > 0) {
+        oracle::accumulate_max(ref_->evidence.sensitivity, r.sensitivity);
+        oracle::accumulate_max(ref_->evidence.output_noise, r.output_noise);
+        sample_generator_ = r.sample_after.clone();
+        noise_generator_ = r.noise_after.clone();
+        n -= r.taken;
+        count_cost("ahead_samples_used", r.taken);
       }
     }
+    add_rounding_samples(n);
   }
 
   /// The values a reference set's evidence is measured against, by name.
@@ -1409,25 +1555,36 @@ class CaseRun {
   std::optional<oracle::CaseBounds> repeat_call_bounds(const std::map<std::string, at::Tensor>& expected) {
     if (!quantizes_ || spec_.repeat_calls.empty()) return std::nullopt;
     if (!ref_->coarse_evidence) {
-      ref_->coarse_evidence = ref_->evidence;
-      ref_->coarse_evidence->sensitivity.clear();
-      std::vector<at::Tensor> windows;
-      std::vector<at::Tensor> reference;
-      std::swap(windows, ref_->fp8_windows);
-      std::swap(reference, ref_->fp8_reference);
-      const double u = harness::unit_roundoff(dtype_);
-      for (int k = 0; k < 4; ++k) {
-        const PathRun run = reference_run(perturbed(u, sample_generator_), dtype_, nullptr, &sample_generator_);
-        if (run.ok()) {
-          oracle::accumulate_max(ref_->coarse_evidence->sensitivity,
-                                 oracle::abs_differences(spec_, evidence_reference(), run));
-        }
+      if (ahead_for(ref_) && speculation_.coarse) {
+        ref_->coarse_evidence = *speculation_.coarse;
+        sample_generator_ = speculation_.after_coarse.clone();
+        count_cost("ahead_coarse_used");
+      } else {
+        ref_->coarse_evidence = coarse_evidence(sample_generator_);
       }
-      std::swap(windows, ref_->fp8_windows);
-      std::swap(reference, ref_->fp8_reference);
     }
     return uniform_allowance(
         oracle::evidence_bounds(dtype_, context_, expected, *ref_->coarse_evidence, options_.rounding));
+  }
+
+  /// The coarse evidence of ref_ (repeat_call_bounds): its evidence so far with the
+  /// sensitivity of four samples drawn from `samples` that jitter every quantized element.
+  oracle::RoundingEvidence coarse_evidence(at::Generator& samples) {
+    oracle::RoundingEvidence coarse = ref_->evidence;
+    coarse.sensitivity.clear();
+    std::vector<at::Tensor> windows;
+    std::vector<at::Tensor> reference;
+    std::swap(windows, ref_->fp8_windows);
+    std::swap(reference, ref_->fp8_reference);
+    const double u = harness::unit_roundoff(dtype_);
+    for (int k = 0; k < 4; ++k) {
+      const PathRun run = reference_run(perturbed(u, samples), dtype_, nullptr, &samples);
+      if (run.ok())
+        oracle::accumulate_max(coarse.sensitivity, oracle::abs_differences(spec_, evidence_reference(), run));
+    }
+    std::swap(windows, ref_->fp8_windows);
+    std::swap(reference, ref_->fp8_reference);
+    return coarse;
   }
 
   /// FP8 rounding boundaries are the quantizer's kinks. The scaled values of the float64
@@ -1713,6 +1870,10 @@ class CaseRun {
   int evidence_rounds_ = -1;
   /// The parent run's evidence, for the in-place ablation's rerun (EvidenceCarry).
   const EvidenceCarry* carried_evidence_ = nullptr;
+  /// The basic ops' references ran (reference_of_first_set).
+  bool first_reference_done_ = false;
+  /// Evidence drawn while the backend ran the paths (overlap_with_paths).
+  Speculation speculation_;
   /// FP8 quantization of the reference (ops/quantization.h): the case's recipe, parsed, and
   /// whether any reference evaluation quantizes (a recipe, or an activation caching its
   /// input in FP8).

@@ -70,7 +70,22 @@ struct RunOptions {
   /// Check repeat calls' plans against fresh Sequentials. The ablation's rerun does only when
   /// a finding it may attribute is a plan's.
   bool check_plans = true;
+  /// What the worker does while a remote backend runs a case's first request (a te case's
+  /// TE paths take most of its time, the worker waiting): kNone nothing; kReference the
+  /// basic ops' float64 reference (needed by every case); kEvidence that and then the
+  /// low-precision evidence the first check would ask for if it failed, drawn until the
+  /// answer comes and used only if asked for (same findings: the same draws in the same
+  /// order). Where the backend runs the paths in process (the model) there is nothing to
+  /// overlap. kEvidence costs CPU the case may not need: one core per worker and one per
+  /// adapter (`--overlap auto`).
+  enum class Overlap { kNone, kReference, kEvidence };
+  Overlap overlap = Overlap::kEvidence;
 };
+
+/// "none", "reference", "evidence"; overlap_from_name throws std::invalid_argument for
+/// another name.
+const char* overlap_name(RunOptions::Overlap overlap);
+RunOptions::Overlap overlap_from_name(const std::string& name);
 
 /// Whether the case asks for an error (invalid-configuration knobs or a static wiring
 /// problem): only then is "every path raised the same error" a pass.

@@ -17,6 +17,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "backends/remote_backend.h"
 #include "campaign/campaign.h"
@@ -103,6 +104,7 @@ struct Flags {
   bool python_format = false;
   bool no_finite_differences = false;
   bool no_shared_runs = false;
+  std::string overlap = "auto";
   bool mps = false;
   std::string shard;
   std::string shapes;
@@ -240,6 +242,23 @@ SanitizerOptions sanitizer_options(const Flags& f) {
   const std::string dir = make_temp_dir("gradfuzz-sanitizer-").string();
   o.log_pattern = dir + "/worker-%p.log";
   return o;
+}
+
+/// --overlap as the run options take it; auto: the evidence drawn ahead where each worker
+/// and its adapter have a core of their own (it is CPU a passing case does not need), else
+/// the reference only.
+runner::RunOptions::Overlap resolve_overlap(const Flags& f) {
+  if (f.overlap != "auto") {
+    try {
+      return runner::overlap_from_name(f.overlap);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(std::string("--overlap: ") + e.what() + " or auto");
+    }
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  const unsigned workers = static_cast<unsigned>(std::max(f.workers, 1));
+  return cores == 0 || 2 * workers <= cores ? runner::RunOptions::Overlap::kEvidence
+                                            : runner::RunOptions::Overlap::kReference;
 }
 
 /// The runner of a campaign: worker processes, or this process with --workers 0.
@@ -500,6 +519,7 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   o.backend = f.backend;
   o.run_options.finite_differences = !f.no_finite_differences;
   o.run_options.shared_runs = !f.no_shared_runs;
+  o.run_options.overlap = resolve_overlap(f);
   if (!f.max_shrink_calls_text.empty()) {
     o.max_shrink_calls = static_cast<int64_t>(parse_whole(f.max_shrink_calls_text, "--max-shrink-calls", 0, 1000000));
   }
@@ -672,6 +692,7 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   run_options.shared_runs = !f.no_shared_runs;
+  run_options.overlap = resolve_overlap(f);
   std::unique_ptr<CaseRunner> runner = make_runner(flags, run_options);
   const std::optional<std::string> fault = check_fault(f.fault, runner->capabilities());
   reports::CampaignInfo info;
@@ -896,6 +917,11 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   sub.add_flag("--no-finite-differences", f.no_finite_differences, "skip the finite-difference check of the reference");
   sub.add_flag("--no-shared-runs", f.no_shared_runs,
                "run each check of a case as its own run, as before (slower, same findings; for comparing)");
+  sub.add_option("--overlap", f.overlap,
+                 "what a worker does while a te/torch adapter runs a case's paths: none, reference (the float64 "
+                 "reference), evidence (that and the low-precision evidence a failing case needs, drawn ahead; same "
+                 "findings), auto (evidence when the machine has two cores per worker, else reference)")
+      ->default_str("auto");
   if (with_workers) {
     sub.add_option("--sanitize", f.sanitize,
                    "run workers under compute-sanitizer: memcheck, racecheck, initcheck, synccheck");
@@ -909,6 +935,7 @@ int cmd_worker(const Flags& f) {
   runner::RunOptions run_options;
   run_options.finite_differences = !f.no_finite_differences;
   run_options.shared_runs = !f.no_shared_runs;
+  run_options.overlap = resolve_overlap(f);
   return run_worker(backend, run_options);
 }
 

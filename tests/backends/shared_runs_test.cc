@@ -278,5 +278,60 @@ TEST_F(SharedRuns, TheAblationsRerunTakesTheFirstRunsEvidenceAndFindsTheSame) {
   EXPECT_EQ(carried, reruns_with_evidence);
 }
 
+/// A report's findings with the campaign's own folder names taken out (the rest, bounds and
+/// errors included, is the judging's).
+json findings_without(const json& report, const std::string& folder) {
+  std::string text = report.at("findings").dump();
+  for (size_t at = text.find(folder); at != std::string::npos; at = text.find(folder, at))
+    text.erase(at, folder.size());
+  return json::parse(text);
+}
+
+TEST_F(SharedRuns, EvidenceDrawnAheadOverTheTorchAdapterFindsTheSame) {
+  // The worker draws the reference and the evidence while the adapter runs the paths
+  // (--overlap evidence; over the real pipes, the answer comes when it comes): bfloat16 FP8
+  // cases with a planted defect, so that many cases gather evidence.
+  std::vector<std::string> args{"fuzz",
+                                "--backend",
+                                "torch",
+                                "--device",
+                                "cpu",
+                                "--workers",
+                                "0",
+                                "--shapes",
+                                "tiny",
+                                "--cases",
+                                "120",
+                                "--seed",
+                                "7",
+                                "--dtypes",
+                                "bfloat16",
+                                "--recipe",
+                                "any",
+                                "--fault",
+                                "torch-fp8-dgrad-scaled-down",
+                                "--max-shrink-calls",
+                                "0"};
+  std::vector<std::string> none_args = args;
+  none_args.insert(none_args.end(), {"--overlap", "none"});
+  args.insert(args.end(), {"--overlap", "evidence"});
+  const Campaign ahead = fuzz(args, "ahead");
+  const Campaign none = fuzz(none_args, "none");
+  ASSERT_EQ(ahead.run.exit, 1) << ahead.run.err;
+  ASSERT_EQ(none.run.exit, 1) << none.run.err;
+  expect_same_outcomes(ahead, none);
+  EXPECT_EQ(findings_without(ahead.report, (dir_ / "ahead-corpus").string()),
+            findings_without(none.report, (dir_ / "none-corpus").string()));
+  EXPECT_EQ(total_count(none.costs, "ahead_gathered"), 0);
+  EXPECT_GT(total_count(ahead.costs, "ahead_gathered"), 0);
+  int64_t overlapped = 0;
+  for (const auto& c : ahead.costs) overlapped += c.at("seconds").contains("paths/backend/overlap") ? 1 : 0;
+  EXPECT_GT(overlapped, 0);
+  // A bad mode is the user's error, named.
+  const CliRun bad = cli({"fuzz", "--cases", "1", "--overlap", "sometimes", "--quiet"});
+  EXPECT_EQ(bad.exit, 2);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--overlap"));
+}
+
 }  // namespace
 }  // namespace gradfuzz::tools

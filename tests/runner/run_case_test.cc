@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "backends/model_backend.h"
 #include "harness/builder.h"
@@ -12,6 +13,7 @@
 #include "ops/fusion_registry.h"
 #include "ops/quantization.h"
 #include "ops/reference.h"
+#include "runner/case_cost.h"
 #include "tests/harness/test_specs.h"
 
 namespace gradfuzz::runner {
@@ -674,6 +676,156 @@ TEST(RunCase, UnderEachRecipeHopperAccumulationPassesAndFp8FaultsStillFail) {
       }
     }
   }
+}
+
+// ---- overlap (RunOptions::overlap): the evidence drawn while a remote backend runs the paths.
+
+/// `inner`'s runs, with the first output scaled by `factor` (a planted error of any size).
+class ScaledOutput final : public Backend {
+ public:
+  ScaledOutput(Backend& inner, double factor) : inner_(inner), factor_(factor) {}
+  std::string name() const override { return inner_.name(); }
+  const BackendCapabilities& capabilities() override { return inner_.capabilities(); }
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths) override {
+    std::vector<PathRun> runs = inner_.run_paths(spec, plan, tensors, paths);
+    for (PathRun& run : runs) {
+      if (!run.outputs.empty() && run.outputs[0].defined()) run.outputs[0] = run.outputs[0] * factor_;
+    }
+    return runs;
+  }
+
+ private:
+  Backend& inner_;
+  double factor_;
+};
+
+/// `inner`'s runs, their answer held back for `polls` calls of ready(): the case draws that
+/// many pieces of evidence ahead, as it does while TE runs the paths in the adapter.
+class SlowAnswer final : public Backend {
+ public:
+  SlowAnswer(Backend& inner, int polls) : inner_(inner), polls_(polls) {}
+  std::string name() const override { return inner_.name(); }
+  const BackendCapabilities& capabilities() override { return inner_.capabilities(); }
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths) override {
+    return inner_.run_paths(spec, plan, tensors, paths);
+  }
+  std::unique_ptr<backends::PendingPaths> start_paths(const CaseSpec& spec, const CasePlan& plan,
+                                                      const CaseTensors& tensors,
+                                                      const std::vector<PathRequest>& paths) override {
+    ++started_;
+    return std::make_unique<Held>(inner_.run_paths(spec, plan, tensors, paths), polls_);
+  }
+  int started() const { return started_; }
+
+ private:
+  class Held final : public backends::PendingPaths {
+   public:
+    Held(std::vector<PathRun> runs, int polls) : runs_(std::move(runs)), polls_(polls) {}
+    bool ready() override { return polls_-- <= 0; }
+    std::vector<PathRun> get() override { return std::move(runs_); }
+
+   private:
+    std::vector<PathRun> runs_;
+    int polls_;
+  };
+  Backend& inner_;
+  int polls_;
+  int started_ = 0;
+};
+
+/// The counts of `cost` whose name ends in `what`, summed.
+int64_t ending_in(const CaseCost& cost, const std::string& what) {
+  int64_t n = 0;
+  for (const auto& [name, count] : cost.counts) {
+    if (name.size() >= what.size() && name.compare(name.size() - what.size(), what.size(), what) == 0) n += count;
+  }
+  return n;
+}
+
+TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
+  // Quantizing cases (four recipes, with and without repeat calls: the coarse evidence) and
+  // half-precision ones (output noise), clean and with errors from well outside to the edge
+  // of their bounds, so that cases pass at the first check, after one or two evidence
+  // rounds, or fail throughout; each judged with no overlap and with the answer held back
+  // for 2, 5 and 1000 polls (the gathering, then the coarse evidence or a sample, then
+  // everything drawn ahead). The results, serialized losslessly, must be identical.
+  std::vector<std::pair<std::string, CaseSpec>> specs;
+  const std::vector<harness::RecipeSpec> recipes = {
+      {"DelayedScaling", "HYBRID", {}}, {"Float8CurrentScaling", "E4M3", {}}, {"Float8BlockScaling", "E4M3", {}}};
+  for (const auto& recipe : recipes) {
+    for (const std::string dtype : {"float32", "bfloat16"}) {
+      CaseSpec spec = fp8_chain(recipe, dtype, 21);
+      specs.emplace_back(recipe.name + " " + dtype, spec);
+      spec.repeat_calls = {harness::RepeatCall{}};
+      specs.emplace_back(recipe.name + " " + dtype + " repeat call", spec);
+    }
+  }
+  HopperFp8Backend hopper;
+  ModelBackend model;
+  int64_t used[3] = {0, 0, 0};
+  int64_t partly = 0;
+  RunOptions none;
+  none.overlap = RunOptions::Overlap::kNone;
+  RunOptions ahead;
+  ahead.overlap = RunOptions::Overlap::kEvidence;
+  auto check = [&](const std::string& what, const CaseSpec& spec, Backend& inner) {
+    for (const double factor : {1.0, 1.004, 1.03, 1.25}) {
+      ScaledOutput backend(inner, factor);
+      const nlohmann::json expected = run_case(spec, backend, none);
+      for (const int polls : {2, 5, 1000}) {
+        SCOPED_TRACE(what + " x" + std::to_string(factor) + ", " + std::to_string(polls) + " polls");
+        SlowAnswer slow(backend, polls);
+        CaseCostRecorder recorder(true);
+        const CaseResult got = run_case(spec, slow, ahead);
+        const CaseCost cost = recorder.finish();
+        EXPECT_EQ(nlohmann::json(got), expected);
+        EXPECT_GE(slow.started(), 1);
+        used[0] += ending_in(cost, "ahead_gathered_used");
+        used[1] += ending_in(cost, "ahead_coarse_used");
+        used[2] += ending_in(cost, "ahead_samples_used");
+        const int64_t samples = ending_in(cost, "ahead_samples_used");
+        if (samples > 0 && samples < 14) ++partly;
+      }
+    }
+  };
+  for (const auto& [what, spec] : specs) check(what, spec, hopper);
+  for (const std::string dtype : {"bfloat16", "float16"}) {
+    CaseSpec spec = linear_bias_relu(dtype);
+    check("model " + dtype, spec, model);
+    spec.repeat_calls = {harness::RepeatCall{}};
+    check("model " + dtype + " repeat call", spec, model);
+  }
+  // Each kind of piece drawn ahead was taken by a case that needed it, some rounds in part.
+  EXPECT_GT(used[0], 0);
+  EXPECT_GT(used[1], 0);
+  EXPECT_GT(used[2], 0);
+  EXPECT_GT(partly, 0);
+}
+
+TEST(RunCase, NothingIsDrawnAheadWhereTheBackendAnswersAtOnce) {
+  // The model runs the paths when asked: the reference and the evidence run in their stages.
+  const CaseSpec spec = fp8_chain({"Float8CurrentScaling", "E4M3", {}}, "bfloat16", 21);
+  HopperFp8Backend scaled(true, HopperFp8Backend::Fault::kGradInputTimes2ToTheMinus7);
+  CaseCostRecorder recorder(true);
+  const CaseResult r = run_case(spec, scaled, RunOptions{});
+  const CaseCost cost = recorder.finish();
+  EXPECT_TRUE(has_finding_on(r, "grad_input")) << describe(r);
+  EXPECT_EQ(ending_in(cost, "ahead_gathered"), 0);
+  EXPECT_EQ(cost.seconds.count("paths/backend/overlap"), 0u);
+  EXPECT_GT(cost.seconds.count("judge/evidence"), 0u);
+  // Held back, the same case draws its evidence ahead; with Overlap::kReference only its
+  // reference.
+  SlowAnswer slow(scaled, 1000);
+  RunOptions reference_only;
+  reference_only.overlap = RunOptions::Overlap::kReference;
+  CaseCostRecorder again(true);
+  EXPECT_EQ(nlohmann::json(run_case(spec, slow, reference_only)), nlohmann::json(r));
+  const CaseCost held = again.finish();
+  EXPECT_EQ(ending_in(held, "ahead_gathered"), 0);
+  EXPECT_GT(held.seconds.count("paths/backend/overlap"), 0u);
+  EXPECT_EQ(held.seconds.count("reference"), 1u);
 }
 
 }  // namespace
