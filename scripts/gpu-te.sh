@@ -35,7 +35,8 @@
 #   EXPORT_MAX EXPORT_JOBS  case files exported (80) and exports run at a time (8)
 #   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12 16")
 #   TPUT_S                  seconds of each throughput campaign (default 20)
-#   TPUT_MODES              one-worker cost ledgers: "shared" (default), "separate" or both
+#   TPUT_MODES              one-worker cost ledgers: "shared" (default), "separate" (each
+#                           check its own run), "none", "reference", "evidence" (--overlap)
 #   TPUT_MPS_WORKERS        te worker counts run under --mps (default "12")
 #   TPUT_MORE               0: only the te worker table and the one-worker ledgers (no mix,
 #                           MPS or model campaigns, no profile); default 1
@@ -304,7 +305,11 @@ if has tput; then
     [ "$mps" = 1 ] && tput tput-model-w8-mps model 8 tiny --mps
   fi
   for mode in ${TPUT_MODES:-shared}; do
-    extra=(); [ "$mode" = separate ] && extra=(--no-shared-runs)
+    extra=()
+    case "$mode" in
+      separate) extra=(--no-shared-runs) ;;
+      none | reference | evidence) extra=(--overlap "$mode") ;;
+    esac
     GRADFUZZ_CASE_COST="$work/cost-te-w1-$mode.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$mode.jsonl" \
       tput "tput-te-w1-$mode" "$backend" 1 tiny --known "$known" "${extra[@]}"
     python3 scripts/case_cost.py "$work/cost-te-w1-$mode.jsonl" --adapter "$work/timing-te-w1-$mode.jsonl" \
