@@ -484,6 +484,27 @@ struct EvidenceCarry {
 constexpr int64_t kEvidenceSamples[] = {0, 6, 8};
 constexpr int kEvidenceRounds = 3;
 
+/// gather_evidence's progress on one reference set, a piece (about one reference evaluation)
+/// at a time: the rounding baseline, the FP8 windows' float64 reference and accumulation
+/// runs, the two first rounding samples, the kink groups (CaseRun::gather_piece).
+struct Gathering {
+  enum class Step { kBaseline, kFp8Reference, kAccumulation, kWindows, kSamples, kKinks, kDone };
+  Step step = Step::kBaseline;
+  ops::KinkProbe probe;
+  PathRun baseline;
+  std::vector<at::Tensor> baseline_scaled;
+  std::vector<at::Tensor> reference_scaled;
+  std::vector<std::vector<at::Tensor>> accumulated;
+  /// The FP8 windows can be set (set_fp8_windows: a backend whose FP8 is the reference's,
+  /// runs that match).
+  bool windows = false;
+  int samples = 0;
+  oracle::KinkGroups kinks;
+  size_t group = 0;
+  /// The result once done: false where the baseline raised.
+  bool ok = true;
+};
+
 /// The low-precision evidence of the basic ops' reference set drawn ahead, while a remote
 /// backend runs the case's paths (RunOptions::Overlap::kEvidence): what judge_values would
 /// draw next, in its order, kept apart until it asks for it. Its rounds and the repeat calls'
@@ -494,7 +515,9 @@ constexpr int kEvidenceRounds = 3;
 /// between them in judge_values' order): the gathering, which starts the generators afresh,
 /// holds either way.
 struct Speculation {
-  /// gather_evidence's result on the basic ops' set, once run.
+  /// The basic ops' set's gathering, begun ahead; its result once done.
+  Gathering gathering;
+  bool begun = false;
   std::optional<bool> gathered;
   at::Generator sample_generator;
   at::Generator noise_generator;
@@ -938,10 +961,11 @@ class CaseRun {
     ref_ = sets_.front().get();
     Speculation& ahead = speculation_;
     if (!ahead.gathered) {
-      ahead.gathered = gather_evidence();
+      ahead.begun = true;
+      count_cost("ahead_pieces");
+      if (!gather_piece(ahead.gathering)) return true;
+      finish_gathering_ahead();
       count_cost("ahead_gathered");
-      ahead.sample_generator = sample_generator_.clone();
-      ahead.noise_generator = noise_generator_.clone();
       return *ahead.gathered;
     }
     if (!*ahead.gathered) return false;
@@ -949,6 +973,7 @@ class CaseRun {
       ahead.coarse = coarse_evidence(ahead.sample_generator);
       ahead.after_coarse = ahead.sample_generator.clone();
       count_cost("ahead_coarse");
+      count_cost("ahead_pieces");
       return true;
     }
     for (int round = 1; round < kEvidenceRounds; ++round) {
@@ -959,9 +984,18 @@ class CaseRun {
       r.sample_after = ahead.sample_generator.clone();
       r.noise_after = ahead.noise_generator.clone();
       count_cost("ahead_samples");
+      count_cost("ahead_pieces");
       return true;
     }
     return false;
+  }
+
+  /// The gathering begun ahead is done: its result, and the generators it leaves for the
+  /// pieces drawn ahead after it.
+  void finish_gathering_ahead() {
+    speculation_.gathered = speculation_.gathering.ok;
+    speculation_.sample_generator = sample_generator_.clone();
+    speculation_.noise_generator = noise_generator_.clone();
   }
 
   /// Whether the evidence of `set` may come from the Speculation: the basic ops' set, the
@@ -1337,8 +1371,16 @@ class CaseRun {
         gathered = for_each_set([&] {
           // The basic ops' gathering drawn ahead holds whatever sets follow (each gathering
           // starts the generators afresh).
-          if (ref_ != sets_.front().get() || !speculation_.gathered) return gather_evidence();
-          count_cost("ahead_gathered_used");
+          if (ref_ != sets_.front().get() || !speculation_.begun) return gather_evidence();
+          if (!speculation_.gathered) {
+            // Begun ahead, not done: the rest of its pieces, in order.
+            while (!gather_piece(speculation_.gathering)) {
+            }
+            finish_gathering_ahead();
+            count_cost("ahead_gathered_in_part");
+          } else {
+            count_cost("ahead_gathered_used");
+          }
           return *speculation_.gathered;
         });
       }
@@ -1518,33 +1560,87 @@ class CaseRun {
   }
 
   bool gather_evidence() {
-    const double u = harness::unit_roundoff(dtype_);
-    // The rounding baseline: the plain reference in the case's dtype, kinks recorded.
-    ops::KinkProbe probe;
-    std::vector<at::Tensor> baseline_scaled;
-    const PathRun baseline = reference_run(prepared_.tensors, dtype_, &probe, nullptr, &baseline_scaled);
-    if (!baseline.ok()) return false;
-    ref_->evidence.quantized = quantizes_;
-    if (quantizes_) set_fp8_windows(baseline_scaled);
-    ref_->evidence.baseline_error = oracle::abs_differences(spec_, evidence_reference(), baseline);
-    ref_->baseline_kinks = probe.sites();
-    // The input sensitivity, two samples to start with (add_rounding_samples adds more).
-    sample_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x5e9517u);
-    // The output noise draws from its own generator: the rounding samples stay those of the
-    // case's seed whatever else is measured.
-    noise_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x0e0153u);
-    add_rounding_samples(2);
-    // Kinks: the reference again with the elements near one taken the other way.
-    const oracle::KinkGroups kinks =
-        oracle::near_kinks(ref_->reference_kinks.sites(), ref_->baseline_kinks, u, options_.rounding);
-    ref_->evidence.kink_elements = kinks.elements;
-    for (const auto& group : kinks.groups) {
-      ops::KinkProbe flips;
-      for (const auto& [op, mask] : group) flips.set_flip(op, mask);
-      const PathRun run = reference_run(prepared_.tensors, at::kDouble, &flips);
-      if (run.ok()) {
-        oracle::accumulate_sum(ref_->evidence.kink_effect, oracle::abs_differences(spec_, evidence_reference(), run));
+    Gathering g;
+    while (!gather_piece(g)) {
+    }
+    return g.ok;
+  }
+
+  /// The next piece of gathering `g` on ref_; true once it is done (its result in g.ok).
+  /// In order: the rounding baseline (the plain reference in the case's dtype, kinks
+  /// recorded); for a quantizing case the FP8 windows (set_fp8_windows); the input
+  /// sensitivity's first two samples (add_rounding_samples adds more) from generators started
+  /// afresh; the kinks (the reference again with the elements near one taken the other way).
+  bool gather_piece(Gathering& g) {
+    using Step = Gathering::Step;
+    switch (g.step) {
+      case Step::kBaseline:
+        g.baseline = reference_run(prepared_.tensors, dtype_, &g.probe, nullptr, &g.baseline_scaled);
+        if (!g.baseline.ok()) {
+          g.ok = false;
+          g.step = Step::kDone;
+          return true;
+        }
+        ref_->evidence.quantized = quantizes_;
+        if (quantizes_) {
+          ref_->fp8_windows.clear();
+          ref_->fp8_reference.clear();
+        }
+        g.windows = quantizes_ && backend_.capabilities().fp8_reference_exact;
+        g.step = g.windows ? Step::kFp8Reference : Step::kWindows;
+        return false;
+      case Step::kFp8Reference: {
+        const PathRun reference = reference_run(prepared_.tensors, at::kDouble, nullptr, nullptr, &g.reference_scaled);
+        g.windows = reference.ok() && g.reference_scaled.size() == g.baseline_scaled.size();
+        // An accumulation error ahead of a quantizer moves its input as a rounding does.
+        g.step = g.windows && gemm_accumulation() ? Step::kAccumulation : Step::kWindows;
+        return false;
       }
+      case Step::kAccumulation: {
+        const auto mode = g.accumulated.empty() ? ops::AccumulationMode::kPlus : ops::AccumulationMode::kMinus;
+        std::vector<at::Tensor> scaled;
+        if (!accumulation_run(mode, &scaled).ok() || scaled.size() != g.reference_scaled.size()) {
+          g.windows = false;
+          g.step = Step::kWindows;
+          return false;
+        }
+        g.accumulated.push_back(std::move(scaled));
+        if (g.accumulated.size() == 2) g.step = Step::kWindows;
+        return false;
+      }
+      case Step::kWindows:
+        if (g.windows) set_fp8_windows(g.baseline_scaled, std::move(g.reference_scaled), g.accumulated);
+        ref_->evidence.baseline_error = oracle::abs_differences(spec_, evidence_reference(), g.baseline);
+        ref_->baseline_kinks = g.probe.sites();
+        sample_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x5e9517u);
+        // The output noise draws from its own generator: the rounding samples stay those of
+        // the case's seed whatever else is measured.
+        noise_generator_ = at::detail::createCPUGenerator(spec_.seed ^ 0x0e0153u);
+        g.step = Step::kSamples;
+        [[fallthrough]];
+      case Step::kSamples:
+        rounding_sample(sample_generator_, noise_generator_, ref_->evidence.sensitivity, ref_->evidence.output_noise);
+        if (++g.samples < 2) return false;
+        g.kinks = oracle::near_kinks(ref_->reference_kinks.sites(), ref_->baseline_kinks,
+                                     harness::unit_roundoff(dtype_), options_.rounding);
+        ref_->evidence.kink_elements = g.kinks.elements;
+        g.step = Step::kKinks;
+        if (!g.kinks.groups.empty()) return false;
+        g.step = Step::kDone;
+        return true;
+      case Step::kKinks: {
+        ops::KinkProbe flips;
+        for (const auto& [op, mask] : g.kinks.groups.at(g.group)) flips.set_flip(op, mask);
+        const PathRun run = reference_run(prepared_.tensors, at::kDouble, &flips);
+        if (run.ok()) {
+          oracle::accumulate_sum(ref_->evidence.kink_effect, oracle::abs_differences(spec_, evidence_reference(), run));
+        }
+        if (++g.group < g.kinks.groups.size()) return false;
+        g.step = Step::kDone;
+        return true;
+      }
+      case Step::kDone:
+        return true;
     }
     return true;
   }
@@ -1601,23 +1697,10 @@ class CaseRun {
   /// the reference's codes and move only the elements within their window. On a backend
   /// whose FP8 is not the reference's bit for bit (capabilities.fp8_reference_exact), or without a match
   /// (another number of quantizations, a shape that differs) samples round their own values
-  /// and move every element (ref_->fp8_windows empty).
-  void set_fp8_windows(const std::vector<at::Tensor>& baseline_scaled) {
-    ref_->fp8_windows.clear();
-    ref_->fp8_reference.clear();
-    if (!backend_.capabilities().fp8_reference_exact) return;
-    std::vector<at::Tensor> reference_scaled;
-    const PathRun reference = reference_run(prepared_.tensors, at::kDouble, nullptr, nullptr, &reference_scaled);
-    if (!reference.ok() || reference_scaled.size() != baseline_scaled.size()) return;
-    // An accumulation error ahead of a quantizer moves its input as a rounding does.
-    std::vector<std::vector<at::Tensor>> accumulated;
-    if (gemm_accumulation()) {
-      for (const auto mode : {ops::AccumulationMode::kPlus, ops::AccumulationMode::kMinus}) {
-        std::vector<at::Tensor> scaled;
-        if (!accumulation_run(mode, &scaled).ok() || scaled.size() != reference_scaled.size()) return;
-        accumulated.push_back(std::move(scaled));
-      }
-    }
+  /// and move every element (ref_->fp8_windows empty). The runs are gather_piece's; this
+  /// sets the windows from them, or leaves none where they do not match.
+  void set_fp8_windows(const std::vector<at::Tensor>& baseline_scaled, std::vector<at::Tensor> reference_scaled,
+                       const std::vector<std::vector<at::Tensor>>& accumulated) {
     const double factor = options_.rounding.fp8_window_factor;
     std::vector<at::Tensor> windows;
     for (size_t i = 0; i < reference_scaled.size(); ++i) {

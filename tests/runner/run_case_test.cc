@@ -750,7 +750,8 @@ TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
   // of their bounds, so that cases pass at the first check, after one or two evidence
   // rounds, or fail throughout; each judged with no overlap and with the answer held back
   // for 2, 5 and 1000 polls (the gathering, then the coarse evidence or a sample, then
-  // everything drawn ahead). The results, serialized losslessly, must be identical.
+  // everything drawn ahead: the gathering goes a reference evaluation at a time). The
+  // results, serialized losslessly, must be identical.
   std::vector<std::pair<std::string, CaseSpec>> specs;
   const std::vector<harness::RecipeSpec> recipes = {
       {"DelayedScaling", "HYBRID", {}}, {"Float8CurrentScaling", "E4M3", {}}, {"Float8BlockScaling", "E4M3", {}}};
@@ -764,7 +765,7 @@ TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
   }
   HopperFp8Backend hopper;
   ModelBackend model;
-  int64_t used[3] = {0, 0, 0};
+  int64_t used[4] = {0, 0, 0, 0};
   int64_t partly = 0;
   RunOptions none;
   none.overlap = RunOptions::Overlap::kNone;
@@ -785,6 +786,7 @@ TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
         used[0] += ending_in(cost, "ahead_gathered_used");
         used[1] += ending_in(cost, "ahead_coarse_used");
         used[2] += ending_in(cost, "ahead_samples_used");
+        used[3] += ending_in(cost, "ahead_gathered_in_part");
         const int64_t samples = ending_in(cost, "ahead_samples_used");
         if (samples > 0 && samples < 14) ++partly;
       }
@@ -797,10 +799,12 @@ TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
     spec.repeat_calls = {harness::RepeatCall{}};
     check("model " + dtype + " repeat call", spec, model);
   }
-  // Each kind of piece drawn ahead was taken by a case that needed it, some rounds in part.
+  // Each kind of piece drawn ahead was taken by a case that needed it, some gatherings and
+  // rounds in part (the rest drawn after the answer).
   EXPECT_GT(used[0], 0);
   EXPECT_GT(used[1], 0);
   EXPECT_GT(used[2], 0);
+  EXPECT_GT(used[3], 0);
   EXPECT_GT(partly, 0);
 }
 
