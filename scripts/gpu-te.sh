@@ -304,17 +304,22 @@ if has tput; then
     tput tput-model-mix model 8 mix
     [ "$mps" = 1 ] && tput tput-model-w8-mps model 8 tiny --mps
   fi
+  # A mode named again runs again (name-2, name-3...): alternating modes take the machine's
+  # drift over a lease out of an A/B comparison.
+  declare -A runs=()
   for mode in ${TPUT_MODES:-shared}; do
     extra=()
     case "$mode" in
       separate) extra=(--no-shared-runs) ;;
       none | reference | evidence) extra=(--overlap "$mode") ;;
     esac
-    GRADFUZZ_CASE_COST="$work/cost-te-w1-$mode.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$mode.jsonl" \
-      tput "tput-te-w1-$mode" "$backend" 1 tiny --known "$known" "${extra[@]}"
-    python3 scripts/case_cost.py "$work/cost-te-w1-$mode.jsonl" --adapter "$work/timing-te-w1-$mode.jsonl" \
-      --by recipe >"$work/cost-te-w1-$mode.txt" 2>&1
-    say "    $(head -3 "$work/cost-te-w1-$mode.txt" | paste -sd' ' -)"
+    runs[$mode]=$(( ${runs[$mode]:-0} + 1 ))
+    name="$mode"; [ "${runs[$mode]}" -gt 1 ] && name="$mode-${runs[$mode]}"
+    GRADFUZZ_CASE_COST="$work/cost-te-w1-$name.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$name.jsonl" \
+      tput "tput-te-w1-$name" "$backend" 1 tiny --known "$known" "${extra[@]}"
+    python3 scripts/case_cost.py "$work/cost-te-w1-$name.jsonl" --adapter "$work/timing-te-w1-$name.jsonl" \
+      --by recipe >"$work/cost-te-w1-$name.txt" 2>&1
+    say "    $(head -3 "$work/cost-te-w1-$name.txt" | paste -sd' ' -)"
   done
   # Where one te worker's adapter spends its time, function by function (read with pstats).
   [ "${TPUT_MORE:-1}" = 1 ] &&

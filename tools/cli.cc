@@ -244,9 +244,11 @@ SanitizerOptions sanitizer_options(const Flags& f) {
   return o;
 }
 
-/// --overlap as the run options take it; auto: the evidence drawn ahead where each worker
-/// and its adapter have a core of their own (it is CPU a passing case does not need), else
-/// the reference only.
+/// --overlap as the run options take it; auto: the evidence drawn ahead for CUDA cases where
+/// each worker and its adapter have a core of their own, else the reference only. Drawing
+/// ahead is CPU a passing case does not need: with the adapter's work on the GPU it is free
+/// (one te worker on the H200: 7.5-8.2 ms less a case under an FP8 recipe, docs/BENCHMARKS.md),
+/// with a CPU adapter sharing the cores it slows the adapter down.
 runner::RunOptions::Overlap resolve_overlap(const Flags& f) {
   if (f.overlap != "auto") {
     try {
@@ -255,10 +257,15 @@ runner::RunOptions::Overlap resolve_overlap(const Flags& f) {
       throw InputError(std::string("--overlap: ") + e.what() + " or auto");
     }
   }
+  bool cuda = false;
+  try {
+    cuda = campaign::resolve_device(f.device) == "cuda";
+  } catch (const std::exception&) {  // the command itself says what is wrong with --device
+  }
   const unsigned cores = std::thread::hardware_concurrency();
   const unsigned workers = static_cast<unsigned>(std::max(f.workers, 1));
-  return cores == 0 || 2 * workers <= cores ? runner::RunOptions::Overlap::kEvidence
-                                            : runner::RunOptions::Overlap::kReference;
+  return cuda && (cores == 0 || 2 * workers <= cores) ? runner::RunOptions::Overlap::kEvidence
+                                                      : runner::RunOptions::Overlap::kReference;
 }
 
 /// The runner of a campaign: worker processes, or this process with --workers 0.
@@ -920,7 +927,7 @@ void add_backend_flags(CLI::App& sub, Flags& f, bool with_workers = true) {
   sub.add_option("--overlap", f.overlap,
                  "what a worker does while a te/torch adapter runs a case's paths: none, reference (the float64 "
                  "reference), evidence (that and the low-precision evidence a failing case needs, drawn ahead; same "
-                 "findings), auto (evidence when the machine has two cores per worker, else reference)")
+                 "findings), auto (evidence for CUDA cases when the machine has two cores per worker, else reference)")
       ->default_str("auto");
   if (with_workers) {
     sub.add_option("--sanitize", f.sanitize,
