@@ -3,21 +3,27 @@ worker append (runner/case_cost.h; docs/BENCHMARKS.md "The te worker: where a ca
 goes"), and, when given, the adapters' GRADFUZZ_ADAPTER_TIMING=FILE lines.
 
     python3 scripts/case_cost.py COST.jsonl [--adapter TIMING.jsonl] [--by verdict|dtype|recipe]
+    python3 scripts/case_cost.py --compare A.jsonl B.jsonl ...   (files may be .gz)
 
 Prints, per case (mean over the cases): milliseconds per stage of run_case (exclusive of
 the stages nested in it; "x/backend" is the round trip to the backend, the adapter's work
 included), the counts (backend requests, path runs by kind, repeat calls, fresh-plan
 Sequentials, writer runs), and with --adapter the adapters' own handling time per request.
+--compare sets ledgers of the same seed and settings side by side (an A/B of --overlap or
+--no-shared-runs): only the cases every ledger has (by case seed), so that each is measured on
+the same cases, with their time per recipe.
 """
 
 import argparse
 import collections
+import gzip
 import json
 import sys
 
 
 def load(path):
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -67,15 +73,86 @@ def summarize(cases, out):
             print(f"    {what:<34} {c / n:8.3f}", file=out)
 
 
+def recipe_name(case):
+    recipe = case.get("recipe")
+    if isinstance(recipe, dict):
+        recipe = recipe.get("name")
+    return recipe or "none"
+
+
+def compare(paths, out):
+    """The ledgers `paths` on the cases all of them have: ms per case, its main stages, the
+    worker's CPU, and ms per case per recipe."""
+    ledgers = []
+    for path in paths:
+        by_seed = {}
+        for case in load(path):
+            by_seed.setdefault(case["seed"], case)
+        ledgers.append(by_seed)
+    common = set.intersection(*(set(ledger) for ledger in ledgers))
+    if not common:
+        print("no case in common (same --seed and settings?)", file=out)
+        return 1
+    n = len(common)
+    print(f"{n} cases in common (ms per case)", file=out)
+    print(
+        f"  {'ledger':<40} {'total':>7} {'cases/s':>7} {'paths':>7} {'evidence':>8}"
+        f" {'reference':>9} {'ablation':>8} {'CPU':>7}  per recipe",
+        file=out,
+    )
+    for path, ledger in zip(paths, ledgers):
+        stage = collections.Counter()
+        cpu = 0.0
+        recipes = collections.defaultdict(lambda: [0, 0.0])
+        for seed in common:
+            case = ledger[seed]
+            for name, s in case.get("seconds", {}).items():
+                group = (
+                    "ablation" if name.startswith("ablation") else name.split("/")[0]
+                )
+                if name == "judge/evidence":
+                    group = "evidence"
+                stage[group] += s
+                stage["total"] += s
+            cpu += sum(case.get("cpu_seconds", {}).values())
+            r = recipes[recipe_name(case)]
+            r[0] += 1
+            r[1] += sum(case.get("seconds", {}).values())
+        per_recipe = ", ".join(
+            f"{k} {1000 * t / c:.1f}" for k, (c, t) in sorted(recipes.items())
+        )
+        print(
+            f"  {str(path)[-40:]:<40} {1000 * stage['total'] / n:7.2f} {n / stage['total']:7.1f}"
+            f" {1000 * stage['paths'] / n:7.2f} {1000 * stage['evidence'] / n:8.2f}"
+            f" {1000 * stage['reference'] / n:9.2f} {1000 * stage['ablation'] / n:8.2f}"
+            f" {1000 * cpu / n:7.2f}  {per_recipe}",
+            file=out,
+        )
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cost", help="the GRADFUZZ_CASE_COST file")
+    parser.add_argument(
+        "cost", nargs="+", help="the GRADFUZZ_CASE_COST file (with --compare: several)"
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="ledgers side by side on the cases they share",
+    )
     parser.add_argument("--adapter", help="the GRADFUZZ_ADAPTER_TIMING file")
     parser.add_argument(
         "--by", choices=("verdict", "dtype", "recipe"), help="also summarize per value"
     )
     args = parser.parse_args(argv)
-    cases = load(args.cost)
+    if args.compare:
+        if len(args.cost) < 2:
+            parser.error("--compare: give two ledgers or more")
+        return compare(args.cost, sys.stdout)
+    if len(args.cost) > 1:
+        parser.error("several ledgers: compare them with --compare")
+    cases = load(args.cost[0])
     summarize(cases, sys.stdout)
     if args.by:
         groups = collections.defaultdict(list)

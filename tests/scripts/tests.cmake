@@ -10,3 +10,8 @@ set_tests_properties(scripts.nightly_slurm PROPERTIES
   # Two shards and the merge job take both cores of a CI machine.
   PROCESSORS 2
   LABELS "slurm")
+
+# scripts/case_cost.py (the cost ledgers' A/B comparison docs/BENCHMARKS.md quotes).
+add_test(NAME scripts.case_cost
+         COMMAND ${GRADFUZZ_PYTHON_EXE} -m pytest -q -p no:cacheprovider tests/scripts/case_cost_test.py
+         WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
