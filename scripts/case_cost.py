@@ -107,9 +107,7 @@ def compare(paths, out):
         for seed in common:
             case = ledger[seed]
             for name, s in case.get("seconds", {}).items():
-                group = (
-                    "ablation" if name.startswith("ablation") else name.split("/")[0]
-                )
+                group = "ablation" if name.startswith("ablation") else name.split("/")[0]
                 if name == "judge/evidence":
                     group = "evidence"
                 stage[group] += s
@@ -118,9 +116,7 @@ def compare(paths, out):
             r = recipes[recipe_name(case)]
             r[0] += 1
             r[1] += sum(case.get("seconds", {}).values())
-        per_recipe = ", ".join(
-            f"{k} {1000 * t / c:.1f}" for k, (c, t) in sorted(recipes.items())
-        )
+        per_recipe = ", ".join(f"{k} {1000 * t / c:.1f}" for k, (c, t) in sorted(recipes.items()))
         print(
             f"  {str(path)[-40:]:<40} {1000 * stage['total'] / n:7.2f} {n / stage['total']:7.1f}"
             f" {1000 * stage['paths'] / n:7.2f} {1000 * stage['evidence'] / n:8.2f}"

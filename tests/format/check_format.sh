@@ -29,7 +29,7 @@ case "${1:-}" in
   ruff)
     ruff="${GRADFUZZ_RUFF:-$root/.venv/bin/ruff}"
     [ -x "$ruff" ] || { echo "ruff not found at $ruff (scripts/setup.sh installs it)"; exit 1; }
-    mapfile -t scripts < <(git ls-files 'scripts/*.py')
+    mapfile -t scripts < <(git ls-files 'scripts/*.py' 'tests/scripts/*.py')
     (cd adapter && "$ruff" check . && "$ruff" format --check .)
     if [ ${#scripts[@]} -gt 0 ]; then
       "$ruff" check --config adapter/pyproject.toml "${scripts[@]}"

@@ -42,9 +42,7 @@ def test_compare_takes_only_the_cases_every_ledger_has(tmp_path):
     b = tmp_path / "b.jsonl.gz"
     fp8 = {"name": "Float8CurrentScaling", "fp8_format": "E4M3"}
     write(a, [case(1, 0.010, 0.004, fp8), case(2, 0.020, 0.0), case(3, 0.5, 0.5)])
-    write(
-        b, [case(2, 0.018, 0.0), case(1, 0.011, 0.001, fp8), case(4, 0.7, 0.7)], gz=True
-    )
+    write(b, [case(2, 0.018, 0.0), case(1, 0.011, 0.001, fp8), case(4, 0.7, 0.7)], gz=True)
     out = io.StringIO()
     assert case_cost.compare([a, b], out) == 0
     lines = out.getvalue().splitlines()
