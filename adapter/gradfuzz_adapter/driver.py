@@ -260,16 +260,19 @@ class _CallerTensors:
             self.entries.append((name, t, t.detach().clone()))
 
     def modified(self):
-        """Names of the tensors whose values changed, compared on their device with one
-        transfer of the verdicts (a torch.equal per tensor synchronised with the GPU
-        once each)."""
+        """Names of the tensors whose values changed (by value, a NaN where there was one
+        unchanged), compared on their device with one transfer of the verdicts (a
+        torch.equal per tensor synchronised with the GPU once each)."""
         changed, pending = [], []
         for name, given, pristine in self.entries:
             try:
                 if given.shape != pristine.shape:
                     changed.append(name)
                     continue
-                pending.append((name, (given.detach() == pristine).all()))
+                same = given.detach() == pristine
+                if pristine.is_floating_point():  # a NaN nobody wrote is not a change
+                    same |= given.detach().isnan() & pristine.isnan()
+                pending.append((name, same.all()))
             except RuntimeError:
                 changed.append(name)  # the tensor's data was replaced or freed
         if pending:

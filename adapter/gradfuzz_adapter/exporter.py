@@ -988,9 +988,12 @@ class _Writer:
             indent = "        " if repeats else "    "
             lines += ["    if not no_grad:"] if repeats else []
             lines += [indent + line for line in finish]
-        lines.append(
-            "    return got, [n for n, t in caller.items() if not torch.equal(t, pristine[n])]"
-        )
+        # Changed by value, a NaN where there was one unchanged (as replay judges).
+        lines += [
+            "    changed = [n for n, t in caller.items() if t.shape != pristine[n].shape or not",
+            "               torch.isclose(t, pristine[n], rtol=0, atol=0, equal_nan=True).all()]",
+            "    return got, changed",
+        ]
         self.helpers.add("results_groups" if groups else "results")
         if groups:
             self.helpers.discard("results")

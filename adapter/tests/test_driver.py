@@ -343,6 +343,20 @@ def test_a_nan_written_over_a_number_is_a_change(deferred):
     assert run_groups(tracker, [("A", None), ("B", b), ("C", None)]) == {"x": "B"}
 
 
+def test_a_nan_nobody_wrote_is_no_change_and_a_nan_written_is():
+    caller = _CallerTensors()
+    kept = torch.tensor([1.0, float("nan"), 3.0])
+    written = torch.tensor([1.0, 2.0, 3.0])
+    ints = torch.tensor([1, 2])
+    caller.add("input", kept)
+    caller.add("extra_input[0]", written)
+    caller.add("extra_input[1]", ints)
+    assert caller.modified() == []
+    written[1] = float("nan")
+    kept[0] = float("nan")
+    assert caller.modified() == ["input", "extra_input[0]"]
+
+
 def test_a_negative_zero_written_over_zero_is_a_change():
     # The batched (deferred) comparison is bit-exact. The immediate one compares by value
     # as _CallerTensors.modified does, which reports no such tensor as modified either.
