@@ -85,6 +85,32 @@ int64_t total_count(const std::vector<json>& costs, const std::string& what) {
   return total;
 }
 
+/// A torch campaign of bfloat16 FP8 cases (the recipe emulation) with a planted gradient
+/// fault: many cases fail on every path and gather evidence.
+std::vector<std::string> fp8_fault_campaign(const std::string& cases, const std::string& seed) {
+  return {"fuzz",
+          "--backend",
+          "torch",
+          "--device",
+          "cpu",
+          "--workers",
+          "0",
+          "--shapes",
+          "tiny",
+          "--cases",
+          cases,
+          "--seed",
+          seed,
+          "--dtypes",
+          "bfloat16",
+          "--recipe",
+          "any",
+          "--fault",
+          "torch-fp8-dgrad-scaled-down",
+          "--max-shrink-calls",
+          "0"};
+}
+
 class SharedRuns : public ::testing::Test {
  protected:
   // One cost file for the suite: run_case reads GRADFUZZ_CASE_COST once per process (the
@@ -238,27 +264,7 @@ TEST_F(SharedRuns, ModelCasesYieldTheSameFindingsInFewerRequests) {
 // fault fail on every path, with and without in-place ops, so their ablation reruns need the
 // evidence. Same outcomes case by case as each rerun gathering its own.
 TEST_F(SharedRuns, TheAblationsRerunTakesTheFirstRunsEvidenceAndFindsTheSame) {
-  const std::vector<std::string> args{"fuzz",
-                                      "--backend",
-                                      "torch",
-                                      "--device",
-                                      "cpu",
-                                      "--workers",
-                                      "0",
-                                      "--shapes",
-                                      "tiny",
-                                      "--cases",
-                                      "150",
-                                      "--seed",
-                                      "5",
-                                      "--dtypes",
-                                      "bfloat16",
-                                      "--recipe",
-                                      "any",
-                                      "--fault",
-                                      "torch-fp8-dgrad-scaled-down",
-                                      "--max-shrink-calls",
-                                      "0"};
+  const std::vector<std::string> args = fp8_fault_campaign("150", "5");
   const Campaign shared = fuzz(args, "shared");
   std::vector<std::string> separate_args = args;
   separate_args.push_back("--no-shared-runs");
@@ -291,27 +297,7 @@ TEST_F(SharedRuns, EvidenceDrawnAheadOverTheTorchAdapterFindsTheSame) {
   // The worker draws the reference and the evidence while the adapter runs the paths
   // (--overlap evidence; over the real pipes, the answer comes when it comes): bfloat16 FP8
   // cases with a planted defect, so that many cases gather evidence.
-  std::vector<std::string> args{"fuzz",
-                                "--backend",
-                                "torch",
-                                "--device",
-                                "cpu",
-                                "--workers",
-                                "0",
-                                "--shapes",
-                                "tiny",
-                                "--cases",
-                                "120",
-                                "--seed",
-                                "7",
-                                "--dtypes",
-                                "bfloat16",
-                                "--recipe",
-                                "any",
-                                "--fault",
-                                "torch-fp8-dgrad-scaled-down",
-                                "--max-shrink-calls",
-                                "0"};
+  std::vector<std::string> args = fp8_fault_campaign("120", "7");
   std::vector<std::string> none_args = args;
   none_args.insert(none_args.end(), {"--overlap", "none"});
   args.insert(args.end(), {"--overlap", "evidence"});
