@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -945,9 +946,13 @@ class CaseRun {
   void overlap_with_paths(backends::PendingPaths& pending) {
     if (pending.ready()) return;
     CostStage stage("overlap");
+    const auto start = std::chrono::steady_clock::now();
     reference_of_first_set();
+    // A piece costs about what the reference did: where that is more than a piece may
+    // overrun the answer by (a large case), nothing is drawn ahead.
+    const double piece_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (options_.overlap != RunOptions::Overlap::kEvidence || dtype_ == at::kDouble || carried_evidence_ != nullptr ||
-        !sets_.front()->reference.ok() || harness::is_distributed(spec_)) {
+        !sets_.front()->reference.ok() || harness::is_distributed(spec_) || piece_s > options_.overlap_piece_limit_s) {
       return;
     }
     while (!pending.ready() && speculate()) {

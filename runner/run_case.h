@@ -80,6 +80,9 @@ struct RunOptions {
   /// adapter (`--overlap auto`).
   enum class Overlap { kNone, kReference, kEvidence };
   Overlap overlap = Overlap::kEvidence;
+  /// kEvidence draws nothing ahead for a case whose float64 reference took longer than this
+  /// (seconds): a piece costs about as much, and the answer waits for the piece under way.
+  double overlap_piece_limit_s = 0.05;
 };
 
 /// "none", "reference", "evidence"; overlap_from_name throws std::invalid_argument for

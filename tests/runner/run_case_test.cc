@@ -771,6 +771,7 @@ TEST(RunCase, EvidenceDrawnAheadGivesTheSameResultsBitForBit) {
   none.overlap = RunOptions::Overlap::kNone;
   RunOptions ahead;
   ahead.overlap = RunOptions::Overlap::kEvidence;
+  ahead.overlap_piece_limit_s = 1e9;  // however loaded the machine
   auto check = [&](const std::string& what, const CaseSpec& spec, Backend& inner) {
     for (const double factor : {1.0, 1.004, 1.03, 1.25}) {
       ScaledOutput backend(inner, factor);
@@ -830,6 +831,20 @@ TEST(RunCase, NothingIsDrawnAheadWhereTheBackendAnswersAtOnce) {
   EXPECT_EQ(ending_in(held, "ahead_gathered"), 0);
   EXPECT_GT(held.seconds.count("paths/backend/overlap"), 0u);
   EXPECT_EQ(held.seconds.count("reference"), 1u);
+  // A case whose reference takes longer than a piece may overrun the answer by draws none.
+  RunOptions costly;
+  costly.overlap_piece_limit_s = 0;
+  CaseCostRecorder third(true);
+  EXPECT_EQ(nlohmann::json(run_case(spec, slow, costly)), nlohmann::json(r));
+  const CaseCost limited = third.finish();
+  EXPECT_EQ(ending_in(limited, "ahead_pieces"), 0);
+  EXPECT_GT(limited.seconds.count("paths/backend/overlap"), 0u);
+  // The same case with a limit above its reference's time draws its evidence ahead.
+  RunOptions unlimited;
+  unlimited.overlap_piece_limit_s = 1e9;
+  CaseCostRecorder fourth(true);
+  EXPECT_EQ(nlohmann::json(run_case(spec, slow, unlimited)), nlohmann::json(r));
+  EXPECT_GT(ending_in(fourth.finish(), "ahead_gathered_used"), 0);
 }
 
 }  // namespace
