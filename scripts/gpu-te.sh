@@ -36,7 +36,9 @@
 #   TPUT_WORKERS            worker counts of the te throughput table (default "1 4 8 12 16")
 #   TPUT_S                  seconds of each throughput campaign (default 20)
 #   TPUT_MODES              one-worker cost ledgers: "shared" (default), "separate" (each
-#                           check its own run), "none", "reference", "evidence" (--overlap)
+#                           check its own run), "none", "reference", "evidence" (--overlap);
+#                           a mode named again runs again; TPUT_LEDGER_SHAPES their --shapes
+#                           (default tiny)
 #   TPUT_MPS_WORKERS        te worker counts run under --mps (default "12")
 #   TPUT_MORE               0: only the te worker table and the one-worker ledgers (no mix,
 #                           MPS or model campaigns, no profile); default 1
@@ -316,7 +318,7 @@ if has tput; then
     runs[$mode]=$(( ${runs[$mode]:-0} + 1 ))
     name="$mode"; [ "${runs[$mode]}" -gt 1 ] && name="$mode-${runs[$mode]}"
     GRADFUZZ_CASE_COST="$work/cost-te-w1-$name.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-te-w1-$name.jsonl" \
-      tput "tput-te-w1-$name" "$backend" 1 tiny --known "$known" "${extra[@]}"
+      tput "tput-te-w1-$name" "$backend" 1 "${TPUT_LEDGER_SHAPES:-tiny}" --known "$known" "${extra[@]}"
     python3 scripts/case_cost.py "$work/cost-te-w1-$name.jsonl" --adapter "$work/timing-te-w1-$name.jsonl" \
       --by recipe >"$work/cost-te-w1-$name.txt" 2>&1
     say "    $(head -3 "$work/cost-te-w1-$name.txt" | paste -sd' ' -)"
