@@ -680,15 +680,28 @@ TEST(RunCase, UnderEachRecipeHopperAccumulationPassesAndFp8FaultsStillFail) {
 
 // ---- overlap (RunOptions::overlap): the evidence drawn while a remote backend runs the paths.
 
-/// `inner`'s runs, with the first output scaled by `factor` (a planted error of any size).
-class ScaledOutput final : public Backend {
+/// `inner` as it is: the test backends below change one thing of it.
+class Wrapping : public Backend {
  public:
-  ScaledOutput(Backend& inner, double factor) : inner_(inner), factor_(factor) {}
+  explicit Wrapping(Backend& inner) : inner_(inner) {}
   std::string name() const override { return inner_.name(); }
   const BackendCapabilities& capabilities() override { return inner_.capabilities(); }
   std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
                                  const std::vector<PathRequest>& paths) override {
-    std::vector<PathRun> runs = inner_.run_paths(spec, plan, tensors, paths);
+    return inner_.run_paths(spec, plan, tensors, paths);
+  }
+
+ private:
+  Backend& inner_;
+};
+
+/// `inner`'s runs, with the first output scaled by `factor` (a planted error of any size).
+class ScaledOutput final : public Wrapping {
+ public:
+  ScaledOutput(Backend& inner, double factor) : Wrapping(inner), factor_(factor) {}
+  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
+                                 const std::vector<PathRequest>& paths) override {
+    std::vector<PathRun> runs = Wrapping::run_paths(spec, plan, tensors, paths);
     for (PathRun& run : runs) {
       if (!run.outputs.empty() && run.outputs[0].defined()) run.outputs[0] = run.outputs[0] * factor_;
     }
@@ -696,26 +709,19 @@ class ScaledOutput final : public Backend {
   }
 
  private:
-  Backend& inner_;
   double factor_;
 };
 
 /// `inner`'s runs, their answer held back for `polls` calls of ready(): the case draws that
 /// many pieces of evidence ahead, as it does while TE runs the paths in the adapter.
-class SlowAnswer final : public Backend {
+class SlowAnswer final : public Wrapping {
  public:
-  SlowAnswer(Backend& inner, int polls) : inner_(inner), polls_(polls) {}
-  std::string name() const override { return inner_.name(); }
-  const BackendCapabilities& capabilities() override { return inner_.capabilities(); }
-  std::vector<PathRun> run_paths(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors,
-                                 const std::vector<PathRequest>& paths) override {
-    return inner_.run_paths(spec, plan, tensors, paths);
-  }
+  SlowAnswer(Backend& inner, int polls) : Wrapping(inner), polls_(polls) {}
   std::unique_ptr<backends::PendingPaths> start_paths(const CaseSpec& spec, const CasePlan& plan,
                                                       const CaseTensors& tensors,
                                                       const std::vector<PathRequest>& paths) override {
     ++started_;
-    return std::make_unique<Held>(inner_.run_paths(spec, plan, tensors, paths), polls_);
+    return std::make_unique<Held>(run_paths(spec, plan, tensors, paths), polls_);
   }
   int started() const { return started_; }
 
@@ -730,7 +736,6 @@ class SlowAnswer final : public Backend {
     std::vector<PathRun> runs_;
     int polls_;
   };
-  Backend& inner_;
   int polls_;
   int started_ = 0;
 };
