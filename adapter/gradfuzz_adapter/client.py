@@ -292,6 +292,8 @@ def path_result(path, reply_tensors):
         out["grad_extra_inputs"] = [t(r) for r in path["grad_extra_inputs"]]
     if "channel_grads" in path:
         out["channel_grads"] = [{k: t(r) for k, r in c.items()} for c in path["channel_grads"]]
+    if "trace" in path:
+        out["trace"] = [dict(e, tensor=t(e["tensor"])) for e in path["trace"]]
     if "repeats" in path:
         out["repeats"] = [path_result(r, reply_tensors) for r in path["repeats"]]
     return out

@@ -5,7 +5,8 @@ call-then-bind calls, binding, Sequential construction, late binding, forward, b
 A backend supplies a Builder (torch_backend.TorchBuilder, te_backend.TEBuilder) that knows
 how its ops are made, bound, run and differentiated; this module does the rest: values on
 the device, caller-tensor copies (`modified`) and, when one changed, a second run that
-names the plan group that wrote it (`modified_by`), the loss cotangents, one
+names the plan group that wrote it (`modified_by`), where a path asks for it the tensor
+each plan group handed on or returned (`trace`), the loss cotangents, one
 autograd.grad call per call of the Sequential, the repeat calls of `spec.repeat_calls` with
 the plans a fresh Sequential makes for each, the reply's tensors and error reports with the
 function of the code under test that raised (`error.origin`).
@@ -143,13 +144,17 @@ class Builder:
         own methods (see error_origin)."""
         return ()
 
-    def writer_scope(self, seq, case, ops, tracker):
+    def writer_scope(self, seq, case, ops, watch):
         """Context manager under which one call of `seq` runs with each plan group's run
-        announced to `tracker` (tracker.instrument(obj, method, group) wraps a method that
-        runs one group; tracker.enter(group) marks a group's start where no method can be
-        wrapped), so that a changed caller tensor is attributed to the group that wrote it
-        (`modified_by`). The default wraps nothing: modified_by is left out. te:
-        te_writer_scope, torch runtime: torch_writer_scope (below)."""
+        announced to `watch`, a GroupWatch (watch.instrument(obj, method, group) wraps a
+        method that runs one group; watch.enter(group) marks a group's start where no
+        method can be wrapped; watch.trace, where not None, takes what a group returned
+        that no wrapped method hands back), so that a changed caller tensor is attributed
+        to the group that wrote it (`modified_by`) and the path's trace records each
+        group's tensor (`trace`). A group is {"pass", "fuser", "begin", "end", "name",
+        "fused", "class", "method"} (GroupWatch). The default wraps nothing: modified_by
+        is left out and the trace is empty. te: te_writer_scope, torch runtime:
+        torch_writer_scope (below)."""
         return contextlib.nullcontext()
 
 
@@ -372,7 +377,7 @@ class WriterTracker:
         self.caller = caller
         self.current = None
         self.writers = {}
-        self.patched = []
+        self.watch = None  # the GroupWatch of instrument(), with this tracker alone
         self.failed = False
         self.deferred = deferred
         # Each tensor's value at the previous check of its own (per tensor; a tensor of the
@@ -549,25 +554,80 @@ class WriterTracker:
 
     def instrument(self, obj, method, group):
         """Wraps obj.<method> (an instance attribute from then on) so that each of its runs
-        is a run of `group`; idempotent per (obj, method)."""
+        is a run of `group`; idempotent per (obj, method). A GroupWatch of this tracker
+        alone (what a builder's writer_scope is handed is the path's GroupWatch)."""
+        if self.watch is None:
+            self.watch = GroupWatch(tracker=self)
+        self.watch.instrument(obj, method, group)
+
+    def restore(self):
+        """Undoes instrument()."""
+        if self.watch is not None:
+            self.watch.restore()
+
+
+# ----------------------------------------------------------------------------------------
+# Plan groups watched: their writers (modified_by) and the trace (trace)
+
+# The keys of a group that name it for modified_by (docs/BACKENDS.md Protocol 2).
+_WRITER_KEYS = ("name", "begin", "end", "pass")
+
+
+class GroupWatch:
+    """One call's plan-group runs, as a builder's writer_scope announces them, handed on to
+    whoever watches them: the writer tracker (WriterTracker: where each group starts and
+    ends) and the trace (Trace: what each group returned). Either may be None; the one
+    instrumentation serves both.
+
+    A group is a trace entry without its tensor: {"pass", "fuser", "begin", "end", "name",
+    "fused", "class", "method"} (docs/BACKENDS.md "run"); the tracker is given its
+    {"name", "begin", "end", "pass"}. A group announced with fewer keys (a test's) is
+    handed on with what it has."""
+
+    def __init__(self, tracker=None, trace=None):
+        self.tracker = tracker
+        self.trace = trace
+        self.patched = []
+
+    def enter(self, group):
+        """A group's run starts where no method could be wrapped (None: no group runs);
+        the tracker closes the group that ran before it."""
+        if self.tracker is not None:
+            self.tracker.enter(None if group is None else _writer_group(group))
+
+    def instrument(self, obj, method, group):
+        """Wraps obj.<method> (an instance attribute from then on) so that each of its runs
+        is a run of `group` for the tracker and, where it returns, the trace records the
+        first item of what it returned (a group's main output or input gradient: TE's
+        fuser_forward returns (output, extra outputs), fuser_backward (grad_input, param
+        grads, extra input grads), the torch runtime's forward (output, extra outputs)).
+        Idempotent per (obj, method)."""
         if any(o is obj and m == method for o, m, _ in self.patched):
             return
         had = method in getattr(obj, "__dict__", {})
         original = getattr(obj, method)
-        tracker = self
+        tracker, trace = self.tracker, self.trace
+        writer = _writer_group(group)
 
         def wrapped(*args, **kwargs):
-            outer = tracker.current
-            tracker.enter(group)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                tracker.enter(outer)
+            if tracker is None:
+                result = original(*args, **kwargs)
+            else:
+                outer = tracker.current
+                tracker.enter(writer)
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    tracker.enter(outer)
+            if trace is not None:
+                trace.record(group, _main_tensor(result))
+            return result
 
         setattr(obj, method, wrapped)
         self.patched.append((obj, method, original if had else None))
 
     def restore(self):
+        """Puts back every method instrument() wrapped."""
         for obj, method, original in reversed(self.patched):
             if original is None:
                 with contextlib.suppress(AttributeError):
@@ -577,34 +637,151 @@ class WriterTracker:
         self.patched = []
 
 
+def plan_group(pass_, fuser, begin, end, name, fused, cls, method):
+    """A group as GroupWatch takes it (a trace entry without its tensor), keys in the
+    reply's order."""
+    return {
+        "pass": pass_,
+        "fuser": fuser,
+        "begin": begin,
+        "end": end,
+        "name": name,
+        "fused": fused,
+        "class": cls,
+        "method": method,
+    }
+
+
+def _writer_group(group):
+    return {key: group[key] for key in _WRITER_KEYS if key in group}
+
+
+def _main_tensor(result):
+    """The first item of a group's result (a tuple or list), or the result itself."""
+    if isinstance(result, (tuple, list)):
+        return result[0] if result else None
+    return result
+
+
+class Trace:
+    """A path's first call group by group (docs/BACKENDS.md "run", `trace`): an entry per
+    plan group run, in the order they ran, with the group's main tensor (forward: its
+    output; backward: its input gradient) detached and copied when the group returned, so
+    that later in-place writes do not reach it; a quantized tensor object (_quantized: TE's
+    QuantizedTensor and its storage classes) is dequantized to the case dtype and marked
+    `quantized`. It never raises into the call it watches: a tensor it cannot copy (or
+    dequantize) is recorded as none."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+        self.entries = []
+
+    def record(self, group, tensor=None):
+        """Appends `group`'s entry with a copy of `tensor` (None: none yet, see update);
+        returns the entry."""
+        entry = dict(group)
+        self.update(entry, tensor)
+        self.entries.append(entry)
+        return entry
+
+    def update(self, entry, tensor):
+        """Sets `entry`'s tensor to a copy of `tensor` (the torch runtime's backward: the
+        entry is made where the group's backward starts, its gradient seen later)."""
+        entry["tensor"], entry["quantized"] = self._copy(tensor)
+
+    def _copy(self, t):
+        quantized = _quantized(t)
+        if not quantized and not isinstance(t, torch.Tensor):
+            return None, False
+        try:
+            with torch.no_grad():
+                if quantized:
+                    return _dequantized(t, self.dtype), True
+                if _freed(t):
+                    return None, False
+                return t.detach().clone(), False
+        except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+            return None, quantized
+
+    def emit(self, tensors):
+        """The entries as the reply carries them: tensors added to `tensors` (indices)."""
+        out = []
+        for entry in self.entries:
+            entry = dict(entry)
+            t = entry["tensor"]
+            entry["tensor"] = None
+            if t is not None:
+                mark = len(tensors)
+                try:
+                    entry["tensor"] = tensors.add(t)
+                except Exception:  # noqa: BLE001 - a tensor that cannot travel is left out
+                    tensors.truncate(mark)
+            out.append(entry)
+        return out
+
+
+def _quantized(t):
+    """Whether `t` is a quantized tensor object: its class has a dequantize() of its own
+    (TE's QuantizedTensor and storage classes; torch.Tensor's is for torch's quantized
+    dtypes)."""
+    method = getattr(type(t), "dequantize", None)
+    return callable(method) and method is not torch.Tensor.dequantize
+
+
+def _dequantized(t, dtype):
+    """A quantized tensor's values as a plain tensor of `dtype` (TE's dequantize takes the
+    dtype; a class whose dequantize does not is converted afterwards)."""
+    try:
+        plain = t.dequantize(dtype=dtype)
+    except TypeError:
+        plain = t.dequantize()
+    return plain.detach().to(dtype).clone()
+
+
 @contextlib.contextmanager
-def te_writer_scope(operation_fuser, case, ops, tracker):
-    """The writer scope of te.ops (a TEBuilder's writer_scope returns this with TE's
-    OperationFuser class): TE builds its fusers and their plans at the first forward
-    (fuser.py: OperationFuser.maybe_fuse_ops sets _forward_ops/_backward_ops, lists of
-    (op, basic op indices)) and runs each group as op.fuser_forward / op.fuser_backward
-    (_OperationFuserAutogradFunction.forward/backward), so maybe_fuse_ops is wrapped to
-    instrument every group's method once the plans exist."""
+def te_writer_scope(operation_fuser, case, ops, watch, basic_operation=None):
+    """The group scope of te.ops (a TEBuilder's writer_scope returns this with TE's
+    OperationFuser and BasicOperation classes; `watch`: a GroupWatch): TE builds its fusers
+    and their plans at the first forward (fuser.py: OperationFuser.maybe_fuse_ops sets
+    _forward_ops/_backward_ops, lists of (op, basic op indices)) and runs each group as
+    op.fuser_forward / op.fuser_backward (_OperationFuserAutogradFunction.forward/backward),
+    so maybe_fuse_ops is wrapped to instrument every group's method once the plans exist.
+    A group's "method" is the one that computes it: a basic op that keeps
+    BasicOperation's fuser_forward/fuser_backward computes in its op_forward/op_backward
+    (op.py: BasicOperation.fuser_forward calls self.op_forward)."""
     index = {id(op): i for i, op in enumerate(ops) if op is not None}
     original = operation_fuser.__dict__["maybe_fuse_ops"]
 
     def maybe_fuse_ops(fuser, *args, **kwargs):
         result = original(fuser, *args, **kwargs)
-        for attr, pass_, method in (
-            ("_forward_ops", "forward", "fuser_forward"),
-            ("_backward_ops", "backward", "fuser_backward"),
+        for attr, pass_, method, basic_method in (
+            ("_forward_ops", "forward", "fuser_forward", "op_forward"),
+            ("_backward_ops", "backward", "fuser_backward", "op_backward"),
         ):
             for op, idxs in getattr(fuser, attr, None) or []:
                 members = [index.get(id(fuser._basic_ops[i])) for i in idxs]
                 if not members or None in members:
                     continue
+                fused = bool(op.is_fused_op)
                 name = (
                     getattr(op, "fusion_name", type(op).__name__)
-                    if op.is_fused_op
+                    if fused
                     else case.ops[members[0]].name
                 )
-                group = {"name": name, "begin": min(members), "end": max(members) + 1}
-                tracker.instrument(op, method, dict(group, **{"pass": pass_}))
+                inherited = basic_operation is not None and getattr(
+                    type(op), method, None
+                ) is getattr(basic_operation, method, None)
+                group = plan_group(
+                    pass_,
+                    case.ops[members[0]].fuser,
+                    min(members),
+                    max(members) + 1,
+                    name,
+                    fused,
+                    type(op).__name__,
+                    basic_method if inherited and not fused else method,
+                )
+                watch.instrument(op, method, group)
         return result
 
     operation_fuser.maybe_fuse_ops = maybe_fuse_ops
@@ -612,41 +789,111 @@ def te_writer_scope(operation_fuser, case, ops, tracker):
         yield
     finally:
         operation_fuser.maybe_fuse_ops = original
-        tracker.restore()
+        watch.restore()
 
 
 @contextlib.contextmanager
-def torch_writer_scope(seq, case, tracker):
-    """The writer scope of the torch runtime (a TorchBuilder's writer_scope returns this):
-    every op is its own group. Forward: torch_runtime.Fuser.forward calls op.forward(x,
-    extras) per op, which is wrapped. Backward is PyTorch's autograd over eager ops, with no
-    per-op entry point: a hook on each op's main output marks the start of that op's
-    backward (its output's gradient is complete), which closes the group that ran before."""
-    for fuser, members in zip(seq.fusers, case.fusers):
-        for op, index in zip(fuser.ops, members):
-            group = {"name": op.name, "begin": index, "end": index + 1}
-            forward_group = dict(group, **{"pass": "forward"})
-            backward_group = dict(group, **{"pass": "backward"})
-            original = op.forward
+def torch_writer_scope(seq, case, watch):
+    """The group scope of the torch runtime (a TorchBuilder's writer_scope returns this;
+    `watch`: a GroupWatch). Forward: every op is its own group, torch_runtime.Fuser.forward
+    calls op.forward(x, extras) per op, which is wrapped. Backward is PyTorch's autograd
+    over eager ops, with no per-op entry point: a hook on each op's main output marks the
+    start of that op's backward (its output's gradient is complete), which closes the group
+    that ran before (the writer tracker's groups: one per op).
 
-            def forward(x, extras, _original=original, _group=backward_group):
-                y, outs = _original(x, extras)
-                if isinstance(y, torch.Tensor) and y.requires_grad:
-                    try:
-                        y.register_hook(lambda grad, g=_group: tracker.enter(g))
-                    except RuntimeError:
-                        tracker.failed = True  # backward's groups cannot be told apart
-                return y, outs
-
-            op.forward = forward
-            tracker.instrument(op, "forward", forward_group)
+    The trace's backward groups are the fuser's backward plan (Fuser.backward_plan: a fused
+    BackwardLinearScale spans its Linear and ConstantScale): a group's entry is made where
+    its last op's backward starts, and its tensor is its first op's input gradient, seen by
+    a hook on that input. The op is that tensor's only user (the runtime hands an op's
+    output to the next op alone, catalog ops return new tensors), so the input's gradient
+    is what the group's backward returned for it. An input that does not require grad
+    leaves the entry's tensor none (the group returned none)."""
+    trace = watch.trace
+    for f, (fuser, members) in enumerate(zip(seq.fusers, case.fusers)):
+        # Per local op index: the trace's backward group that starts (its last op) or ends
+        # (its first op) there, as {"group", "entry"} (the entry once made).
+        starts, ends = {}, {}
+        if trace is not None:
+            for planned in fuser.backward_plan(members):
+                begin, end, name = planned["begin"], planned["end"], planned["name"]
+                cls = type(fuser.ops[members.index(begin)]).__name__
+                traced = plan_group(
+                    "backward", f, begin, end, name, planned["fused"], cls, "backward"
+                )
+                slot = {"group": traced, "entry": None}
+                starts[members.index(end - 1)] = slot
+                ends[members.index(begin)] = slot
+        for i, (op, index) in enumerate(zip(fuser.ops, members)):
+            cls = type(op).__name__
+            forward_group = plan_group(
+                "forward", f, index, index + 1, op.name, False, cls, "forward"
+            )
+            backward_group = plan_group(
+                "backward", f, index, index + 1, op.name, False, cls, "backward"
+            )
+            op.forward = _hooked_forward(
+                op.forward, watch, backward_group, starts.get(i), ends.get(i)
+            )
+            watch.instrument(op, "forward", forward_group)
     try:
         yield
     finally:
-        tracker.restore()
+        watch.restore()
         for fuser in seq.fusers:
             for op in fuser.ops:
                 op.__dict__.pop("forward", None)
+
+
+def _hooked_forward(original, watch, group, start, end):
+    """An op's forward with the hooks of its backward: on its output, the start of its
+    backward `group` (and of the trace group `start`, if any); on its input, the gradient
+    of the trace group `end` (if any)."""
+
+    def forward(x, extras):
+        y, outs = original(x, extras)
+        if isinstance(y, torch.Tensor) and y.requires_grad:
+            try:
+                y.register_hook(_backward_starts(watch, group, start))
+            except RuntimeError:
+                _lost(watch)
+        if end is not None and isinstance(x, torch.Tensor) and x.requires_grad:
+            try:
+                x.register_hook(_backward_returned(watch.trace, end))
+            except RuntimeError:
+                pass  # the entry keeps no tensor
+        return y, outs
+
+    return forward
+
+
+def _backward_starts(watch, group, start):
+    """The hook on an op's output: the op's backward starts (`start`: the trace group
+    whose backward starts with it, or None)."""
+
+    def hook(grad):
+        watch.enter(group)
+        if start is not None:
+            start["entry"] = watch.trace.record(start["group"])
+
+    return hook
+
+
+def _backward_returned(trace, end):
+    """The hook on a trace group's input: its gradient is what the group returned."""
+
+    def hook(grad):
+        if end["entry"] is None:  # its start went unseen: the entry is made now
+            end["entry"] = trace.record(end["group"])
+        trace.update(end["entry"], grad)
+
+    return hook
+
+
+def _lost(watch):
+    """A backward start that cannot be seen: the tracker cannot tell backward's groups
+    apart (no writer reported)."""
+    if watch.tracker is not None:
+        watch.tracker.failed = True
 
 
 # ----------------------------------------------------------------------------------------
@@ -1025,9 +1272,14 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
     into `tensors`. `values`: the case's device values (shared by the case's paths);
     `writers` (the path's own "modified_by" overrides it): whether a changed caller
     tensor's writer is looked for (modified_by): True watches the path's first call itself
-    (builder.writer_scope), "rerun" runs the path a second time watched, False not at all."""
+    (builder.writer_scope), "rerun" runs the path a second time watched, False not at all.
+    The path's "trace" (true; default false) makes the reply carry the first call's trace
+    (Trace), from the same watch of its plan groups."""
     values = values or _DeviceValues(case)
     writers = path.get("modified_by", writers)
+    traced = path.get("trace", False)
+    if not isinstance(traced, bool):
+        raise ValueError(f'"trace" must be true or false, got {traced!r}')
     result = {"name": path["name"], "status": "ok"}
     fusions = path.get("fusions") or []
     # The repeat calls' expected plans: "per_pattern" (one fresh Sequential per requires-grad
@@ -1041,7 +1293,11 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
     built = _Built(case)
     call = _Call()
     repeats = []
-    watch = _Watch(builder, case, built) if writers is True else None
+    watch = (
+        _Watch(builder, case, built, writers=writers is True, traced=traced)
+        if writers is True or traced
+        else None
+    )
     modified_by = {}
     with contextlib.ExitStack() as stack:
         try:
@@ -1076,6 +1332,8 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
             )
         result["plans"] = _safe_plans(builder, built.seq, case, built.ops)
         _emit(result, call, tensors, built.phase)
+        if traced:
+            result["trace"] = watch.trace.emit(tensors)
         result["modified"] = call.modified if result["status"] == "ok" else []
         result.setdefault("left_locked", [])
         if result["status"] == "ok":
@@ -1099,16 +1357,22 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
 
 
 class _Watch:
-    """A path's first call watched for writers of caller tensors (run_path with writers
-    True): the tracker of builder.writer_scope around its forward and backward."""
+    """A path's first call watched group by group (builder.writer_scope around its forward
+    and backward, with a GroupWatch): for writers of caller tensors (run_path with writers
+    True: a WriterTracker) and for its trace (`traced`: a Trace, kept from the start so that
+    a call that fails early still has one)."""
 
-    def __init__(self, builder, case, built):
+    def __init__(self, builder, case, built, *, writers, traced):
         self.builder, self.case, self.built = builder, case, built
+        self.watch_writers = writers
         self.tracker = None
+        self.trace = Trace(case.dtype) if traced else None
 
     def scope(self, caller):
-        self.tracker = WriterTracker(caller)
-        return self.builder.writer_scope(self.built.seq, self.case, self.built.ops, self.tracker)
+        if self.watch_writers:
+            self.tracker = WriterTracker(caller)
+        groups = GroupWatch(self.tracker, self.trace)
+        return self.builder.writer_scope(self.built.seq, self.case, self.built.ops, groups)
 
     def writers(self, call):
         """{caller tensor: group} for the changed tensors of `call` (its first call), as
@@ -1186,7 +1450,7 @@ def _writers(builder, case, path, values):
     def tracker_scope(caller):
         tracker = WriterTracker(caller)
         holder["tracker"] = tracker
-        return builder.writer_scope(built.seq, case, built.ops, tracker)
+        return builder.writer_scope(built.seq, case, built.ops, GroupWatch(tracker))
 
     try:
         with builder.fusion_scope(path.get("fusions") or []):

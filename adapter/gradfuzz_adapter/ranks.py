@@ -341,7 +341,12 @@ def rank_requests(header, tensors):
             "spec": header["spec"],
             "plan": entry["plan"],
             "values": values,
-            "paths": header.get("paths") or [],
+            # No trace on ranks (docs/BACKENDS.md "run": the first divergence is looked for
+            # in cases of one process): a path's "trace" is dropped.
+            "paths": [
+                {k: v for k, v in path.items() if k != "trace"}
+                for path in header.get("paths") or []
+            ],
             # A second run of a path to find who wrote a caller tensor would be a second
             # round of collectives on only the ranks that saw the write: not done.
             "modified_by": False,

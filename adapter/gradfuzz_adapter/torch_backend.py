@@ -119,9 +119,9 @@ class TorchBuilder(Builder):
             if t is not None and t.is_floating_point()
         ]
 
-    def writer_scope(self, seq, case, ops, tracker):
+    def writer_scope(self, seq, case, ops, watch):
         # driver.py: torch_writer_scope wraps each of the runtime's fusers' groups.
-        return torch_writer_scope(seq, case, tracker)
+        return torch_writer_scope(seq, case, watch)
 
     def plans(self, seq, case, ops):
         out = []

@@ -227,9 +227,12 @@ class TEBuilder(Builder):
     def recorded_channel_grads(self, case):
         return self.path.channel_grads
 
-    def writer_scope(self, seq, case, ops, tracker):
-        # driver.py: te_writer_scope wraps each group of TE's fusers' plans.
-        return te_writer_scope(self.operation_fuser, case, ops, tracker)
+    def writer_scope(self, seq, case, ops, watch):
+        # driver.py: te_writer_scope wraps each group of TE's fusers' plans (op.py:
+        # BasicOperation tells a basic op computing in op_forward/op_backward).
+        return te_writer_scope(
+            self.operation_fuser, case, ops, watch, basic_operation=self.te.ops.BasicOperation
+        )
 
     def plans(self, seq, case, ops):
         out = []
