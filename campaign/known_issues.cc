@@ -163,6 +163,59 @@ bool recipe_option_holds(const RecipeOptionCondition& c, const harness::RecipeSp
   return std::find(c.values.begin(), c.values.end(), *value) != c.values.end();
 }
 
+/// Parses and checks an entry's `basis` at `path`; `status` is the entry's.
+KnownBasis basis_of(const json& b, const std::string& status, const std::string& where, const std::string& path) {
+  if (!b.is_object()) {
+    fail(where, path,
+         "expected an object {\"kind\": \"documented\" | \"defect\" | \"stricter-rule\", \"evidence\": ...}, got " +
+             std::string(b.type_name()));
+  }
+  static const std::set<std::string> keys{"kind", "evidence", "upstream_test", "upstream"};
+  for (const auto& [key, value] : b.items()) {
+    if (!keys.count(key))
+      fail(where, path + "/" + key, "unknown field (known: kind, evidence, upstream_test, upstream)");
+  }
+  KnownBasis basis;
+  if (!b.contains("kind")) fail(where, path + "/kind", "missing (documented, defect or stricter-rule)");
+  basis.kind = string_at(b, "kind", where, path);
+  const std::string expected_status = status_for_basis(basis.kind);
+  if (expected_status.empty()) {
+    fail(where, path + "/kind",
+         "expected documented (the backend documents it), defect (the backend is wrong) or stricter-rule "
+         "(gradfuzz's runtime spec asks for more than the backend promises), got '" +
+             basis.kind + "'");
+  }
+  if (!b.contains("evidence")) fail(where, path + "/evidence", "missing");
+  basis.evidence = string_at(b, "evidence", where, path);
+  if (basis.evidence.empty()) {
+    fail(where, path + "/evidence",
+         "expected a non-empty string: the backend's doc string, test or source lines (file:line) that show what "
+         "the entry is");
+  }
+  if (b.contains("upstream_test")) {
+    basis.upstream_test = string_at(b, "upstream_test", where, path);
+    if (basis.kind != "defect") {
+      fail(where, path + "/upstream_test",
+           "only a defect has an upstream test (the failing test in the backend's style); this entry's kind is " +
+               basis.kind);
+    }
+    if (basis.upstream_test.empty() || basis.upstream_test.front() == '/') {
+      fail(where, path + "/upstream_test",
+           "expected a path relative to the repository root, got '" + basis.upstream_test + "'");
+    }
+  }
+  if (b.contains("upstream")) {
+    basis.upstream = string_at(b, "upstream", where, path);
+    if (basis.upstream.empty()) fail(where, path + "/upstream", "expected the upstream issue or pull request, got ''");
+  }
+  if (status != expected_status) {
+    fail(where, path + "/kind",
+         "kind '" + basis.kind + "' goes with status " + expected_status + ", but the entry's status is " + status +
+             " (documented: documented-behaviour, defect: open-defect, stricter-rule: stricter-rule)");
+  }
+  return basis;
+}
+
 }  // namespace
 
 CaseFacts CaseFacts::of(const harness::CaseSpec& spec) {
@@ -212,6 +265,18 @@ bool version_in_range(const std::string& version, const std::string& range) {
 const std::vector<std::string>& steerable_features() {
   static const std::vector<std::string> features{"generator_outputs", "call_then_bind", "in_place"};
   return features;
+}
+
+const std::vector<std::string>& known_basis_kinds() {
+  static const std::vector<std::string> kinds{"documented", "defect", "stricter-rule"};
+  return kinds;
+}
+
+std::string status_for_basis(const std::string& kind) {
+  if (kind == "documented") return "documented-behaviour";
+  if (kind == "defect") return "open-defect";
+  if (kind == "stricter-rule") return "stricter-rule";
+  return "";
 }
 
 bool KnownIssue::case_level() const { return recipe || !recipe_options.empty() || dtype || !case_ops.empty(); }
@@ -296,7 +361,7 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
   if (j.contains("description")) known.description = string_at(j, "description", where, "");
   if (!j.contains("entries") || !j["entries"].is_array()) fail(where, "/entries", "expected an array of entries");
   std::set<std::string> ids;
-  static const std::set<std::string> entry_keys{"id", "status", "link", "note", "match", "steer"};
+  static const std::set<std::string> entry_keys{"id", "status", "link", "note", "basis", "match", "steer"};
   static const std::set<std::string> match_keys{
       "kind",    "op",       "options",   "error_kind", "message",        "role",  "phase",
       "backend", "versions", "signature", "recipe",     "recipe_options", "dtype", "case_ops"};
@@ -306,7 +371,7 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
     if (!e.is_object()) fail(where, path, "expected an object");
     for (const auto& [key, value] : e.items()) {
       if (!entry_keys.count(key))
-        fail(where, path + "/" + key, "unknown field (known: id, status, link, note, match, steer)");
+        fail(where, path + "/" + key, "unknown field (known: id, status, link, note, basis, match, steer)");
     }
     KnownIssue k;
     if (!e.contains("id")) fail(where, path + "/id", "missing");
@@ -314,11 +379,13 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
     if (k.id.empty() || !ids.insert(k.id).second) fail(where, path + "/id", "empty or duplicate id '" + k.id + "'");
     if (!e.contains("status")) fail(where, path + "/status", "missing");
     k.status = string_at(e, "status", where, path);
-    if (k.status != "open-defect" && k.status != "documented-behaviour") {
-      fail(where, path + "/status", "expected open-defect or documented-behaviour, got '" + k.status + "'");
+    if (k.status != "open-defect" && k.status != "documented-behaviour" && k.status != "stricter-rule") {
+      fail(where, path + "/status",
+           "expected open-defect, documented-behaviour or stricter-rule, got '" + k.status + "'");
     }
     if (e.contains("link")) k.link = string_at(e, "link", where, path);
     if (e.contains("note")) k.note = string_at(e, "note", where, path);
+    if (e.contains("basis")) k.basis = basis_of(e["basis"], k.status, where, path + "/basis");
     if (!e.contains("match") || !e["match"].is_object() || e["match"].empty()) {
       fail(where, path + "/match", "expected an object with at least one field");
     }
@@ -478,6 +545,12 @@ json known_issues_to_json(const KnownIssues& known) {
     json e{{"id", k.id}, {"status", k.status}};
     if (!k.link.empty()) e["link"] = k.link;
     if (!k.note.empty()) e["note"] = k.note;
+    if (k.basis) {
+      json b{{"kind", k.basis->kind}, {"evidence", k.basis->evidence}};
+      if (!k.basis->upstream_test.empty()) b["upstream_test"] = k.basis->upstream_test;
+      if (!k.basis->upstream.empty()) b["upstream"] = k.basis->upstream;
+      e["basis"] = std::move(b);
+    }
     e["match"] = std::move(m);
     if (k.steer_feature) e["steer"] = {{"feature", *k.steer_feature}, {"weight", k.steer_weight}};
     entries.push_back(std::move(e));

@@ -45,15 +45,45 @@ struct RecipeOptionCondition {
   std::string text;
 };
 
+/// What a known issue is, and the evidence for it (docs/KNOWN.md, `basis`): one of three kinds,
+/// each with the status it goes with.
+struct KnownBasis {
+  /// "documented" (the backend documents the behaviour: its doc string, docs or a test of
+  /// its own show it), "defect" (the backend is wrong by its own documentation, tests or
+  /// design) or "stricter-rule" (the backend behaves as it means to; gradfuzz's runtime spec,
+  /// ../shared/spec/runtime.md, asks for more than the backend promises).
+  std::string kind;
+  /// Where in the backend it shows: file:line of the release, a doc string, a test's name, a PR.
+  std::string evidence;
+  /// For a defect: the path, relative to the repository root, of the test in the backend's
+  /// own style that fails on the release with the defect; empty until it is written.
+  std::string upstream_test;
+  /// The upstream issue or pull request that reports, documents or fixes it; empty if none.
+  std::string upstream;
+};
+
+/// The basis kinds, in the order error messages list them.
+const std::vector<std::string>& known_basis_kinds();
+/// The status an entry of basis `kind` has ("defect" -> "open-defect", "documented" ->
+/// "documented-behaviour", "stricter-rule" -> "stricter-rule"); empty for an unknown kind.
+std::string status_for_basis(const std::string& kind);
+/// How `known accept` begins the evidence of an entry it writes: nobody has yet read the
+/// backend to say what the cluster is (a shipped file has no such entry).
+inline constexpr const char* kUnestablishedEvidence = "not established";
+
 /// One known issue: what findings it covers, what it is, and how the generator may steer
 /// around it (docs/KNOWN.md). Every `match` field that is set must hold.
 struct KnownIssue {
   std::string id;
-  /// "open-defect" (a bug of the backend, reported upstream) or "documented-behaviour"
-  /// (the backend documents it, e.g. TE's in-place ops).
+  /// "open-defect" (a bug of the backend), "documented-behaviour" (the backend documents it,
+  /// e.g. TE's in-place ops) or "stricter-rule" (gradfuzz's runtime spec asks for more than
+  /// the backend promises). With a basis, the status its kind goes with.
   std::string status;
   std::string link;
   std::string note;
+  /// What the entry is and the evidence; optional in the format (an entry `known accept`
+  /// wrote has one saying it is not established yet), present in every shipped entry.
+  std::optional<KnownBasis> basis;
 
   // Match fields.
   std::optional<harness::VerdictKind> kind;
@@ -129,7 +159,8 @@ struct KnownIssues {
 /// Reads a known-issues file; throws InputError naming the file and the JSON path of the
 /// problem (bad JSON, unknown field, a kind, feature, recipe, recipe option or value, or dtype
 /// that does not exist, an invalid pattern or version range, a duplicate id, a weight outside
-/// [0, 1]).
+/// [0, 1], a basis of an unknown kind, without evidence, or whose kind the status does not
+/// go with).
 KnownIssues load_known_issues(const std::filesystem::path& path);
 /// Parses a known-issues document; `where` names it in errors.
 KnownIssues known_issues_from_json(const nlohmann::json& j, const std::string& where);

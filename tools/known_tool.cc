@@ -100,6 +100,14 @@ int KnownCommand::run(std::ostream& out) const {
               : recipe == reports::kNoRecipe ? std::string(", seen only in cases without a recipe")
                                              : ", seen only under " + recipe) +
              "; say what it is, link the issue, set the status, and widen the match if it is one cause";
+    // A defect until someone has read the backend and says otherwise (the status above goes
+    // with that kind); the evidence says that nobody has yet.
+    e.basis = campaign::KnownBasis{
+        "defect",
+        std::string(campaign::kUnestablishedEvidence) + ": accepted from " + report_ + " (cluster " + signature +
+            "); read the backend's source, docs and tests, then say whether it is documented, a defect or a "
+            "stricter rule of gradfuzz's, with the file:line, doc string or test that shows it",
+        "", ""};
     e.signature = signature;
     if (!recipe.empty()) e.recipe = recipe;
     e.backend = backend;
