@@ -293,7 +293,14 @@ def path_result(path, reply_tensors):
     if "channel_grads" in path:
         out["channel_grads"] = [{k: t(r) for k, r in c.items()} for c in path["channel_grads"]]
     if "trace" in path:
-        out["trace"] = [dict(e, tensor=t(e["tensor"])) for e in path["trace"]]
+        out["trace"] = [
+            dict(
+                e,
+                tensor=t(e["tensor"]),
+                extras=[dict(x, tensor=t(x["tensor"])) for x in e.get("extras") or []],
+            )
+            for e in path["trace"]
+        ]
     if "repeats" in path:
         out["repeats"] = [path_result(r, reply_tensors) for r in path["repeats"]]
     return out

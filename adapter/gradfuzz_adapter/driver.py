@@ -20,6 +20,7 @@ import os
 import sys
 import sysconfig
 import time
+import types
 
 import torch
 
@@ -595,12 +596,14 @@ class GroupWatch:
         if self.tracker is not None:
             self.tracker.enter(None if group is None else _writer_group(group))
 
-    def instrument(self, obj, method, group):
+    def instrument(self, obj, method, group, extras=None):
         """Wraps obj.<method> (an instance attribute from then on) so that each of its runs
         is a run of `group` for the tracker and, where it returns, the trace records the
         first item of what it returned (a group's main output or input gradient: TE's
         fuser_forward returns (output, extra outputs), fuser_backward (grad_input, param
-        grads, extra input grads), the torch runtime's forward (output, extra outputs)).
+        grads, extra input grads), the torch runtime's forward (output, extra outputs))
+        and, with `extras` (GroupExtras), the extra tensors it returned (Trace.take_extras:
+        what it hands back is the method's result, an op's generator handed on as one).
         Idempotent per (obj, method)."""
         if any(o is obj and m == method for o, m, _ in self.patched):
             return
@@ -620,7 +623,9 @@ class GroupWatch:
                 finally:
                     tracker.enter(outer)
             if trace is not None:
-                trace.record(group, _main_tensor(result))
+                entry = trace.record(group, _main_tensor(result))
+                if extras is not None:
+                    result = trace.take_extras(entry, extras, result)
             return result
 
         setattr(obj, method, wrapped)
@@ -663,24 +668,53 @@ def _main_tensor(result):
     return result
 
 
+class GroupExtras:
+    """Where a group's extra tensors are in what its method returns, and which the trace
+    keeps (Trace.take_extras): `position`, the index of the result's item that holds them
+    (TE's fuser_forward: 1, the extra outputs; fuser_backward: 2, the extra-input
+    gradients; the torch runtime's forward: 1); `ops`, per basic op of the group in the
+    group's order, (spec op index, the slots kept); `per_op`: the item is a sequence with
+    one entry per basic op (TE's), else the one op's own extra tensors (the torch
+    runtime's)."""
+
+    def __init__(self, position, ops, per_op=True):
+        self.position = position
+        self.ops = [(op, list(slots)) for op, slots in ops]
+        self.per_op = per_op
+
+
+def extra_slots(op_case, pass_):
+    """The slots of `op_case` a trace entry of `pass_` carries: forward every extra output;
+    backward the extra inputs that can have a gradient (float kind: not split sizes or
+    routing maps)."""
+    if pass_ == "forward":
+        return list(range(len(op_case.extra_output_kinds)))
+    return [s for s, kind in enumerate(op_case.extra_input_kinds) if kind == "float"]
+
+
 class Trace:
     """A path's first call group by group (docs/BACKENDS.md "run", `trace`): an entry per
     plan group run, in the order they ran, with the group's main tensor (forward: its
-    output; backward: its input gradient) detached and copied when the group returned, so
-    that later in-place writes do not reach it; a quantized tensor object (_quantized: TE's
-    QuantizedTensor and its storage classes) is dequantized to the case dtype and marked
-    `quantized`. It never raises into the call it watches: a tensor it cannot copy (or
-    dequantize) is recorded as none."""
+    output; backward: its input gradient) and its extra tensors (`extras`: forward, each
+    basic op's extra outputs; backward, the gradient returned for each extra input that can
+    have one), detached and copied when the group returned, so that later in-place writes
+    do not reach them; a quantized tensor object (_quantized: TE's QuantizedTensor and its
+    storage classes) is dequantized to the case dtype and marked `quantized`. It never
+    raises into the call it watches: a tensor it cannot copy (or dequantize) is recorded
+    as none."""
 
     def __init__(self, dtype):
         self.dtype = dtype
         self.entries = []
+        self.lost = set()  # ids of extras a contribution of which could not be copied
 
-    def record(self, group, tensor=None):
-        """Appends `group`'s entry with a copy of `tensor` (None: none yet, see update);
-        returns the entry."""
+    def record(self, group, tensor=None, extras=None):
+        """Appends `group`'s entry with a copy of `tensor` (None: none yet, see update) and
+        the list `extras` (Trace.extra items, kept as it is: the torch runtime's backward
+        fills them later); returns the entry."""
         entry = dict(group)
         self.update(entry, tensor)
+        entry["extras"] = [] if extras is None else extras
         self.entries.append(entry)
         return entry
 
@@ -688,6 +722,90 @@ class Trace:
         """Sets `entry`'s tensor to a copy of `tensor` (the torch runtime's backward: the
         entry is made where the group's backward starts, its gradient seen later)."""
         entry["tensor"], entry["quantized"] = self._copy(tensor)
+
+    @staticmethod
+    def extra(op, slot):
+        """An extra tensor's item of an entry, without its tensor yet."""
+        return {"op": op, "slot": slot, "tensor": None, "quantized": False}
+
+    def set_extra(self, item, tensor):
+        item["tensor"], item["quantized"] = self._copy(tensor)
+
+    def add_extra(self, item, tensor):
+        """Adds one contribution to `item`'s tensor (the torch runtime's backward: an extra
+        input's gradient is the sum of what each of the op's nodes returned for it); one
+        that cannot be copied or added leaves the item without a tensor."""
+        if tensor is None or id(item) in self.lost:
+            return
+        copied, quantized = self._copy(tensor)
+        try:
+            if copied is None:
+                raise ValueError("not copied")
+            if item["tensor"] is not None:
+                with torch.no_grad():
+                    copied = item["tensor"] + copied
+            item["tensor"] = copied
+            item["quantized"] = item["quantized"] or quantized
+        except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+            self.lost.add(id(item))
+            item["tensor"] = None
+
+    def take_extras(self, entry, layout, result):
+        """Sets `entry`'s extras from a group's `result` as `layout` (GroupExtras) places
+        them, one item per kept slot, op then slot order (none where the op returned no
+        tensor for it), and returns the result to hand back: `result` itself, or where an
+        op returned its extra tensors as a generator, a result of the same kinds whose
+        generator is one that yields the same items in turn and copies each as it is drawn
+        (what draws it sees what it would have: a generator, with no len(), consumed
+        once). Never raises: on any surprise the items stay without tensors and `result`
+        is handed back as it is."""
+        items = []
+        per_op = []
+        for op, slots in layout.ops:
+            mine = {s: self.extra(op, s) for s in slots}
+            items.extend(mine.values())
+            per_op.append(mine)
+        entry["extras"] = items
+        try:
+            if not isinstance(result, (tuple, list)) or len(result) <= layout.position:
+                return result
+            container = result[layout.position]
+            if layout.per_op:
+                if not isinstance(container, (tuple, list)):
+                    return result
+                returned = list(container)
+            else:
+                returned = [container]
+            changed = False
+            for k, mine in enumerate(per_op):
+                tensors = returned[k] if k < len(returned) else None
+                if isinstance(tensors, (tuple, list)):
+                    for s, item in mine.items():
+                        if s < len(tensors):
+                            self.set_extra(item, tensors[s])
+                elif isinstance(tensors, types.GeneratorType) and mine:
+                    returned[k] = _drawn(tensors, self._setter(mine))
+                    changed = True
+            if not changed:
+                return result
+            if layout.per_op:
+                container = list(returned) if isinstance(container, list) else tuple(returned)
+            else:
+                container = returned[0]
+            rebuilt = list(result)
+            rebuilt[layout.position] = container
+            return rebuilt if isinstance(result, list) else tuple(rebuilt)
+        except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+            for item in items:
+                item["tensor"], item["quantized"] = None, False
+            return result
+
+    def _setter(self, mine):
+        def seen(slot, tensor):
+            if slot in mine:
+                self.set_extra(mine[slot], tensor)
+
+        return seen
 
     def _copy(self, t):
         quantized = _quantized(t)
@@ -708,16 +826,34 @@ class Trace:
         out = []
         for entry in self.entries:
             entry = dict(entry)
-            t = entry["tensor"]
-            entry["tensor"] = None
-            if t is not None:
-                mark = len(tensors)
-                try:
-                    entry["tensor"] = tensors.add(t)
-                except Exception:  # noqa: BLE001 - a tensor that cannot travel is left out
-                    tensors.truncate(mark)
+            entry["tensor"] = _emitted(entry["tensor"], tensors)
+            entry["extras"] = [
+                dict(item, tensor=_emitted(item["tensor"], tensors))
+                for item in entry.get("extras") or []
+            ]
             out.append(entry)
         return out
+
+
+def _emitted(t, tensors):
+    """`t`'s index in `tensors` once added; None for none or one that cannot travel."""
+    if t is None:
+        return None
+    mark = len(tensors)
+    try:
+        return tensors.add(t)
+    except Exception:  # noqa: BLE001 - a tensor that cannot travel is left out
+        tensors.truncate(mark)
+        return None
+
+
+def _drawn(generator, seen):
+    """A generator that yields what `generator` yields, as it is drawn, first handing each
+    item to seen(k, item) (whose errors are swallowed)."""
+    for k, item in enumerate(generator):
+        with contextlib.suppress(Exception):
+            seen(k, item)
+        yield item
 
 
 def _quantized(t):
@@ -748,7 +884,9 @@ def te_writer_scope(operation_fuser, case, ops, watch, basic_operation=None):
     so maybe_fuse_ops is wrapped to instrument every group's method once the plans exist.
     A group's "method" is the one that computes it: a basic op that keeps
     BasicOperation's fuser_forward/fuser_backward computes in its op_forward/op_backward
-    (op.py: BasicOperation.fuser_forward calls self.op_forward)."""
+    (op.py: BasicOperation.fuser_forward calls self.op_forward). Its extra tensors are read
+    from what fuser_forward/fuser_backward return, per basic op of the group (GroupExtras:
+    the group's basic op indices mapped to spec op indices as its begin/end are)."""
     index = {id(op): i for i, op in enumerate(ops) if op is not None}
     original = operation_fuser.__dict__["maybe_fuse_ops"]
 
@@ -781,7 +919,14 @@ def te_writer_scope(operation_fuser, case, ops, watch, basic_operation=None):
                     type(op).__name__,
                     basic_method if inherited and not fused else method,
                 )
-                watch.instrument(op, method, group)
+                # fuser.py: fuser_forward returns (output, per basic op of the group its
+                # extra outputs), fuser_backward (grad_input, per basic op its param grads,
+                # per basic op its extra-input grads), in the order of idxs.
+                extras = GroupExtras(
+                    1 if pass_ == "forward" else 2,
+                    [(m, extra_slots(case.ops[m], pass_)) for m in members],
+                )
+                watch.instrument(op, method, group, extras)
         return result
 
     operation_fuser.maybe_fuse_ops = maybe_fuse_ops
@@ -796,10 +941,11 @@ def te_writer_scope(operation_fuser, case, ops, watch, basic_operation=None):
 def torch_writer_scope(seq, case, watch):
     """The group scope of the torch runtime (a TorchBuilder's writer_scope returns this;
     `watch`: a GroupWatch). Forward: every op is its own group, torch_runtime.Fuser.forward
-    calls op.forward(x, extras) per op, which is wrapped. Backward is PyTorch's autograd
-    over eager ops, with no per-op entry point: a hook on each op's main output marks the
-    start of that op's backward (its output's gradient is complete), which closes the group
-    that ran before (the writer tracker's groups: one per op).
+    calls op.forward(x, extras) per op, which is wrapped (its extra outputs are the second
+    item of what it returns). Backward is PyTorch's autograd over eager ops, with no per-op
+    entry point: a hook on each op's main output marks the start of that op's backward (its
+    output's gradient is complete), which closes the group that ran before (the writer
+    tracker's groups: one per op).
 
     The trace's backward groups are the fuser's backward plan (Fuser.backward_plan: a fused
     BackwardLinearScale spans its Linear and ConstantScale): a group's entry is made where
@@ -807,12 +953,15 @@ def torch_writer_scope(seq, case, watch):
     a hook on that input. The op is that tensor's only user (the runtime hands an op's
     output to the next op alone, catalog ops return new tensors), so the input's gradient
     is what the group's backward returned for it. An input that does not require grad
-    leaves the entry's tensor none (the group returned none)."""
+    leaves the entry's tensor none (the group returned none). An extra input can have
+    other users (a channel's other consumers, the caller): its gradient is what the op's
+    own autograd nodes return for it (_ExtraGrads), summed."""
     trace = watch.trace
     for f, (fuser, members) in enumerate(zip(seq.fusers, case.fusers)):
         # Per local op index: the trace's backward group that starts (its last op) or ends
-        # (its first op) there, as {"group", "entry"} (the entry once made).
-        starts, ends = {}, {}
+        # (its first op) there, and the one it belongs to, as {"group", "entry", "extras"}
+        # (the entry once made; the extras: its ops' extra-input items, op then slot order).
+        starts, ends, owners = {}, {}, {}
         if trace is not None:
             for planned in fuser.backward_plan(members):
                 begin, end, name = planned["begin"], planned["end"], planned["name"]
@@ -820,9 +969,11 @@ def torch_writer_scope(seq, case, watch):
                 traced = plan_group(
                     "backward", f, begin, end, name, planned["fused"], cls, "backward"
                 )
-                slot = {"group": traced, "entry": None}
+                slot = {"group": traced, "entry": None, "extras": []}
                 starts[members.index(end - 1)] = slot
                 ends[members.index(begin)] = slot
+                for index in range(begin, end):
+                    owners[members.index(index)] = slot
         for i, (op, index) in enumerate(zip(fuser.ops, members)):
             cls = type(op).__name__
             forward_group = plan_group(
@@ -831,10 +982,16 @@ def torch_writer_scope(seq, case, watch):
             backward_group = plan_group(
                 "backward", f, index, index + 1, op.name, False, cls, "backward"
             )
+            owner, items = owners.get(i), {}
+            if owner is not None:
+                for s in extra_slots(case.ops[index], "backward"):
+                    items[s] = Trace.extra(index, s)
+                    owner["extras"].append(items[s])
             op.forward = _hooked_forward(
-                op.forward, watch, backward_group, starts.get(i), ends.get(i)
+                op.forward, watch, backward_group, starts.get(i), ends.get(i), owner, items
             )
-            watch.instrument(op, "forward", forward_group)
+            extras = GroupExtras(1, [(index, extra_slots(case.ops[index], "forward"))], False)
+            watch.instrument(op, "forward", forward_group, extras)
     try:
         yield
     finally:
@@ -844,12 +1001,14 @@ def torch_writer_scope(seq, case, watch):
                 op.__dict__.pop("forward", None)
 
 
-def _hooked_forward(original, watch, group, start, end):
+def _hooked_forward(original, watch, group, start, end, owner=None, items=None):
     """An op's forward with the hooks of its backward: on its output, the start of its
     backward `group` (and of the trace group `start`, if any); on its input, the gradient
-    of the trace group `end` (if any)."""
+    of the trace group `end` (if any); on the autograd nodes it made, the gradients of its
+    extra inputs `items` ({slot: Trace.extra item} of the trace group `owner`)."""
 
     def forward(x, extras):
+        grads = _ExtraGrads.before(watch.trace, owner, items, x, extras)
         y, outs = original(x, extras)
         if isinstance(y, torch.Tensor) and y.requires_grad:
             try:
@@ -861,6 +1020,8 @@ def _hooked_forward(original, watch, group, start, end):
                 x.register_hook(_backward_returned(watch.trace, end))
             except RuntimeError:
                 pass  # the entry keeps no tensor
+        if grads is not None:
+            outs = grads.after(y, outs)
         return y, outs
 
     return forward
@@ -873,7 +1034,7 @@ def _backward_starts(watch, group, start):
     def hook(grad):
         watch.enter(group)
         if start is not None:
-            start["entry"] = watch.trace.record(start["group"])
+            _entry_of(watch.trace, start)
 
     return hook
 
@@ -882,11 +1043,139 @@ def _backward_returned(trace, end):
     """The hook on a trace group's input: its gradient is what the group returned."""
 
     def hook(grad):
-        if end["entry"] is None:  # its start went unseen: the entry is made now
-            end["entry"] = trace.record(end["group"])
-        trace.update(end["entry"], grad)
+        trace.update(_entry_of(trace, end), grad)  # its start unseen: the entry made now
 
     return hook
+
+
+def _entry_of(trace, slot):
+    """The entry of the trace group `slot` ({"group", "entry", "extras"}), made now if its
+    backward had not yet been seen."""
+    if slot["entry"] is None:
+        slot["entry"] = trace.record(slot["group"], extras=slot["extras"])
+    return slot["entry"]
+
+
+class _ExtraGrads:
+    """The gradients one torch-runtime op's backward returns for its extra inputs. An extra
+    input's tensor may have other users (a channel's value goes to every consumer and to
+    the caller), so a hook on it would see their sum: instead, the autograd nodes the op's
+    forward made (found from its outputs back to its inputs' nodes) each get a hook that
+    adds what the node returns along its edges to that input's node. The graph is only
+    read: no node is added, so the gradients' sums run as they would untraced. An extra
+    input whose node is also the main input's or another slot's (the op could not be told
+    apart from them) is left without a tensor."""
+
+    # The most nodes one op's graph is searched for (an op reads only its inputs, whose
+    # nodes end the search; past this something else is going on).
+    MAX_NODES = 100_000
+
+    def __init__(self, trace, owner, targets, stops):
+        self.trace, self.owner = trace, owner
+        self.targets = targets  # [(node or None, output_nr, leaf tensor or None, item)]
+        self.stops = stops  # the input nodes by id: the search ends there
+        self.seen = set()
+        self.nodes = []  # the nodes searched, kept alive so that their ids stay theirs
+
+    @classmethod
+    def before(cls, trace, owner, items, x, extras):
+        """The watch of one forward call, its targets taken before the op runs (an op
+        writing into an input in place gives the tensor a new node); None where there is
+        nothing to watch."""
+        if trace is None or owner is None or not items:
+            return None
+        try:
+            keys, targets = [], []
+            for slot, item in items.items():
+                e = extras[slot] if slot < len(extras) else None
+                if not isinstance(e, torch.Tensor) or not e.requires_grad:
+                    continue
+                keys.append(_node_key(e))
+                targets.append((e.grad_fn, e.output_nr, e if e.grad_fn is None else None, item))
+            main = _node_key(x) if isinstance(x, torch.Tensor) and x.requires_grad else None
+            kept = [
+                target for key, target in zip(keys, targets) if key != main and keys.count(key) == 1
+            ]
+            if not kept:
+                return None
+            # The nodes themselves are kept: a node's Python object is the same one only
+            # while it is alive, and so is its id.
+            stops = {id(node): node for node, _, _, _ in kept if node is not None}
+            if main is not None and x.grad_fn is not None:
+                stops[id(x.grad_fn)] = x.grad_fn
+            return cls(trace, owner, kept, stops)
+        except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+            return None
+
+    def after(self, y, outs):
+        """Searches the graph from the op's outputs `y` and `outs` (a generator: each item
+        as it is drawn, handed on as a generator); returns what to hand on as `outs`."""
+        try:
+            self._search(y)
+            if isinstance(outs, types.GeneratorType):
+                return _drawn(outs, lambda _, t: self._search(t))
+            for t in outs:
+                self._search(t)
+        except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+            pass
+        return outs
+
+    def _match(self, node, nr):
+        for target in self.targets:
+            wanted, wanted_nr, leaf, item = target
+            if wanted is not None:
+                if node is wanted and nr == wanted_nr:
+                    return item
+            elif getattr(node, "variable", None) is leaf:
+                return item
+        return None
+
+    def _search(self, t):
+        if not isinstance(t, torch.Tensor) or t.grad_fn is None:
+            return
+        stack = [t.grad_fn]
+        while stack:
+            node = stack.pop()
+            if id(node) in self.seen or id(node) in self.stops:
+                continue
+            if len(self.seen) >= self.MAX_NODES:
+                raise RuntimeError("the op's graph is too large to search")
+            self.seen.add(id(node))
+            self.nodes.append(node)
+            hits = []
+            for k, (following, nr) in enumerate(node.next_functions):
+                if following is None:
+                    continue
+                item = self._match(following, nr)
+                if item is not None:
+                    hits.append((k, item))
+                elif not hasattr(following, "variable"):  # AccumulateGrad: a leaf's end
+                    stack.append(following)
+            if hits:
+                node.register_hook(self._hook(hits))
+
+    def _hook(self, hits):
+        trace, owner = self.trace, self.owner
+
+        def hook(grad_inputs, grad_outputs):
+            try:
+                _entry_of(trace, owner)
+                for k, item in hits:
+                    trace.add_extra(item, grad_inputs[k] if k < len(grad_inputs) else None)
+            except Exception:  # noqa: BLE001 - the trace is evidence, never the call's error
+                for _, item in hits:
+                    trace.lost.add(id(item))
+                    item["tensor"] = None
+
+        return hook
+
+
+def _node_key(t):
+    """Where autograd delivers `t`'s gradient: (its node, output number), or for a leaf the
+    tensor itself."""
+    if t.grad_fn is None:
+        return ("leaf", id(t))
+    return (id(t.grad_fn), t.output_nr)
 
 
 def _lost(watch):

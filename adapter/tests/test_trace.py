@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import run, spec
 
-from gradfuzz_adapter import ranks, torch_runtime
+from gradfuzz_adapter import catalog, ranks, torch_runtime
 from gradfuzz_adapter.case import decode_case
 from gradfuzz_adapter.client import make_request, path_result
 from gradfuzz_adapter.protocol import TensorList
@@ -171,6 +171,31 @@ CASES = {
         [{"name": "Linear", "attrs": {"out": 8}}, {"name": "GroupedLinear"}],
         corrupt_split_sizes=True,
     ),
+    # Extra tensors everywhere: a channel with two consumers and the caller (three
+    # gradients summed into its producer's), a Dispatch handing its extra outputs back as
+    # a generator, GroupedLinear(scale_bias) and Combine on its channels.
+    "extras": spec(
+        [
+            {"name": "MakeExtraOutput", "output_bindings": [bound("r", True)]},
+            {"name": "Linear", "attrs": {"out": 8}},
+            {"name": "AddExtraInput", "input_channels": ["r"]},
+            {"name": "GELU"},
+            {"name": "AddExtraInput", "input_channels": ["r"]},
+            {
+                "name": "Dispatch",
+                "attrs": {"groups": 2},
+                "output_bindings": [bound("sizes"), bound("probs", True), bound("map")],
+                "output_style": "generator",
+            },
+            {
+                "name": "GroupedLinear",
+                "attrs": {"groups": 2, "out": 8, "scale_bias": 1},
+                "input_channels": ["sizes", "probs"],
+            },
+            {"name": "Combine", "input_channels": ["map"]},
+        ],
+        repeat_calls=[{}],
+    ),
 }
 
 
@@ -243,6 +268,147 @@ def test_a_planted_fault_shows_first_at_the_op_it_is_planted_in(torch_backend):
         "Linear",
     )
     assert torch.equal(first["tensor"], clean["trace"][differs[0]]["tensor"] * 2.0**-7)
+
+
+def extras(entry):
+    return [(x["op"], x["slot"]) for x in entry["extras"]]
+
+
+def entry_at(trace, pass_, begin):
+    (entry,) = [e for e in trace if e["pass"] == pass_ and e["begin"] == begin]
+    return entry
+
+
+def differences(a, b):
+    """Where traces `a` and `b` (of the same groups) differ, in trace order: (entry index,
+    "tensor") for an entry's main tensor, then (entry index, (op, slot)) for its extras."""
+    assert groups(a) == groups(b)
+    out = []
+    for k, (x, y) in enumerate(zip(a, b)):
+        if not torch.equal(x["tensor"], y["tensor"]):
+            out.append((k, "tensor"))
+        assert extras(x) == extras(y)
+        for u, v in zip(x["extras"], y["extras"]):
+            if not torch.equal(u["tensor"], v["tensor"]):
+                out.append((k, (u["op"], u["slot"])))
+    return out
+
+
+# A channel r of the caller's and of two consumers: each consumer's gradient is its own.
+TWO_CONSUMERS = [
+    {"name": "MakeExtraOutput", "output_bindings": [bound("r", True)]},
+    {"name": "Linear", "attrs": {"out": 8}},
+    {"name": "AddExtraInput", "input_channels": ["r"]},
+    {"name": "GELU"},
+    {"name": "AddExtraInput", "input_channels": ["r"]},
+]
+
+
+def test_a_channels_trace_extras_are_its_value_and_each_consumers_own_gradient(torch_backend):
+    case, results = run(
+        torch_backend, spec(TWO_CONSUMERS), paths=[{"name": "fused", "trace": True}]
+    )
+    result = results[0]
+    trace = result["trace"]
+    assert [extras(e) for e in trace] == [
+        [(0, 0)],  # MakeExtraOutput's extra output
+        [],
+        [],
+        [],
+        [],
+        [(4, 0)],  # AddExtraInput's extra-input gradient, its backward first
+        [],
+        [(2, 0)],
+        [],
+        [],
+    ]
+    assert all(x["quantized"] is False for e in trace for x in e["extras"])
+    # Forward: the extra output is MakeExtraOutput's input.
+    assert torch.equal(trace[0]["extras"][0]["tensor"], case.input)
+    # Backward, in plain torch: each consumer's extra input as a variable of its own.
+    w = case.ops[1].params[0]
+    cotangent = case.cotangents[0]
+    e2 = case.input.clone().requires_grad_(True)
+    e4 = case.input.clone().requires_grad_(True)
+    y = F.gelu(F.linear(case.input, w) + e2, approximate="tanh") + e4
+    g2, g4 = torch.autograd.grad((y * cotangent).sum(), [e2, e4])
+    last = entry_at(trace, "backward", 4)["extras"][0]["tensor"]
+    first = entry_at(trace, "backward", 2)["extras"][0]["tensor"]
+    torch.testing.assert_close(last, g4, rtol=0, atol=0)  # the cotangent itself
+    assert torch.equal(last, cotangent)
+    torch.testing.assert_close(first, g2)
+    # The channel's gradient is theirs and the caller's together (a hook on the channel's
+    # tensor would have given each consumer this sum).
+    torch.testing.assert_close(
+        result["channel_grads"][0]["r"], case.cotangents[1] + first + last, rtol=0, atol=1e-12
+    )
+
+
+def test_grouped_linears_scales_gradient_is_in_its_slot(torch_backend):
+    ops = [{"name": "GroupedLinear", "attrs": {"groups": 2, "out": 8, "scale_bias": 1}}]
+    case, results = run(torch_backend, spec(ops), paths=[{"name": "fused", "trace": True}])
+    result = results[0]
+    forward, backward = result["trace"]
+    assert extras(forward) == []
+    assert extras(backward) == [(0, 1)]  # slot 0, the split sizes, has no gradient
+    sizes, scales = case.extra_inputs
+    weights, biases = case.ops[0].params
+    s = scales.clone().requires_grad_(True)
+    rows = sizes.tolist()
+    parts = [
+        x_g @ weights[g].T + s_g[:, None] * biases[g]
+        for g, (x_g, s_g) in enumerate(zip(case.input.split(rows), s.split(rows)))
+    ]
+    (expected,) = torch.autograd.grad((torch.cat(parts) * case.cotangents[0]).sum(), s)
+    torch.testing.assert_close(backward["extras"][0]["tensor"], expected)
+    assert torch.equal(backward["extras"][0]["tensor"], result["grad_extra_inputs"][1])
+
+
+def test_a_defect_in_an_extra_gradient_shows_first_in_that_ops_extra(torch_backend, monkeypatch):
+    # No planted fault breaks an extra gradient alone: ScaledSwiGLU made to double its
+    # scales' gradient (the forward value unchanged, bit for bit). The scales are RowStat's
+    # channel, so the error reaches RowStat's input gradient, later in backward.
+    ops = [
+        {"name": "RowStat", "output_bindings": [bound("s")]},
+        {"name": "Linear", "attrs": {"out": 16}},
+        {"name": "ScaledSwiGLU", "input_channels": ["s"]},
+        {"name": "Linear", "attrs": {"out": 6}},
+    ]
+    paths = [{"name": "fused", "trace": True}]
+    _, (clean,) = run(torch_backend, spec(ops), paths=paths)
+    original = catalog.scaled_swiglu
+
+    def doubled_scales_gradient(x, scales, interleave=0):
+        return original(x, scales.detach() + 2 * (scales - scales.detach()), interleave)
+
+    monkeypatch.setattr(catalog, "scaled_swiglu", doubled_scales_gradient)
+    _, (faulty,) = run(torch_backend, spec(ops), paths=paths)
+    for key in ("outputs",):
+        assert all(torch.equal(a, b) for a, b in zip(clean[key], faulty[key]))
+    found = differences(clean["trace"], faulty["trace"])
+    k, where = found[0]
+    entry = faulty["trace"][k]
+    assert (entry["pass"], entry["begin"], entry["name"], where) == (
+        "backward",
+        2,
+        "ScaledSwiGLU",
+        (2, 0),
+    )
+    assert (k, "tensor") not in found  # its main gradient is right
+    assert torch.equal(entry["extras"][0]["tensor"], 2 * clean["trace"][k]["extras"][0]["tensor"])
+    # Without the extras the first divergence would be RowStat's input gradient.
+    assert [faulty["trace"][j]["name"] for j, w in found if w == "tensor"] == ["RowStat"]
+
+
+def test_a_generator_of_extra_outputs_is_traced_as_it_is_drawn(torch_backend):
+    ops = [{"name": "DualExtraOutput", "output_style": "generator"}]
+    case, results = run(torch_backend, spec(ops), paths=[{"name": "fused", "trace": True}])
+    result = results[0]
+    forward = result["trace"][0]
+    assert extras(forward) == [(0, 0), (0, 1)]
+    for item, output in zip(forward["extras"], result["outputs"][1:]):
+        assert torch.equal(item["tensor"], output)
+    assert torch.equal(forward["extras"][0]["tensor"], 0.5 * case.input)
 
 
 def test_rank_requests_drop_the_trace():
@@ -424,3 +590,78 @@ def test_a_quantized_te_output_is_sent_dequantized(te_backend, monkeypatch):
     assert torch.equal(identity["tensor"], expected)
     assert not torch.equal(expected, case.input)  # the FP8 rounding shows
     assert torch.equal(scale["tensor"], 0.5 * expected)
+
+
+def test_a_fused_te_groups_extras_map_to_their_ops_and_slots(te_backend):
+    # The fused group is fuser 1's basic ops 0-2, spec ops 2-4.
+    ops = [
+        {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+        {"name": "Boundary"},
+        {"name": "MakeExtraOutput", "output_bindings": [bound("r", True)]},
+        {"name": "ConstantScale", "attrs": {"scale": 0.75}},
+        {"name": "AddExtraInput", "input_channels": ["r"]},
+    ]
+    case_spec = spec(ops, dtype="float32")
+    paths = [
+        {"name": "joint", "fusions": ["FusedResidual.joint"], "trace": True},
+        {"name": "unfused", "fusions": [], "trace": True},
+    ]
+    case, (joint, unfused) = run(te_backend, case_spec, paths=paths)
+    assert [(e["pass"], e["fuser"], e["begin"], e["end"], extras(e)) for e in joint["trace"]] == [
+        ("forward", 0, 0, 1, []),
+        ("forward", 1, 2, 5, [(2, 0)]),  # MakeExtraOutput's output; AddExtraInput has none
+        ("backward", 1, 2, 5, [(4, 0)]),  # AddExtraInput's gradient; MakeExtraOutput's none
+        ("backward", 0, 0, 1, []),
+    ]
+    fused_forward, fused_backward = joint["trace"][1:3]
+    # MakeExtraOutput's extra output is its input, fuser 0's output; the channel is public.
+    assert torch.equal(fused_forward["extras"][0]["tensor"], joint["trace"][0]["tensor"])
+    assert torch.equal(fused_forward["extras"][0]["tensor"], joint["outputs"][1])
+    # AddExtraInput, the last op, returns its output's gradient: the cotangent.
+    cotangent = case.cotangents[0].to(torch.float32).to(torch.float64)
+    assert torch.equal(fused_backward["extras"][0]["tensor"], cotangent)
+    # The same (op, slot) pairs, with the same values, in the unfused path's groups.
+    pairs = {
+        (e["pass"], x["op"], x["slot"]): x["tensor"] for e in unfused["trace"] for x in e["extras"]
+    }
+    assert set(pairs) == {("forward", 2, 0), ("backward", 4, 0)}
+    assert torch.equal(pairs[("forward", 2, 0)], fused_forward["extras"][0]["tensor"])
+    assert torch.equal(pairs[("backward", 4, 0)], fused_backward["extras"][0]["tensor"])
+
+
+def test_te_extras_skip_integer_slots_and_keep_a_generators_error(te_backend):
+    ops = [
+        {
+            "name": "Dispatch",
+            "attrs": {"groups": 2},
+            "output_bindings": [bound("sizes"), bound("probs", True), bound("map")],
+        },
+        {"name": "Combine", "input_channels": ["map"]},
+    ]
+    case, results = run(
+        te_backend, spec(ops, dtype="float32"), paths=[{"name": "f", "trace": True}]
+    )
+    assert results[0]["status"] == "ok", results[0]
+    trace = results[0]["trace"]
+    assert [(e["pass"], e["begin"], extras(e)) for e in trace] == [
+        ("forward", 0, [(0, 0), (0, 1), (0, 2)]),  # split sizes, probabilities, routing map
+        ("forward", 1, []),
+        ("backward", 1, []),  # the routing map has no gradient
+        ("backward", 0, [(0, 0)]),  # the logits'
+    ]
+    sizes, probs, routing = (x["tensor"] for x in trace[0]["extras"])
+    assert sizes.dtype == torch.int64 and int(sizes.sum()) == case.input.shape[0]
+    assert torch.equal(probs, results[0]["outputs"][1])
+    assert torch.equal(trace[-1]["extras"][0]["tensor"], results[0]["grad_extra_inputs"][0])
+    # A generator TE's fuser cannot take: the same error traced or not.
+    ops = [{"name": "RowStat", "output_style": "generator"}]
+    for traced_ in (False, True):
+        _, results = run(
+            te_backend, spec(ops, dtype="float32"), paths=[{"name": "f", "trace": traced_}]
+        )
+        assert (results[0]["error"]["kind"], results[0]["error"]["phase"]) == (
+            "generator-misuse",
+            "forward",
+        )
+    assert extras(results[0]["trace"][0]) == [(0, 0)]
+    assert results[0]["trace"][0]["extras"][0]["tensor"] is None  # never drawn
