@@ -107,7 +107,7 @@ class Server:
             return {"ok": True, "paths": paths}, out.tensors
         if op == "export":
             from .case import decode_case
-            from .exporter import export_reply
+            from .export import export_reply
 
             case = decode_case(header, tensors)
             return export_reply(case, header, self.backend_name, tensors), []

@@ -5,8 +5,8 @@ import os
 
 from gradfuzz_adapter.case import decode_case, run_reference
 from gradfuzz_adapter.client import make_request, path_result
+from gradfuzz_adapter.export.support import compare_results
 from gradfuzz_adapter.protocol import TensorList
-from gradfuzz_adapter.script_support import compare_results
 
 ADAPTER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

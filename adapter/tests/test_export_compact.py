@@ -16,9 +16,11 @@ from gradfuzz_adapter import catalog
 from gradfuzz_adapter.__main__ import Server
 from gradfuzz_adapter.case import decode_case, run_reference
 from gradfuzz_adapter.client import make_request
-from gradfuzz_adapter.exporter import EMBEDDED_MARK, TEMPLATES, reference_lines
-from gradfuzz_adapter.script_support import unpack
-from gradfuzz_adapter.script_values import LITERAL_ELEMENTS, spelled
+from gradfuzz_adapter.export.reference import reference_lines
+from gradfuzz_adapter.export.support import unpack
+from gradfuzz_adapter.export.templates import TEMPLATES
+from gradfuzz_adapter.export.text import EMBEDDED_MARK
+from gradfuzz_adapter.export.values import LITERAL_ELEMENTS, spelled
 from gradfuzz_adapter.te.fusions import FUNCTION_OWNERS, fusion_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,7 +18,7 @@ from test_exporter import run_pytest
 
 from gradfuzz_adapter.__main__ import Server
 from gradfuzz_adapter.client import make_request
-from gradfuzz_adapter.exporter import EMBEDDED_MARK
+from gradfuzz_adapter.export import EMBEDDED_MARK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -15,7 +15,7 @@ from helpers import spec
 
 from gradfuzz_adapter.__main__ import Server
 from gradfuzz_adapter.client import make_request
-from gradfuzz_adapter.exporter import EMBEDDED_MARK
+from gradfuzz_adapter.export import EMBEDDED_MARK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = {"atol": 1.3e-6, "rtol": 1e-5, "baseline_factor": 0.0, "baseline_cap": 0.0}
@@ -188,7 +188,7 @@ def test_per_tensor_bounds_of_the_request_are_the_scripts(tmp_path):
 
 
 def test_values_over_the_budget_go_to_a_data_file_or_a_seed(tmp_path, monkeypatch):
-    from gradfuzz_adapter import script_values
+    from gradfuzz_adapter.export import values as script_values
 
     monkeypatch.setattr(script_values, "INLINE_BUDGET", 600)  # fits the small values only
     monkeypatch.setattr(script_values, "LITERAL_ELEMENTS", 8)

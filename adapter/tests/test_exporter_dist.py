@@ -1,4 +1,4 @@
-"""The script of a distributed case (exporter_dist.py), written for the torch backend and run
+"""The script of a distributed case (export/distributed.py), written for the torch backend and run
 as `torchrun --nproc-per-node 2 -m pytest`: it passes with the reference's values and fails
 when they are wrong."""
 
@@ -11,7 +11,7 @@ import torch
 
 from gradfuzz_adapter import client
 from gradfuzz_adapter.case import decode_case
-from gradfuzz_adapter.exporter import export_reply
+from gradfuzz_adapter.export import export_reply
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTER = os.path.dirname(HERE)

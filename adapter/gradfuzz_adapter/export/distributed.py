@@ -1,11 +1,11 @@
-"""`export` of a distributed case (docs/BACKENDS.md "Distributed cases"): a pytest file
-launched as `torchrun --nproc-per-node N -m pytest -q FILE`, one process per rank (NCCL on
-CUDA, gloo on the CPU).
+"""The distributed form (docs/BACKENDS.md "Distributed cases"): a pytest file launched as
+`torchrun --nproc-per-node N -m pytest -q FILE`, one process per rank (NCCL on CUDA, gloo
+on the CPU).
 
 Every rank loads the case's whole values from the data file beside the script, cuts its
 own slices as the harness does (`SHARDING`: harness/sharding.h's placements, sent with the
-request as expect.sharding), builds the case's Sequential on its slices with the backend's
-own ops (te: te.ops with tensor_parallel_mode, sequence_parallel and tensor_parallel given the
+request as expect.sharding), builds the case's Sequential on its slices with the dialect's
+ops (te: te.ops with tensor_parallel_mode, sequence_parallel and tensor_parallel given the
 unsharded sizes; torch: the embedded emulation), runs one forward and one autograd.grad,
 and gathers every rank's results: the tensors are put together as they lie (slices
 concatenated, summands summed, rank 0's copy of a replicated one) and judged against the
@@ -19,10 +19,8 @@ import string
 
 import torch
 
-from . import catalog
-from .exporter import TEMPLATES
-from .te import embed as te_embed
-from .te.op_table import DEVICE, DTYPE, op_recipe, render_call
+from .templates import TEMPLATES
+from .text import adapter_module_body
 
 # Helpers every distributed script embeds.
 HELPERS = '''
@@ -58,21 +56,6 @@ def rank_and_world():
     if not dist.is_initialized():
         dist.init_process_group("nccl" if DEVICE_TYPE == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
-'''
-
-TE_ONLY_FUSIONS = '''
-@contextlib.contextmanager
-def only_fusions(names):
-    """Only the fusions called `names` in TE's registry (fuser.py: OperationFuser's lists)."""
-    saved = {a: getattr(OperationFuser, a) for a in dir(OperationFuser) if a.endswith("_functions")}
-    name = lambda f: getattr(f, "gradfuzz_fusion_name", None) or f.__qualname__.split(".")[0]
-    try:
-        for attr, funcs in saved.items():
-            setattr(OperationFuser, attr, [f for f in funcs if name(f) in names])
-        yield
-    finally:
-        for attr, funcs in saved.items():
-            setattr(OperationFuser, attr, funcs)
 '''
 
 # The test: every rank runs its slice; the ranks' results, gathered, are judged whole.
@@ -148,12 +131,6 @@ $finish    got = {(f"extra_output[{k - 1}]" if k else "output"): o.detach().cpu(
     assert not problems, "; ".join(problems)
 """
 
-# te: delayed weight gradients handed over after autograd (te/params.py).
-FINISH_TE = """        for op in ops:
-            if hasattr(op, "need_backward_dw"):
-                finish_weight_gradients(op)
-"""
-
 DTYPES = {
     "float64": "torch.float64",
     "float32": "torch.float32",
@@ -162,63 +139,42 @@ DTYPES = {
 }
 
 
-def _adapter_module_body(name):
-    """The source of gradfuzz_adapter.<name> without its docstring and top-level imports."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    with open(path, encoding="utf-8") as f:
-        return te_embed.module_body(f.read())
-
-
 def _params(op):
     return list(op.params)
 
 
-def export_distributed(case, request, tensors, default_backend):
+def distributed_export(case, request, dialect):
     """The reply to an `export` request of a distributed case: {"ok", "script", "notes",
     "data_file"}. Needs request.data_file (the values and the expected tensors go there)
     and expect.sharding and expect.expected (what the C++ side sends for such a case)."""
-    backend = request.get("backend", default_backend)
-    if backend not in ("te", "torch"):
-        raise ValueError(f"export writes te or torch scripts, got '{backend}'")
-    data_file = request.get("data_file")
+    data_file = request.data_file
     if not data_file:
         raise ValueError(
             "a distributed case's script keeps its values in a file beside it: export it "
             "with -o FILE"
         )
-    expect = request.get("expect") or {}
+    expect = request.expect or {}
     sharding = expect.get("sharding")
     if not sharding:
         raise ValueError("expect.sharding missing: the harness sends the case's placements")
-
-    def tensor_at(ref, where):
-        if not isinstance(ref, int) or not 0 <= ref < len(tensors):
-            raise ValueError(f"{where}: no tensor {ref!r}")
-        return tensors[ref]
-
-    expected = {
-        name: tensor_at(ref, f"expect.expected[{name!r}]")
-        for name, ref in (expect.get("expected") or {}).items()
-    }
     bounds = {}
     for name, b in (expect.get("tensors") or {}).items():
-        allowance = b.get("allowance")
         bounds[name] = {
             "atol": float(b.get("atol", 0.0)),
             "rtol": float(b.get("rtol", 0.0)),
             "norm_bound": b.get("norm_bound"),
-            "allowance": None if allowance is None else tensor_at(allowance, f"{name} allowance"),
+            "allowance": request.allowances.get(name),
         }
     data = {
         "input": case.input,
         "params": [_params(op) for op in case.ops],
         "extra_inputs": list(case.extra_inputs),
         "cotangents": list(case.cotangents),
-        "expected": expected,
+        "expected": request.expected[0],
         "bounds": bounds,
     }
     torch.save(data, data_file)
-    writer = _Writer(case, backend, sharding, expect, request.get("case_file", ""), data_file)
+    writer = DistributedWriter(case, dialect, sharding, expect, request.case_file, data_file)
     notes = [
         "a distributed case: run with torchrun --nproc-per-node "
         f"{sharding['world_size']} -m pytest -q FILE; "
@@ -229,10 +185,10 @@ def export_distributed(case, request, tensors, default_backend):
     return {"ok": True, "script": writer.script(), "notes": notes, "data_file": data_file}
 
 
-class _Writer:
-    def __init__(self, case, backend, sharding, expect, case_file, data_file):
+class DistributedWriter:
+    def __init__(self, case, dialect, sharding, expect, case_file, data_file):
         self.case = case
-        self.backend = backend
+        self.dialect = dialect
         self.sharding = sharding
         self.expect = expect
         self.case_file = case_file
@@ -243,12 +199,12 @@ class _Writer:
         world = int(self.sharding["world_size"])
         lines = [
             f'"""gradfuzz case {os.path.basename(self.case_file) or "(unsaved)"} '
-            f"on {self.backend}: a distributed case of {world} rank(s).",
+            f"on {self.dialect.name}: a distributed case of {world} rank(s).",
             "",
             f"Run: torchrun --nproc-per-node {world} -m pytest -q THIS_FILE (NCCL on CUDA,",
             "gloo on the CPU). Each rank builds the case's Sequential on its slice of the",
             "values, and the ranks' results are judged together against gradfuzz's float64",
-            'reference under its own bounds (see gradfuzz_adapter/exporter_dist.py)."""',
+            'reference under its own bounds (see gradfuzz_adapter/export/distributed.py)."""',
             "",
             "import contextlib",
             "import math",
@@ -259,11 +215,7 @@ class _Writer:
             "import torch.distributed as dist",
             "import torch.nn.functional as F",
         ]
-        if self.backend == "te":
-            lines += [
-                "import transformer_engine.pytorch as te",
-                "from transformer_engine.pytorch.ops.fuser import OperationFuser",
-            ]
+        lines += self.dialect.imports()
         lines += [
             "",
             f"WORLD_SIZE = {world}",
@@ -279,23 +231,10 @@ class _Writer:
             "",
             "# " + "-" * 88,
             "# Errors and the op catalog (gradfuzz_adapter/errors.py, catalog.py)",
-            _adapter_module_body("errors"),
-            _adapter_module_body("catalog"),
+            adapter_module_body("errors"),
+            adapter_module_body("catalog"),
         ]
-        if self.backend == "te":
-            for title, source in te_embed.script_sections():
-                if title:
-                    lines += ["# " + "-" * 88, "# " + title]
-                lines.append(source)
-            lines.append(TE_ONLY_FUSIONS)
-        else:
-            lines += [
-                "# " + "-" * 88,
-                "# The torch backend's runtime and its tensor parallelism",
-                "# (gradfuzz_adapter/torch_runtime.py, torch_parallel.py)",
-                _adapter_module_body("torch_runtime"),
-                _adapter_module_body("torch_parallel"),
-            ]
+        lines += self.dialect.distributed_sections()
         lines += [
             "# " + "-" * 88,
             "# Ranks, slices and the oracle's check",
@@ -314,6 +253,7 @@ class _Writer:
             '    """The case\'s modules on this rank (its slices of `params`), bound."""',
             "    ops = []",
         ]
+        keyword = self.dialect.output_to_caller_keyword
         for i, op in enumerate(case.ops):
             if op.boundary:
                 out.append("    ops.append(Boundary())")
@@ -323,43 +263,10 @@ class _Writer:
                 f"[shard(p, w, world, rank) for p, w in zip(params[{i}], {placements['params']!r})]"
             )
             out.append(f"    mine = {local}")
-            global_shape = placements["global_input_shape"]
-            if self.backend == "te":
-                callee, args, kwargs = op_recipe(
-                    op.name, op.attrs, self._local_shape(i), op.output_style, global_shape
-                )
-                call = render_call(callee, args, kwargs).replace(repr(DEVICE), "device")
-                call = call.replace(repr(DTYPE), "DTYPE")
-                out.append(f"    op = {call}")
-                out.append(
-                    f"    copy_param_values(op, {op.name!r}, [p.to(device, DTYPE) for p in mine])"
-                )
-                out.append(
-                    f"    set_param_requires_grad(op, {op.name!r}, PARAM_REQUIRES_GRAD[{i}])"
-                )
-                out.append(f"    attach_main_grads(op, {op.name!r})")
-            else:
-                attrs = dict(op.attrs)
-                if _splits(op.name, attrs):
-                    out.append(
-                        f"    op = ParallelOp({op.name!r}, {attrs!r}, {self._local_shape(i)!r}, "
-                        f"{list(global_shape)!r}, [list(p.shape) for p in mine], "
-                        "dtype=DTYPE, device=device)"
-                    )
-                else:
-                    out.append(
-                        f"    op = BasicOp({op.name!r}, {attrs!r}, {self._local_shape(i)!r}, "
-                        "dtype=DTYPE, device=device)"
-                    )
-                out.append("    with torch.no_grad():")
-                out.append("        for p, v in zip(op.params, mine):")
-                out.append("            p.copy_(v.to(device, DTYPE))")
-                out.append(f"    for p, rg in zip(op.params, PARAM_REQUIRES_GRAD[{i}]):")
-                out.append("        p.requires_grad_(rg)")
+            out += self.dialect.distributed_build_op(self, op, i)
             for slot, channel in op.bound_inputs:
                 out.append(f"    op.set_extra_input_channel({slot}, {channel!r})")
             for slot, channel, to_caller in op.bound_outputs:
-                keyword = "output_to_caller=" if self.backend == "te" else ""
                 out.append(
                     f"    op.set_extra_output_channel({slot}, {channel!r}, {keyword}{to_caller!r})"
                 )
@@ -367,7 +274,11 @@ class _Writer:
         out.append("    return ops")
         return out
 
-    def _local_shape(self, i):
+    def global_input_shape(self, i):
+        """Op i's input shape on the unsharded tensors."""
+        return self.sharding["ops"][i]["global_input_shape"]
+
+    def local_shape(self, i):
         """Op i's input shape on a rank (tensor_split's slice; equal splits in valid cases)."""
         op = self.sharding["ops"][i]
         shape = list(op["global_input_shape"])
@@ -379,29 +290,15 @@ class _Writer:
         return shape
 
     def _test(self):
-        te = self.backend == "te"
+        fields = self.dialect.distributed_test_fields()
         return [
             string.Template(TEST).substitute(
                 names=repr([op.name for op in self.case.ops]),
-                init="" if te else "    init(rank, world)  # the emulation's collectives over it\n",
-                sequential="te.ops.Sequential" if te else "Sequential",
-                leaves="param_leaves(op, name)"
-                if te
-                else "[p for p in op.params if p.requires_grad]",
-                finish=FINISH_TE if te else "",
                 pair_tolerance=self._pair_tolerance(),
+                **fields,
             )
         ]
 
     def _pair_tolerance(self):
         t = self.expect.get("tolerance") or {}
         return f"{float(t.get('atol', 0.0))!r}, {float(t.get('rtol', 0.0))!r}"
-
-
-def _splits(name, attrs):
-    """Whether the torch emulation's op communicates or splits itself (torch_parallel.py)."""
-    if name in catalog.COLLECTIVES:
-        return True
-    if name == "Linear":
-        return float(attrs.get("tensor_parallel_mode", 0)) != 0
-    return name == "Bias" and float(attrs.get("tensor_parallel", 0)) == 1.0

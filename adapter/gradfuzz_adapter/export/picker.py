@@ -12,7 +12,8 @@ library modules (torch, math, F, te, ...) the picked code refers to.
 import ast
 import importlib.util
 
-PACKAGE = __package__
+# Names are relative to the adapter's package ("catalog", "te.extensions", "export.support").
+PACKAGE = __package__.rpartition(".")[0]
 
 # Names of library modules the picked code may use, as the scripts import them.
 LIBRARY_NAMES = {

@@ -13,13 +13,13 @@ the smallest exact form, on one line, and the script stays under INLINE_BUDGET:
 - otherwise `unpack("<base64>", "bfloat16", [4, 8])`: base64 of the raw little-endian
   bytes in the case dtype (exact: the values are already rounded to it; the oracle's
   allowances and a quantizing case's expected values in float64), which the script's
-  3-line `unpack` (script_support.py) decodes bit for bit;
+  3-line `unpack` (export/support.py) decodes bit for bit;
 - values that do not fit the budget (largest first) go to a data file beside the script
   when the request names one (`data_file`: torch.save of {key: tensor}, read with
   `load_values`), else are drawn in the script from a seed as gradfuzz draws them
   (`seeded`): then the script's values are not replay's, and `notes` says so.
 
-The helpers the script needs (script_support.unpack, seeded, load_values) are listed in
+The helpers the script needs (support.py: unpack, seeded, load_values) are listed in
 `helpers`. Imports only torch.
 """
 
@@ -29,7 +29,7 @@ import zlib
 
 import torch
 
-from .protocol import DTYPE_NAMES, tensor_bytes
+from ..protocol import DTYPE_NAMES, tensor_bytes
 
 INLINE_BUDGET = 4 << 20
 LITERAL_ELEMENTS = 64

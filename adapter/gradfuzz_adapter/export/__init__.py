@@ -1,0 +1,54 @@
+"""`export`: a case as a pytest file (docs/BACKENDS.md; docs/TE.md "Exported scripts").
+
+One pipeline, several forms, one dialect per backend:
+
+- request.py decodes the request once (ExportRequest: form, backend, paths, expectations);
+- the form writes the script: compact.py (the default: only what the case uses, every
+  oracle check), full.py (`"full": true`: self-contained), distributed.py (a case with
+  expect.sharding: a torchrun script);
+- the form asks the backend's dialect (te_dialect.py, torch_dialect.py; the questions in
+  dialect.py) wherever the backends differ;
+- values.py spells the case's tensors, picker.py picks the definitions a script embeds,
+  reference.py writes the float64 reference, support.py and templates.py are the helpers
+  scripts embed.
+
+Writing a script never imports TE.
+"""
+
+from .compact import compact_script
+from .distributed import distributed_export
+from .full import full_script
+from .request import ExportRequest
+from .te_dialect import TEDialect
+from .text import EMBEDDED_MARK
+from .torch_dialect import TorchDialect
+from .values import ScriptValues
+
+DIALECTS = {d.name: d for d in (TEDialect(), TorchDialect())}
+
+__all__ = ["DIALECTS", "EMBEDDED_MARK", "ExportRequest", "dialect", "export_reply"]
+
+
+def dialect(backend):
+    """The script dialect of `backend` (ValueError for one that writes no scripts)."""
+    found = DIALECTS.get(backend)
+    if found is None:
+        raise ValueError(f"export writes te or torch scripts, got '{backend}'")
+    return found
+
+
+def export_reply(case, request, default_backend, tensors=()):
+    """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"} and
+    "data_file" where values went to the request's `data_file` (values.py), which it writes."""
+    decoded = ExportRequest.decode(request, tensors, default_backend)
+    chosen = dialect(decoded.backend)
+    if decoded.form == "distributed":
+        return distributed_export(case, decoded, chosen)
+    values = ScriptValues(case, data_file=decoded.data_file, extra=decoded.value_extras())
+    write = full_script if decoded.form == "full" else compact_script
+    script = write(case, decoded, chosen, values)
+    values.save()
+    reply = {"ok": True, "script": script, "notes": values.notes}
+    if values.data:
+        reply["data_file"] = decoded.data_file
+    return reply
