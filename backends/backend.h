@@ -28,6 +28,7 @@ using harness::PathRequest;
 using harness::PathRun;
 using harness::PathStatus;
 using harness::PlanGroup;
+using harness::TraceEntry;
 
 /// A backend process died while running a case (the case is a `crash` finding).
 class BackendCrash : public std::runtime_error {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "harness/dtype.h"
+#include "ops/fuser.h"
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
 
@@ -173,6 +174,44 @@ void record_plans(const ops::Sequential& sequential, const CasePlan& plan, std::
   }
 }
 
+/// The group tensors each fuser of `sequential` recorded in its last call (ops::GroupTraceScope),
+/// in spec op indices: every fuser's forward groups in order, then the backward groups in the
+/// order backward ran them (the last fuser's first).
+void record_trace(const ops::Sequential& sequential, const CasePlan& plan, std::vector<TraceEntry>& into) {
+  const auto members = fuser_members(plan);
+  const auto& fusers = sequential.fusers();
+  using Extras = std::map<std::pair<int64_t, int64_t>, at::Tensor>;
+  auto entry = [&](size_t f, const char* pass, const ops::PlanEntry& e, const at::Tensor& t, const Extras& extras) {
+    TraceEntry out;
+    out.pass = pass;
+    out.fuser = static_cast<int64_t>(f);
+    out.group = to_spec_indices({e}, members[f]).front();
+    out.impl_class = e.name;
+    out.method = pass;
+    out.tensor = t;
+    for (const auto& [slot, x] : extras) {
+      if (slot.first >= e.begin && slot.first < e.end) {
+        out.extras.push_back({members[f].at(static_cast<size_t>(slot.first)), slot.second, x, false});
+      }
+    }
+    into.push_back(std::move(out));
+  };
+  for (size_t f = 0; f < fusers.size() && f < members.size(); ++f) {
+    const auto trace = fusers[f]->last_trace();
+    if (!trace) continue;
+    for (const auto& [g, t] : trace->forward_outputs) {
+      entry(f, "forward", trace->forward_plan.at(g), t, trace->forward_extra_outputs);
+    }
+  }
+  for (size_t f = std::min(fusers.size(), members.size()); f-- > 0;) {
+    const auto trace = fusers[f]->last_trace();
+    if (!trace) continue;
+    for (const auto& [g, t] : trace->backward_grad_inputs) {
+      entry(f, "backward", trace->backward_plan.at(g), t, trace->backward_extra_grads);
+    }
+  }
+}
+
 /// For each fuser of `sequential`, the plans computed afresh (no fuser's cache) for the
 /// first_op_requiring_backward its last call ran with: what a fresh Sequential plans for
 /// that call. The backward plan only where that call ran backward (the trace has none else).
@@ -217,6 +256,7 @@ PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const C
       throw;
     }
     CallerTensors caller;
+    ops::GroupTraceScope tracing(request.trace);
     run_call(*built.sequential, built, spec, tensors, build, RepeatCall{false, spec.input_requires_grad}, run, caller);
     run.modified = caller.modified();
   });
@@ -224,6 +264,7 @@ PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const C
   if (built.sequential) {
     std::vector<std::map<std::string, at::Tensor>> channel_grads;
     record_plans(*built.sequential, plan, run.plans, &channel_grads);
+    if (request.trace) record_trace(*built.sequential, plan, run.trace);
     for (auto& grads : channel_grads) {
       run.channel_grads.push_back(run.ok() ? std::move(grads) : std::map<std::string, at::Tensor>{});
     }

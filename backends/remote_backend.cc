@@ -102,6 +102,30 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
     }
   }
   // Protocol 2: the case's repeat calls of the same Sequential, each a path of its own.
+  if (j.contains("trace") && j["trace"].is_array()) {
+    for (const auto& e : j["trace"]) {
+      TraceEntry entry;
+      entry.pass = e.at("pass").get<std::string>();
+      entry.fuser = e.value("fuser", int64_t{0});
+      entry.group = {e.value("name", std::string()), e.at("begin").get<int64_t>(), e.at("end").get<int64_t>(),
+                     e.value("fused", false)};
+      entry.impl_class = e.value("class", std::string());
+      entry.method = e.value("method", std::string());
+      if (e.contains("tensor") && !e["tensor"].is_null()) entry.tensor = wire::tensor_at(frame, e["tensor"]);
+      entry.quantized = e.value("quantized", false);
+      if (e.contains("extras") && e["extras"].is_array()) {
+        for (const auto& x : e["extras"]) {
+          TraceEntry::Extra extra;
+          extra.op = x.at("op").get<int64_t>();
+          extra.slot = x.at("slot").get<int64_t>();
+          if (x.contains("tensor") && !x["tensor"].is_null()) extra.tensor = wire::tensor_at(frame, x["tensor"]);
+          extra.quantized = x.value("quantized", false);
+          entry.extras.push_back(std::move(extra));
+        }
+      }
+      run.trace.push_back(std::move(entry));
+    }
+  }
   if (j.contains("repeats")) {
     for (const auto& r : j["repeats"]) run.repeats.push_back(path_from(r, frame));
   }
@@ -136,6 +160,7 @@ json paths_json(const std::vector<PathRequest>& paths) {
     if (p.expected_plans == harness::ExpectedPlans::kPerCall) path["expected_plans"] = "per_call";
     if (p.expected_plans == harness::ExpectedPlans::kNone) path["expected_plans"] = false;
     if (!p.only_if_fired.empty()) path["only_if_fired"] = p.only_if_fired;
+    if (p.trace) path["trace"] = true;
     out.push_back(std::move(path));
   }
   return out;
@@ -474,12 +499,16 @@ ExportReply RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& p
   header["case_file"] = request.case_file;
   if (!request.data_file.empty()) header["data_file"] = request.data_file;
   if (request.full) header["full"] = true;
+  if (!request.form.empty()) header["form"] = request.form;
+  if (!request.finding.is_null()) header["finding"] = request.finding;
+  if (!request.fault.empty()) header["fault"] = request.fault;
   Reply reply = call(std::move(header), out_tensors, options_.case_timeout_s);
   ExportReply out;
   const json& h = reply.frame.header;
   out.script = h.at("script").get<std::string>();
   if (h.contains("notes") && h["notes"].is_array()) out.notes = h["notes"].get<std::vector<std::string>>();
   if (h.contains("data_file") && h["data_file"].is_string()) out.data_file = h["data_file"].get<std::string>();
+  if (h.contains("source") && h["source"].is_string()) out.source = h["source"].get<std::string>();
   return out;
 }
 

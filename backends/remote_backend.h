@@ -26,6 +26,13 @@ struct ExportRequest {
   std::string data_file;
   /// The self-contained form (the whole catalog, reference and oracle embedded).
   bool full = false;
+  /// "upstream": a test in TE's own style for `finding` (campaign/export.h ExportForm::kUpstream);
+  /// empty: the compact or full form.
+  std::string form;
+  /// The finding an upstream test is written for (campaign::saved_finding_json).
+  nlohmann::json finding;
+  /// The torch backend's planted fault an upstream test switches on as replay does.
+  std::string fault;
 };
 
 /// What the adapter answered an export with.
@@ -35,6 +42,10 @@ struct ExportReply {
   std::vector<std::string> notes;
   /// The values file it wrote, empty when every value is in the script.
   std::string data_file;
+  /// An upstream test: where in the framework the first divergence's class is defined
+  /// ("transformer_engine/pytorch/ops/basic/basic_linear.py: BasicLinear.op_backward"),
+  /// empty when the adapter cannot tell.
+  std::string source;
 };
 
 /// A backend implemented by the Python adapter (`adapter/`, docs/BACKENDS.md), run as a child

@@ -16,6 +16,7 @@
 #include "campaign/clusters.h"
 #include "campaign/exit_codes.h"
 #include "campaign/files.h"
+#include "campaign/finding_recorder.h"
 #include "campaign/worker_pool.h"
 #include "corpus/case_file.h"
 #include "generators/invalid_gen.h"
@@ -212,11 +213,12 @@ std::string backend_version(const harness::BackendCapabilities& caps) {
 
 harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, const std::string& signature,
                                  const std::string& fault, bool require_passes_without, int64_t max_calls,
-                                 const std::function<bool()>& keep_going) {
+                                 const std::function<bool()>& keep_going, bool traced) {
   auto still_fails = [&](const harness::CaseSpec& candidate) {
     if (keep_going && !keep_going()) return false;
     try {
-      const harness::CaseResult result = runner.run_now(candidate, fault);
+      const harness::CaseResult result =
+          traced ? runner.run_traced(candidate, fault) : runner.run_now(candidate, fault);
       if (!result.finding(signature)) return false;
       return !require_passes_without || runner.run_now(candidate, "").passed();
     } catch (const WorkerInternalError&) {
@@ -279,9 +281,6 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner, reports::Reporter& reporter,
                              std::ostream* progress, std::vector<LeftoverCase> leftovers) {
   const std::string fault_name = options.fault.value_or("");
-  const std::string tool_version = reports::build_tool_info().version;
-  const std::filesystem::path findings_dir = options.corpus_dir / kFindingsDir;
-  const std::filesystem::path crashing_dir = options.corpus_dir / corpus::kCrashingDir;
   // A time-only budget leaves the count unbounded.
   const int64_t max_cases =
       options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
@@ -295,11 +294,6 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   CampaignOutcome outcome;
   outcome.feature_weights = campaign_feature_weights(options, options.backend);
   const std::string version = backend_version(runner.capabilities());
-  const std::filesystem::path known_dir = findings_dir / kKnownDir;
-  // Fault-attributable findings and failures that persist without the fault are
-  // clustered separately, so a real bug cannot hide the fault's finding of the same cause.
-  ClusterTable clusters;
-  const bool attribute = options.fault && options.require_fault_attributable;
   InflightFiles inflight(options.corpus_dir / kInflightDir, std::max(1, runner.slots()));
   ProgressLine line(progress);
   const auto start = Clock::now();
@@ -312,6 +306,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   auto time_up = [&] { return budget_end && Clock::now() >= *budget_end; };
   // Shrinking stops with the run: the best case so far is saved.
   auto keep_going = [&] { return !stopped() && !(budget_end && Clock::now() >= *budget_end + grace); };
+  FindingRecorder recorder(options, runner, version, keep_going);
 
   struct Pending {
     harness::CaseSpec spec;
@@ -378,29 +373,6 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     return true;
   };
 
-  // Saves `spec` (a case showing `kind`) and returns its path.
-  auto save = [&](const harness::CaseSpec& spec, harness::VerdictKind kind, const std::optional<std::string>& fault,
-                  const std::filesystem::path& dir) {
-    corpus::CaseFile file =
-        corpus::make_case_file(spec, corpus::ExpectedVerdict{kind, fault}, options.seed, tool_version, fault);
-    file.backend = options.backend;
-    return corpus::write_case_file(dir, file).string();
-  };
-  auto mark = [&](harness::CaseResult& result, const harness::CaseSpec& spec) {
-    if (options.known) options.known->mark(result, spec, version);
-  };
-  // The known issue with case-level conditions a finding matched (its cases cluster apart
-  // from the signature's other cases), else empty.
-  auto case_level_known = [&](const harness::Finding& finding) {
-    const KnownIssue* e = finding.is_known() && options.known ? options.known->entry(finding.known) : nullptr;
-    return e && e->case_level() ? e->id : std::string();
-  };
-  auto shrink_calls = [&](harness::VerdictKind kind) {
-    return kind == harness::VerdictKind::kCrash     ? options.max_crash_shrink_calls
-           : kind == harness::VerdictKind::kTimeout ? options.max_timeout_shrink_calls
-                                                    : options.max_shrink_calls;
-  };
-
   auto handle = [&](JobResult done) {
     Pending p = std::move(pending.at(done.id));
     pending.erase(done.id);
@@ -415,7 +387,7 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       ++count;
       seconds += record.seconds;
     }
-    mark(record.result, p.spec);
+    recorder.mark(record.result, p.spec);
     record.recipe = p.spec.recipe ? p.spec.recipe->name : reports::kNoRecipe;
     ++outcome.cases_run;
     if (record.result.passed()) {
@@ -424,84 +396,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       ++outcome.unsupported;
     } else {
       ++outcome.failed;
+      if (recorder.record(p.spec, p.fault, p.number, seconds_since(start), record, outcome)) stop_now = true;
       if (!record.result.has_new_findings()) ++outcome.known_failed;
-      const double seconds = seconds_since(start);
-      const std::string& case_fault = p.fault;
-      const std::optional<std::string> fault_opt =
-          case_fault.empty() ? std::nullopt : std::optional<std::string>(case_fault);
-      // Which of the case's findings persist with the fault off (selftest): those are not
-      // the fault's, and cluster apart.
-      std::set<std::string> persists;
-      if (attribute) {
-        harness::CaseResult without = runner.run_now(p.spec, "");
-        for (const auto& sig : without.signatures()) persists.insert(sig);
-      }
-      for (const std::string& signature : record.result.signatures()) {
-        const harness::Finding& first = *record.result.finding(signature);
-        const bool attributable = !attribute || !persists.count(signature);
-        const std::string key = ClusterTable::key(signature, attributable, case_level_known(first));
-        ClusterTable::Cluster* cluster = clusters.find(key);
-        if (!cluster) {
-          harness::CaseSpec minimal = p.spec;
-          harness::CaseResult minimal_result = record.result;
-          // A known finding is not shrunk again: its case is kept as generated.
-          if (!first.is_known() && options.shrink) {
-            const auto shrink_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                       std::chrono::duration<double>(options.max_shrink_seconds));
-            minimal =
-                shrink_failure(runner, p.spec, signature, case_fault, attribute && attributable,
-                               shrink_calls(first.kind), [&] { return keep_going() && Clock::now() < shrink_end; });
-            if (!(minimal == p.spec)) {
-              minimal_result = runner.run_now(minimal, case_fault);
-              mark(minimal_result, minimal);
-              // Shrinking is only trusted when the minimal case reproduces, and as the new
-              // finding it shrank for: a smaller case that a case-level known issue covers (the
-              // recipe shrunk away, an entry on "none") is that issue's. Else keep the original.
-              const harness::Finding* again = minimal_result.finding(signature);
-              if (!again || again->is_known()) {
-                minimal = p.spec;
-                minimal_result = record.result;
-              }
-            }
-          }
-          cluster = &clusters.add({key, signature, first.kind, attributable, first.known});
-          const bool kills = first.kind == harness::VerdictKind::kCrash || first.kind == harness::VerdictKind::kTimeout;
-          CampaignFinding found;
-          found.finding.result = minimal_result;
-          found.finding.signature = signature;
-          found.finding.case_file = save(minimal, first.kind, fault_opt,
-                                         first.is_known() ? known_dir
-                                         : kills          ? crashing_dir
-                                                          : findings_dir);
-          found.finding.reproduce = reports::reproduce_line(found.finding.case_file, fault_opt);
-          if (options.backend != "model") found.finding.reproduce += " --backend " + options.backend;
-          if (options.known && !options.known->path.empty() && first.is_known()) {
-            found.finding.reproduce += " --known " + options.known->path.string();
-          }
-          found.finding.fault = fault_opt;
-          found.finding.cluster = key;
-          found.finding.dtype = minimal.dtype;
-          found.finding.recipe = minimal.recipe;
-          if (first.is_known() && options.known) {
-            if (const KnownIssue* e = options.known->entry(first.known)) {
-              found.finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};
-            }
-          }
-          found.shrunk_ops = minimal.num_ops();
-          found.case_number = p.number;
-          found.seconds = seconds;
-          found.fault_attributable = attributable;
-          record.new_findings.push_back(found.finding);
-          outcome.findings.push_back(std::move(found));
-          if (options.stop_at_first_finding && attributable && !first.is_known()) stop_now = true;
-        } else if (cluster->examples < kExamplesPerCluster) {
-          // A few unshrunk members of each cluster, as they were generated.
-          record.example_files.emplace_back(key, save(p.spec, first.kind, fault_opt, findings_dir / kExamplesDir));
-          ++cluster->examples;
-        }
-        record.clusters.push_back(key);
-        ++cluster->cases;
-      }
     }
     reporter.report_case(record);
     if (options.case_log) {

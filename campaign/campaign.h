@@ -245,10 +245,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 /// channel-gradient finding does not shrink into some other problem its smaller cases happen
 /// to show. With `require_passes_without`, every candidate must also pass with the fault off.
 /// Candidates whose run raises count as "does not fail the same way". `keep_going` (when set)
-/// ends the shrink early when it returns false (the best case so far is returned).
+/// ends the shrink early when it returns false (the best case so far is returned). `traced`:
+/// the signature is a traced run's (CaseRunner::run_traced), and so is each candidate's run.
 harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& spec, const std::string& signature,
                                  const std::string& fault, bool require_passes_without, int64_t max_calls,
-                                 const std::function<bool()>& keep_going = {});
+                                 const std::function<bool()>& keep_going = {}, bool traced = false);
 
 /// The feature weights a campaign's generator uses: `options.feature_weights` and the known
 /// issues' steering weights for `backend`, the smaller per feature.

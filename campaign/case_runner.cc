@@ -34,7 +34,9 @@ int InProcessRunner::submit(Job job) {
   JobResult r;
   r.id = job.id;
   r.slot = 0;
-  r.result = run_with_fault(job.spec, job.fault, *backend_, run_options_);
+  runner::RunOptions options = run_options_;
+  options.trace = options.trace || job.trace;
+  r.result = run_with_fault(job.spec, job.fault, *backend_, options);
   ready_.push_back(std::move(r));
   return 0;
 }
@@ -48,6 +50,12 @@ std::optional<JobResult> InProcessRunner::wait(std::optional<std::chrono::steady
 
 harness::CaseResult InProcessRunner::run_now(const harness::CaseSpec& spec, const std::string& fault) {
   return run_with_fault(spec, fault, *backend_, run_options_);
+}
+
+harness::CaseResult InProcessRunner::run_traced(const harness::CaseSpec& spec, const std::string& fault) {
+  runner::RunOptions options = run_options_;
+  options.trace = true;
+  return run_with_fault(spec, fault, *backend_, options);
 }
 
 }  // namespace gradfuzz::campaign

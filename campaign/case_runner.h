@@ -20,6 +20,9 @@ struct Job {
   harness::CaseSpec spec;
   /// Fault switched on for this case (name), none when empty.
   std::string fault;
+  /// Run it traced (runner::RunOptions::trace): the findings signed by where values first
+  /// diverge.
+  bool trace = false;
 };
 struct JobResult {
   uint64_t id = 0;
@@ -49,6 +52,11 @@ class CaseRunner {
   /// Runs one case as soon as a slot is free and waits for it (other cases that finish
   /// meanwhile stay for wait()).
   virtual harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string& fault) = 0;
+  /// run_now with runner::RunOptions::trace on: its value findings signed by where the values
+  /// first diverge (CaseResult::divergences). A runner that cannot trace runs it untraced.
+  virtual harness::CaseResult run_traced(const harness::CaseSpec& spec, const std::string& fault) {
+    return run_now(spec, fault);
+  }
   /// Drops every case in flight (their workers are killed and restarted).
   virtual void cancel_in_flight() = 0;
 };
@@ -65,6 +73,7 @@ class InProcessRunner final : public CaseRunner {
   int submit(Job job) override;
   std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point> deadline) override;
   harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string& fault) override;
+  harness::CaseResult run_traced(const harness::CaseSpec& spec, const std::string& fault) override;
   void cancel_in_flight() override { ready_.clear(); }
 
  private:

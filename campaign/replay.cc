@@ -7,6 +7,7 @@
 #include "campaign/campaign.h"
 #include "campaign/environment.h"
 #include "campaign/exit_codes.h"
+#include "campaign/finding_recorder.h"
 
 namespace gradfuzz::campaign {
 
@@ -72,6 +73,12 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
       throw InternalError(c.path.string() + ": running the case raised: " + e.what(), c.path.string());
     }
     if (known) known->mark(record.result, spec, version);
+    if (wants_trace(record.result)) {
+      // As the campaign that saved it: a new value finding signed by where values first diverge.
+      harness::CaseResult traced = runner.run_traced(spec, fault_text.value_or(""));
+      if (known) known->mark(traced, spec, version);
+      if (traced.failed()) record.result = std::move(traced);
+    }
     record.recipe = spec.recipe ? spec.recipe->name : reports::kNoRecipe;
     ++outcome.cases_run;
     if (record.result.failed()) {
@@ -97,6 +104,11 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
           *out << (first.is_known() ? "KNOWN " : "FAIL ") << harness::verdict_name(first.kind) << ' '
                << finding.case_file << " [" << signature << "]"
                << (first.is_known() ? " (" + first.known + ")" : std::string()) << ": " << finding.reproduce << '\n';
+          if (const harness::Divergence* d = record.result.divergence_of(first.path_pair)) {
+            *out << "  first diverges: " << d->pass << " op " << d->op_index << " (" << d->op << ") " << d->role
+                 << (d->impl_class.empty() ? std::string() : ", computed by " + d->impl_class + "." + d->method)
+                 << '\n';
+          }
         }
         outcome.failures.push_back(finding);
         // Each replayed file is its own finding, without a cluster count.

@@ -201,6 +201,7 @@ int WorkerPool::submit(Job job) {
   for (auto& slot : slots_) {
     if (slot->state != Slot::State::kIdle) continue;
     json header{{"op", "run"}, {"spec", job.spec}, {"fault", job.fault}, {"id", job.id}};
+    if (job.trace) header["trace"] = true;
     slot->job = std::move(job);
     slot->state = Slot::State::kBusy;
     // A remote backend's worker enforces the case limit on its adapter itself (and says so
@@ -364,11 +365,19 @@ std::optional<JobResult> WorkerPool::wait(std::optional<Clock::time_point> deadl
 }
 
 harness::CaseResult WorkerPool::run_now(const harness::CaseSpec& spec, const std::string& fault) {
+  return run_job_now(spec, fault, false);
+}
+
+harness::CaseResult WorkerPool::run_traced(const harness::CaseSpec& spec, const std::string& fault) {
+  return run_job_now(spec, fault, true);
+}
+
+harness::CaseResult WorkerPool::run_job_now(const harness::CaseSpec& spec, const std::string& fault, bool trace) {
   while (idle() == 0) {
     if (!pump(std::nullopt)) throw std::logic_error("WorkerPool::run_now: no worker can become idle");
   }
   const uint64_t id = next_internal_id_++;
-  submit(Job{id, spec, fault});
+  submit(Job{id, spec, fault, trace});
   while (true) {
     auto it = std::find_if(ready_.begin(), ready_.end(), [&](const JobResult& r) { return r.id == id; });
     if (it != ready_.end()) {
@@ -455,7 +464,9 @@ int run_worker(const backends::BackendOptions& backend_options, const runner::Ru
       } else if (op == "run") {
         const harness::CaseSpec spec = request.header.at("spec").get<harness::CaseSpec>();
         const std::string fault = request.header.value("fault", "");
-        harness::CaseResult result = run_with_fault(spec, fault, *backend, run_options);
+        runner::RunOptions options = run_options;
+        options.trace = options.trace || request.header.value("trace", false);
+        harness::CaseResult result = run_with_fault(spec, fault, *backend, options);
         const SanitizerReport report = parse_sanitizer_log(sanitizer.fresh());
         if (report.errors > 0) {
           harness::Finding f = sanitizer_finding(report);

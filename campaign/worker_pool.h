@@ -75,6 +75,7 @@ class WorkerPool final : public CaseRunner {
   int submit(Job job) override;
   std::optional<JobResult> wait(std::optional<std::chrono::steady_clock::time_point> deadline) override;
   harness::CaseResult run_now(const harness::CaseSpec& spec, const std::string& fault) override;
+  harness::CaseResult run_traced(const harness::CaseSpec& spec, const std::string& fault) override;
   void cancel_in_flight() override;
   /// Process ids of the workers (tests kill them).
   std::vector<int> worker_pids() const;
@@ -83,6 +84,8 @@ class WorkerPool final : public CaseRunner {
 
  private:
   struct Slot;
+  /// run_now / run_traced: one case as soon as a slot is free, waited for.
+  harness::CaseResult run_job_now(const harness::CaseSpec& spec, const std::string& fault, bool trace);
   void start(Slot& slot);
   void restart(Slot& slot);
   /// One poll over the busy and starting workers (until `deadline` or the soonest case

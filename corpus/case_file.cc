@@ -179,6 +179,12 @@ std::string spec_hash(const harness::CaseSpec& spec) {
 
 std::string case_file_name(const harness::CaseSpec& spec) { return spec_hash(spec) + ".json"; }
 
+bool SavedFinding::operator==(const SavedFinding& o) const {
+  nlohmann::json a = finding;
+  nlohmann::json b = o.finding;
+  return a == b && first_divergence == o.first_divergence && diagnosis == o.diagnosis;
+}
+
 nlohmann::json case_file_to_json(const CaseFile& file) {
   nlohmann::json spec;
   to_json(spec, file.spec);
@@ -194,11 +200,17 @@ nlohmann::json case_file_to_json(const CaseFile& file) {
         {"fault", optional_string(file.provenance.fault)}}},
   };
   if (file.wiring_error) j["wiring_error"] = *file.wiring_error;
+  if (file.finding) {
+    nlohmann::json f = file.finding->finding;
+    if (file.finding->first_divergence) f["first_divergence"] = *file.finding->first_divergence;
+    if (!file.finding->diagnosis.empty()) f["diagnosis"] = file.finding->diagnosis;
+    j["finding"] = std::move(f);
+  }
   return j;
 }
 
 CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
-  check_keys(j, {"schema_version", "backend", "spec", "verdict", "provenance", "wiring_error"}, "", file);
+  check_keys(j, {"schema_version", "backend", "spec", "verdict", "provenance", "wiring_error", "finding"}, "", file);
   const nlohmann::json version = required(j, "schema_version", "", file);
   if (!version.is_number_integer() || version.get<int64_t>() != kSchemaVersion) {
     throw CorpusError(file, "/schema_version",
@@ -289,6 +301,19 @@ CaseFile case_file_from_json(const nlohmann::json& j, const std::string& file) {
     out.provenance.fault = fault_at(provenance.at("fault"), "/provenance/fault", file, out.backend);
 
   if (j.contains("wiring_error")) out.wiring_error = string_at(j.at("wiring_error"), "/wiring_error", file);
+  if (j.contains("finding")) {
+    const nlohmann::json& f = j.at("finding");
+    if (!f.is_object()) throw CorpusError(file, "/finding", "expected an object, got " + std::string(f.type_name()));
+    SavedFinding saved;
+    try {
+      saved.finding = f.get<harness::Finding>();
+      if (f.contains("first_divergence")) saved.first_divergence = f.at("first_divergence").get<harness::Divergence>();
+    } catch (const std::exception& e) {
+      throw CorpusError(file, "/finding", std::string("not a finding: ") + e.what());
+    }
+    if (f.contains("diagnosis")) saved.diagnosis = string_at(f.at("diagnosis"), "/finding/diagnosis", file);
+    out.finding = std::move(saved);
+  }
   // Static wiring: a bound input that no earlier op of its fuser produces is a malformed
   // file unless the file says the case is an intentionally invalid configuration.
   auto problem = harness::check_static_wiring(out.spec);

@@ -41,8 +41,20 @@ struct Provenance {
   }
 };
 
+/// The finding a cluster's case was saved for (a campaign's findings/ and crashing/ files):
+/// what `gradfuzz export --upstream` writes its test for, without running the case again.
+struct SavedFinding {
+  /// The cluster's first finding (its signature, kind, path pair, tensor, role, op, error).
+  harness::Finding finding;
+  /// Where the case's values first diverge in that finding's path (a traced run).
+  std::optional<harness::Divergence> first_divergence;
+  /// The confirmation's diagnosis ("fused-only", ...; empty where none ran).
+  std::string diagnosis;
+  bool operator==(const SavedFinding& o) const;
+};
+
 /// One case file: {schema_version, backend, spec, verdict{kind, fault}, provenance{campaign_seed,
-/// tool_version, date, fault}} plus, for intentionally invalid wiring, wiring_error (the
+/// tool_version, date, fault}, finding?} plus, for intentionally invalid wiring, wiring_error (the
 /// error kind the static check predicts; a file whose spec has a static wiring problem
 /// without declaring it is rejected as malformed).
 struct CaseFile {
@@ -54,9 +66,11 @@ struct CaseFile {
   /// Fusion names are checked against the model's catalog for model files; the other
   /// backends' names are checked when a backend runs the case.
   std::string backend = "model";
+  /// Optional `finding`: the cluster the case was saved for (SavedFinding).
+  std::optional<SavedFinding> finding;
   bool operator==(const CaseFile& o) const {
     return spec == o.spec && verdict == o.verdict && provenance == o.provenance && wiring_error == o.wiring_error &&
-           backend == o.backend;
+           backend == o.backend && finding == o.finding;
   }
 };
 

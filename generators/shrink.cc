@@ -150,6 +150,15 @@ bool valid_for_shrinking(const CaseSpec& spec) {
 
 }  // namespace
 
+std::optional<CaseSpec> without_op(const CaseSpec& spec, int64_t index) {
+  if (index < 0 || index >= static_cast<int64_t>(spec.ops.size())) return std::nullopt;
+  std::optional<CaseSpec> out = remove_module(spec, index);
+  if (!valid_for_shrinking(*out)) out = unbind_broken(*out);
+  if (!out || out->ops.empty() || !valid_for_shrinking(*out)) return std::nullopt;
+  canonicalize(*out);
+  return out;
+}
+
 std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
   std::vector<CaseSpec> raw;
   const bool spec_valid = valid_for_shrinking(spec);

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ struct ShrinkResult {
 /// op's output style to vector, reset the main input's and each op's requires-grad flags.
 /// Candidates may be statically invalid; shrink() filters them.
 std::vector<harness::CaseSpec> shrink_candidates(const harness::CaseSpec& spec);
+
+/// `spec` without op `index` (its channels' consumers unbound, steps that name it dropped, and
+/// where the shapes then break a binding, those bindings unbound), canonical; nullopt when no
+/// such case is valid (a confirmation's "each op removed where the case stays valid").
+std::optional<harness::CaseSpec> without_op(const harness::CaseSpec& spec, int64_t index);
 
 /// Greedy shrink on the CaseSpec: repeatedly replaces the case by the first candidate (in
 /// shrink_candidates order, resuming after the last accepted one) for which `still_fails`

@@ -206,6 +206,58 @@ void from_json(const nlohmann::json& j, Finding& d) {
   d.known = j.value("known", "");
 }
 
+bool Divergence::operator==(const Divergence& o) const {
+  return path == o.path && kind == o.kind && pass == o.pass && op_index == o.op_index && op == o.op &&
+         group == o.group && fused == o.fused && impl_class == o.impl_class && method == o.method && role == o.role &&
+         tensor == o.tensor && max_abs_err == o.max_abs_err && max_rel_err == o.max_rel_err && norm_err == o.norm_err &&
+         norm_bound == o.norm_bound;
+}
+
+const Divergence* CaseResult::divergence_of(const std::string& path_pair) const {
+  const std::string path = path_pair.substr(0, path_pair.find('~'));
+  for (const auto& d : divergences) {
+    if (d.path == path) return &d;
+  }
+  return nullptr;
+}
+
+void to_json(nlohmann::json& j, const Divergence& d) {
+  j = nlohmann::json{{"path", d.path},
+                     {"kind", d.kind},
+                     {"pass", d.pass},
+                     {"op_index", d.op_index},
+                     {"op", d.op},
+                     {"group", d.group},
+                     {"fused", d.fused},
+                     {"class", d.impl_class},
+                     {"method", d.method},
+                     {"role", d.role},
+                     {"tensor", d.tensor},
+                     {"max_abs_err", number_json(d.max_abs_err)},
+                     {"max_rel_err", number_json(d.max_rel_err)},
+                     {"norm_err", number_json(d.norm_err)},
+                     {"norm_bound", number_json(d.norm_bound)}};
+}
+
+void from_json(const nlohmann::json& j, Divergence& d) {
+  d = Divergence{};
+  d.path = j.at("path").get<std::string>();
+  d.kind = j.value("kind", "mismatch");
+  d.pass = j.at("pass").get<std::string>();
+  d.op_index = j.at("op_index").get<int64_t>();
+  d.op = j.value("op", "");
+  d.group = j.value("group", "");
+  d.fused = j.value("fused", false);
+  d.impl_class = j.value("class", "");
+  d.method = j.value("method", "");
+  d.role = j.at("role").get<std::string>();
+  d.tensor = j.value("tensor", "");
+  if (j.contains("max_abs_err")) d.max_abs_err = number_from(j.at("max_abs_err"));
+  if (j.contains("max_rel_err")) d.max_rel_err = number_from(j.at("max_rel_err"));
+  if (j.contains("norm_err")) d.norm_err = number_from(j.at("norm_err"));
+  if (j.contains("norm_bound")) d.norm_bound = number_from(j.at("norm_bound"));
+}
+
 void to_json(nlohmann::json& j, const CaseResult& r) {
   j = nlohmann::json{{"verdict", verdict_name(r.verdict)},
                      {"findings", r.findings},
@@ -221,6 +273,7 @@ void to_json(nlohmann::json& j, const CaseResult& r) {
                      {"kernels", r.kernels},
                      {"kink_elements", r.kink_elements},
                      {"cancellation_tensors", r.cancellation_tensors}};
+  if (!r.divergences.empty()) j["divergences"] = r.divergences;
 }
 
 void from_json(const nlohmann::json& j, CaseResult& r) {
@@ -238,6 +291,7 @@ void from_json(const nlohmann::json& j, CaseResult& r) {
   r.kernels = j.at("kernels").get<std::map<std::string, std::array<int64_t, 2>>>();
   r.kink_elements = j.value("kink_elements", int64_t{0});
   r.cancellation_tensors = j.value("cancellation_tensors", int64_t{0});
+  r.divergences = j.value("divergences", std::vector<Divergence>{});
 }
 
 }  // namespace gradfuzz::harness

@@ -93,6 +93,41 @@ struct Finding {
   bool is_known() const { return !known.empty(); }
 };
 
+/// Where one path's values first leave the reference (runner::RunOptions::trace,
+/// oracle/divergence.h): the first tensor outside its bound, in forward order for values
+/// (earliest op first) and backward order for gradients (latest op first), among the tensors
+/// at every plan group's boundary and the compared ones. Its op, role and pass are the root-cause
+/// key of the path's value findings (oracle/signature.h), whichever tensor showed the error
+/// downstream.
+struct Divergence {
+  /// The path ("fused", "unfused", "forward_fused", ...).
+  std::string path;
+  /// "mismatch" or "missing_gradient": what is wrong with the tensor where values diverge.
+  std::string kind = "mismatch";
+  /// "forward" or "backward".
+  std::string pass;
+  /// Spec op index and catalog type of the op whose tensor diverges.
+  int64_t op_index = -1;
+  std::string op;
+  /// The plan group of the path that computed it ("ForwardLinearBiasAdd", "Linear") and the
+  /// backend's class and method ("BasicLinear", "op_backward"; empty where unknown).
+  std::string group;
+  bool fused = false;
+  std::string impl_class;
+  std::string method;
+  /// "output" (an op's main output), "grad_input" (the gradient an op returned for its main
+  /// input), or a compared tensor's role ("grad_param", "extra_output", ...).
+  std::string role;
+  /// The tensor: "trace.forward[k]", "trace.backward[k]" or a compared tensor's name.
+  std::string tensor;
+  /// Its worst element's error and bound (as Finding), and the error norm against its bound.
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  double norm_err = 0;
+  double norm_bound = 0;
+  bool operator==(const Divergence& o) const;
+};
+
 /// The outcome of one case: every finding, and a verdict that summarises them. A value,
 /// never a bare bool.
 struct CaseResult {
@@ -124,6 +159,12 @@ struct CaseResult {
   /// widened because they are a small difference of large terms.
   int64_t kink_elements = 0;
   int64_t cancellation_tensors = 0;
+  /// Per failing path of a traced run (runner::RunOptions::trace): where its values first
+  /// diverge. Empty when the run was not traced or no value diverged.
+  std::vector<Divergence> divergences;
+  /// The divergence of the path `path_pair` names first ("fused" of "fused~reference"), or
+  /// nullptr.
+  const Divergence* divergence_of(const std::string& path_pair) const;
 
   bool passed() const { return verdict == VerdictKind::kPass; }
   /// A finding: neither a pass nor a case the backend declined.
@@ -140,6 +181,8 @@ struct CaseResult {
 };
 
 std::ostream& operator<<(std::ostream& os, const Finding& finding);
+void to_json(nlohmann::json& j, const Divergence& d);
+void from_json(const nlohmann::json& j, Divergence& d);
 std::ostream& operator<<(std::ostream& os, const CaseResult& result);
 
 /// Lossless JSON form (workers send results to the supervisor this way). from_json throws

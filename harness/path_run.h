@@ -35,6 +35,36 @@ struct Writer {
   std::string pass;
 };
 
+/// A tensor at one plan group's boundary (PathRequest::trace): in forward the main output the
+/// group handed on, in backward the gradient it returned for its main input. The float64
+/// reference traces every basic op (group [k, k+1)). The oracle compares a path's entries with
+/// the reference's at the same boundary to find where values first diverge (oracle/divergence.h).
+struct TraceEntry {
+  /// "forward" or "backward".
+  std::string pass;
+  int64_t fuser = 0;
+  /// The group, in spec op indices.
+  PlanGroup group;
+  /// The implementation that computed the tensor: the backend's class ("BasicLinear",
+  /// "ForwardLinearBiasActivation") and method ("op_backward", "fuser_forward").
+  std::string impl_class;
+  std::string method;
+  /// Undefined where the group returned none (an input that needs no gradient).
+  at::Tensor tensor;
+  /// The group produced a quantized tensor, sent dequantized.
+  bool quantized = false;
+  /// The extra tensors of the group's ops: in forward each op's extra outputs, in backward the
+  /// gradient each op returned for each of its extra inputs (bound or public).
+  struct Extra {
+    /// Spec op index and the op's slot.
+    int64_t op = 0;
+    int64_t slot = 0;
+    at::Tensor tensor;
+    bool quantized = false;
+  };
+  std::vector<Extra> extras;
+};
+
 /// How a path ended.
 enum class PathStatus {
   kOk,
@@ -89,6 +119,9 @@ struct PathRun {
   /// Repeat runs only: per fuser, the plans computed afresh (runtime.md section 5, no
   /// cache) for this call's first_op_requiring_backward (empty when the path has no fusions).
   std::vector<FuserPlans> expected_plans;
+  /// With PathRequest::trace: the first call's tensors at every plan group's boundary, in the
+  /// order they were computed (forward groups, then backward groups).
+  std::vector<TraceEntry> trace;
   /// A distributed case (harness/sharding.h): what each rank's run of this path gave, its own
   /// slices of the tensors, rank 0 first. The path's tensors above are then assembled from
   /// them: the unsharded tensors the reference computes.
@@ -130,6 +163,9 @@ struct PathRequest {
   /// Non-empty: skip unless the first path ran without error and its plans hold, for each
   /// list, a fused group named in it (the single-pass paths, sent in the case's one request).
   std::vector<std::vector<std::string>> only_if_fired = {};
+  /// Record the first call's trace (PathRun::trace): what localises a failure, asked for by
+  /// the runs that look for a finding's first divergence (RunOptions::trace).
+  bool trace = false;
 };
 
 /// Whether a request's only_if_fired condition holds for `first`, the first path's run.

@@ -70,6 +70,8 @@ struct CallState : torch::CustomClassHolder {
   std::vector<size_t> param_offsets;  // per op, into the flat parameter list
   size_t num_params = 0;
   std::shared_ptr<FuserTrace> trace;
+  /// GroupTraceScope was on at the forward call (backward may run on another thread).
+  bool trace_groups = false;
 };
 
 /// Where each public extra input of the caller goes: (op, slot) per caller index.
@@ -88,6 +90,11 @@ std::vector<SlotRef> caller_input_targets(const RoutingTables& routing, const st
   }
   return targets;
 }
+
+thread_local bool group_trace_on = false;
+
+/// A detached copy of a group's tensor for the trace (undefined stays undefined).
+at::Tensor trace_copy(const at::Tensor& t) { return t.defined() ? t.detach().clone() : t; }
 
 /// Position of the main input among FuserFunction::apply's arguments.
 constexpr size_t kInputArg = 4;
@@ -211,9 +218,11 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
           }
           state->values[ref] = outs[s];
           if (auto channel = op.extra_output_binding(s).channel) trace.channel_values[*channel] = outs[s];
+          if (state->trace_groups) trace.forward_extra_outputs[{i, s}] = trace_copy(outs[s]);
         }
       }
       x = result.output;
+      if (state->trace_groups) trace.forward_outputs.emplace_back(g, trace_copy(x));
     }
 
     // Outputs: main, then public extra outputs. A tensor returned twice (MakeExtraOutput
@@ -304,6 +313,7 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         for (int64_t s = 0; s < op.num_extra_inputs(); ++s) {
           const SlotRef ref{i, s};
           const at::Tensor& grad = input_grads[s];
+          if (state->trace_groups) trace.backward_extra_grads[{i, s}] = trace_copy(grad);
           if (!grad.defined()) continue;
           auto source = routing.input_sources.find(ref);
           if (source == routing.input_sources.end()) {
@@ -346,6 +356,7 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
         if (total.defined()) trace.channel_grads[*ops[ref.op]->extra_output_binding(ref.slot).channel] = total;
       }
       grad_y = result.grad_input;
+      if (state->trace_groups) trace.backward_grad_inputs.emplace_back(g, trace_copy(grad_y));
       if (entry.begin == 0) grads[kInputArg] = grad_y;
     }
     return grads;
@@ -353,6 +364,10 @@ class FuserFunction : public torch::autograd::Function<FuserFunction> {
 };
 
 }  // namespace
+
+GroupTraceScope::GroupTraceScope(bool on) : previous_(group_trace_on) { group_trace_on = on; }
+GroupTraceScope::~GroupTraceScope() { group_trace_on = previous_; }
+bool GroupTraceScope::active() { return group_trace_on; }
 
 RoutingTables build_routing_tables(const std::vector<BasicOpPtr>& ops) {
   RoutingTables tables;
@@ -521,6 +536,7 @@ std::vector<at::Tensor> OperationFuser::forward(const at::Tensor& input, const s
   state->num_params = params.size();
   state->trace = std::make_shared<FuserTrace>();
   state->trace->first_op_requiring_backward = first;
+  state->trace_groups = group_trace_on;
   last_trace_ = state->trace;
   return FuserFunction::apply(state, &forward_plan_, &forward_entries_, first, input, at::TensorList(params),
                               at::TensorList(extra_inputs));

@@ -59,6 +59,30 @@ struct FuserTrace {
   bool backward_ran = false;
   /// The call's first_op_requiring_backward (runtime.md section 4), which its plans are for.
   int64_t first_op_requiring_backward = 0;
+  /// With group tracing on (GroupTraceScope): per forward plan entry, the main output it
+  /// handed on; per backward plan entry that ran, the gradient it returned for its main input
+  /// (undefined: none). Detached copies taken when the group returned.
+  std::vector<std::pair<size_t, at::Tensor>> forward_outputs;
+  std::vector<std::pair<size_t, at::Tensor>> backward_grad_inputs;
+  /// Likewise per (fuser op index, slot): each op's extra outputs, and the gradient each op's
+  /// backward returned for each of its extra inputs.
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> forward_extra_outputs;
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> backward_extra_grads;
+};
+
+/// Turns on the recording of FuserTrace::forward_outputs and backward_grad_inputs for the
+/// fusers that run on this thread while it lives (the model backend's traced paths).
+class GroupTraceScope {
+ public:
+  explicit GroupTraceScope(bool on);
+  ~GroupTraceScope();
+  GroupTraceScope(const GroupTraceScope&) = delete;
+  GroupTraceScope& operator=(const GroupTraceScope&) = delete;
+  /// Whether recording is on on this thread.
+  static bool active();
+
+ private:
+  bool previous_;
 };
 
 /// The plans of runtime.md section 5 for `ops` under `fusions` when backward starts at op

@@ -86,6 +86,10 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
                                " public extra inputs, got " + std::to_string(extra_inputs_.size()));
   }
   channel_values_.clear();
+  op_inputs_.clear();
+  op_outputs_.clear();
+  op_extra_inputs_.clear();
+  op_extra_outputs_.clear();
   ProbeScope probe_scope(probe_);
   ReferenceQuantizationScope quantization_scope(quantization_);
   std::vector<at::Tensor> public_outputs;
@@ -136,10 +140,22 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
       quantization_->set_next_op_casts_gradient(recipe != nullptr && next_op != nullptr &&
                                                 (*next_op)->casts_grad_input_for_previous_op(*recipe));
     }
+    if (trace_) {
+      op_inputs_[module_index] = x;
+      for (int64_t s = 0; s < op.num_extra_inputs(); ++s) {
+        at::Tensor& e = extras[static_cast<size_t>(s)];
+        if (!e.defined() || !e.requires_grad() || !at::isFloatingType(e.scalar_type())) continue;
+        // A node of this consumer's own: the gradient asked of it is this op's share of the
+        // channel's (or caller tensor's), the same values.
+        e = e.view_as(e);
+        op_extra_inputs_[{module_index, s}] = e;
+      }
+    }
     ReferenceResult result = op.reference(x, extras, params_.at(op_index++));
     for (int64_t s = 0; s < op.num_extra_outputs(); ++s) {
       const OutputBinding binding = op.extra_output_binding(s);
       at::Tensor value = with_noise(result.extra_outputs[s]);
+      if (trace_ && value.defined()) op_extra_outputs_[{module_index, s}] = value.detach();
       if (binding.channel) {
         if (value.requires_grad()) value.retain_grad();
         if (!channels->emplace(*binding.channel, value).second) {
@@ -149,6 +165,7 @@ std::vector<at::Tensor> ReferenceEvaluator::forward(const at::Tensor& input,
       if (binding.output_to_caller) public_outputs.push_back(value);
     }
     x = with_noise(result.output);
+    if (trace_) op_outputs_[module_index] = x.detach();
   }
   outputs_ = {x};
   outputs_.insert(outputs_.end(), public_outputs.begin(), public_outputs.end());
@@ -176,6 +193,19 @@ ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& c
   }
   std::vector<int64_t> extra_pos;
   for (const at::Tensor& e : extra_inputs_) extra_pos.push_back(want(e));
+  // A traced evaluation also asks for the gradient of every op's main input; the same tensor
+  // (an op handing its input on) is asked for once.
+  std::map<int64_t, int64_t> op_input_pos;
+  for (const auto& [module, x] : op_inputs_) {
+    if (!x.defined() || !x.requires_grad() || !at::isFloatingType(x.scalar_type())) continue;
+    int64_t pos = -1;
+    for (size_t k = 0; k < wrt.size() && pos < 0; ++k) {
+      if (wrt[k].unsafeGetTensorImpl() == x.unsafeGetTensorImpl()) pos = static_cast<int64_t>(k);
+    }
+    op_input_pos[module] = pos >= 0 ? pos : want(x);
+  }
+  std::map<std::pair<int64_t, int64_t>, int64_t> op_extra_pos;
+  for (const auto& [slot, e] : op_extra_inputs_) op_extra_pos[slot] = want(e);
   std::vector<std::map<std::string, int64_t>> channel_pos;
   for (const auto& channels : channel_values_) {
     channel_pos.emplace_back();
@@ -212,6 +242,8 @@ ReferenceGradients ReferenceEvaluator::backward(const std::vector<at::Tensor>& c
     for (int64_t pos : positions) out.grad_params.back().push_back(pick(pos));
   }
   for (int64_t pos : extra_pos) out.grad_extra_inputs.push_back(pick(pos));
+  for (const auto& [module, pos] : op_input_pos) out.grad_op_inputs[module] = pick(pos);
+  for (const auto& [slot, pos] : op_extra_pos) out.grad_op_extra_inputs[slot] = pick(pos);
   for (const auto& channels : channel_pos) {
     out.channel_grads.emplace_back();
     for (const auto& [name, pos] : channels) {

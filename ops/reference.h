@@ -22,6 +22,11 @@ struct ReferenceGradients {
   /// Per fuser, channel name -> gradient of the produced tensor (floating channels whose
   /// value requires grad only).
   std::vector<std::map<std::string, at::Tensor>> channel_grads;
+  /// With ReferenceEvaluator::set_trace: per basic op (module index), the gradient of its main
+  /// input (absent where that input needs none), and per (module index, slot) the gradient of
+  /// that op's extra input, its own share where a channel has several consumers.
+  std::map<int64_t, at::Tensor> grad_op_inputs;
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> grad_op_extra_inputs;
 };
 
 /// The non-differentiable points a reference evaluation passes near, and the branch each op
@@ -102,6 +107,15 @@ class ReferenceEvaluator {
   /// Per fuser, channel name -> value (after forward).
   const std::vector<std::map<std::string, at::Tensor>>& channel_values() const { return channel_values_; }
 
+  /// Records, in the next forward, every basic op's main input and output (op_outputs) and, in
+  /// the backward after it, the gradient of each op's main input (grad_op_inputs): the
+  /// reference's side of a traced path (harness::TraceEntry).
+  void set_trace(bool on) { trace_ = on; }
+  /// Per basic op (module index), its main output (after set_trace's forward), and per
+  /// (module index, slot) its extra outputs.
+  const std::map<int64_t, at::Tensor>& op_outputs() const { return op_outputs_; }
+  const std::map<std::pair<int64_t, int64_t>, at::Tensor>& op_extra_outputs() const { return op_extra_outputs_; }
+
  private:
   const Sequential& sequential_;
   at::ScalarType compute_dtype_;
@@ -115,6 +129,11 @@ class ReferenceEvaluator {
   ReferenceQuantization* quantization_ = nullptr;
   double noise_relative_ = 0;
   at::Generator* noise_generator_ = nullptr;
+  bool trace_ = false;
+  std::map<int64_t, at::Tensor> op_inputs_;
+  std::map<int64_t, at::Tensor> op_outputs_;
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> op_extra_inputs_;
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> op_extra_outputs_;
 
   /// `t` with set_output_noise's forward noise applied and its backward noise hooked.
   at::Tensor with_noise(const at::Tensor& t) const;

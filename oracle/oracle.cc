@@ -234,9 +234,32 @@ std::vector<ComparedTensor> compared_tensors(const CaseSpec& spec, const PathRun
   return out;
 }
 
+std::string trace_name(const harness::TraceEntry& entry) {
+  return entry.pass == "forward" ? "trace.forward[" + std::to_string(entry.group.end - 1) + "]"
+                                 : "trace.backward[" + std::to_string(entry.group.begin) + "]";
+}
+
+std::string trace_name(const harness::TraceEntry& entry, const harness::TraceEntry::Extra& extra) {
+  return entry.pass == "forward"
+             ? "trace.forward[" + std::to_string(extra.op) + "].extra_output[" + std::to_string(extra.slot) + "]"
+             : "trace.backward[" + std::to_string(extra.op) + "].grad_extra_input[" + std::to_string(extra.slot) + "]";
+}
+
+std::map<std::string, at::Tensor> trace_tensors(const PathRun& run) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& e : run.trace) {
+    if (e.tensor.defined()) out[trace_name(e)] = e.tensor;
+    for (const auto& x : e.extras) {
+      if (x.tensor.defined()) out[trace_name(e, x)] = x.tensor;
+    }
+  }
+  return out;
+}
+
 std::map<std::string, at::Tensor> tensors_by_name(const CaseSpec& spec, const PathRun& run) {
   std::map<std::string, at::Tensor> out;
   for (auto& t : compared_tensors(spec, run, run)) out[t.name] = t.expected;
+  for (auto& [name, t] : trace_tensors(run)) out[name] = t;
   return out;
 }
 

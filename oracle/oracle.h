@@ -79,7 +79,20 @@ struct ComparedTensor {
 std::vector<ComparedTensor> compared_tensors(const CaseSpec& spec, const PathRun& expected, const PathRun& got,
                                              bool got_exposes_all_channels = true);
 
-/// The expected side's tensors by name (compared_tensors of `run` against itself).
+/// The name of a trace entry's tensor (harness::TraceEntry): "trace.forward[k]" for the main
+/// output of op k (a forward group [b, e) hands on op e-1's), "trace.backward[k]" for the
+/// gradient of op k's main input (a backward group [b, e) returns op b's).
+std::string trace_name(const harness::TraceEntry& entry);
+/// The name of one of its extras: "trace.forward[k].extra_output[s]" (op k's extra output s),
+/// "trace.backward[k].grad_extra_input[s]" (the gradient op k returned for its extra input s).
+std::string trace_name(const harness::TraceEntry& entry, const harness::TraceEntry::Extra& extra);
+
+/// Every trace tensor of `run` by trace_name (entries without a tensor left out). Not compared
+/// tensors: they localise a failure (oracle/divergence.h), and are bounded like the others.
+std::map<std::string, at::Tensor> trace_tensors(const PathRun& run);
+
+/// The expected side's tensors by name (compared_tensors of `run` against itself), and its
+/// trace tensors when it has a trace.
 std::map<std::string, at::Tensor> tensors_by_name(const CaseSpec& spec, const PathRun& run);
 
 /// Compares every tensor of compared_tensors(spec, expected, got) under `bounds`.

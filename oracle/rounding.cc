@@ -146,16 +146,25 @@ CaseBounds evidence_bounds(at::ScalarType dtype, const ToleranceContext& context
 std::map<std::string, at::Tensor> abs_differences(const CaseSpec& spec, const PathRun& reference,
                                                   const PathRun& other) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& t : compared_tensors(spec, reference, other)) {
-    if (!t.expected.defined() || !t.got.defined() || t.expected.sizes() != t.got.sizes()) continue;
-    const at::Tensor e = as_double_cpu(t.expected);
-    const at::Tensor g = as_double_cpu(t.got);
+  auto difference = [&](const std::string& name, const at::Tensor& expected, const at::Tensor& got) {
+    if (!expected.defined() || !got.defined() || expected.sizes() != got.sizes()) return;
+    const at::Tensor e = as_double_cpu(expected);
+    const at::Tensor g = as_double_cpu(got);
     at::Tensor diff = (g - e).abs();
     // The other run cannot hold a value the reference has: nothing there can be judged.
     diff = at::where(g.isfinite().logical_not() & e.isfinite(),
                      at::full_like(diff, std::numeric_limits<double>::infinity()), diff);
     const double inf = std::numeric_limits<double>::infinity();
-    out[t.name] = diff.nan_to_num(inf, inf, inf);
+    out[name] = diff.nan_to_num(inf, inf, inf);
+  };
+  for (const auto& t : compared_tensors(spec, reference, other)) difference(t.name, t.expected, t.got);
+  // Traced runs (the reference's every op): the trace's bounds come from the same evidence.
+  if (!reference.trace.empty() && !other.trace.empty()) {
+    const auto theirs = trace_tensors(other);
+    for (const auto& [name, t] : trace_tensors(reference)) {
+      const auto it = theirs.find(name);
+      if (it != theirs.end()) difference(name, t, it->second);
+    }
   }
   return out;
 }

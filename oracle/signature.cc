@@ -9,6 +9,7 @@
 
 #include "ops/fusion_registry.h"
 #include "ops/op_registry.h"
+#include "oracle/divergence.h"
 
 namespace gradfuzz::oracle {
 
@@ -22,14 +23,8 @@ using harness::PathRun;
 using harness::PlanGroup;
 using harness::VerdictKind;
 
-/// Where a compared tensor is computed: the pass and the spec op index.
-struct Position {
-  bool forward = true;
-  int64_t op = 0;
-};
-
 int64_t index_in(const std::string& s, const std::string& prefix) {
-  // "grad_param[12].Linear[0]" -> 12 for prefix "grad_param["
+  // "extra_input[2]" -> 2 for prefix "extra_input["
   if (s.rfind(prefix, 0) != 0) return -1;
   size_t end = s.find(']', prefix.size());
   if (end == std::string::npos) return -1;
@@ -41,37 +36,6 @@ int64_t index_in(const std::string& s, const std::string& prefix) {
 }
 
 int64_t last_op(const CaseSpec& spec) { return spec.ops.empty() ? 0 : static_cast<int64_t>(spec.ops.size()) - 1; }
-
-std::optional<Position> position_of(const std::string& tensor, const CaseSpec& spec, const CasePlan& plan) {
-  if (tensor == "output") return Position{true, last_op(spec)};
-  if (int64_t k = index_in(tensor, "extra_output["); k >= 0) {
-    if (k < static_cast<int64_t>(plan.public_outputs.size())) return Position{true, plan.public_outputs[k].op};
-    return Position{true, last_op(spec)};
-  }
-  if (tensor == "grad_input") return Position{false, 0};
-  if (int64_t i = index_in(tensor, "grad_param["); i >= 0) return Position{false, i};
-  if (int64_t k = index_in(tensor, "grad_extra_input["); k >= 0) {
-    if (k < static_cast<int64_t>(plan.public_inputs.size())) return Position{false, plan.public_inputs[k].op};
-    return Position{false, 0};
-  }
-  if (tensor.rfind("grad_channel[", 0) == 0) {
-    // grad_channel[name] or grad_channel[name@fuserF]
-    std::string inner = tensor.substr(13, tensor.size() - 14);
-    int64_t fuser = 0;
-    if (auto at = inner.find("@fuser"); at != std::string::npos) {
-      fuser = std::stoll(inner.substr(at + 6));
-      inner = inner.substr(0, at);
-    }
-    for (size_t i = 0; i < spec.ops.size() && i < plan.ops.size(); ++i) {
-      if (plan.ops[i].fuser != fuser) continue;
-      for (const auto& b : spec.ops[i].output_bindings) {
-        if (b.channel && *b.channel == inner) return Position{false, static_cast<int64_t>(i)};
-      }
-    }
-    return Position{false, 0};
-  }
-  return std::nullopt;
-}
 
 /// The path a finding's path pair names first ("fused" of "fused~unfused").
 std::string path_of(const Finding& f) { return f.path_pair.substr(0, f.path_pair.find('~')); }
@@ -99,7 +63,7 @@ std::vector<PlanGroup> groups_of(const PathRun* run, bool forward) {
 
 /// The fused op covering `pos` in `run`'s plan, else the nearest fused op on the side the
 /// error comes from (upstream in forward, downstream in backward), else the basic op there.
-std::string attribute(const CaseSpec& spec, const PathRun* run, const Position& pos, bool basic_only) {
+std::string attribute(const CaseSpec& spec, const PathRun* run, const TensorPosition& pos, bool basic_only) {
   const std::string basic =
       pos.op >= 0 && pos.op < static_cast<int64_t>(spec.ops.size()) ? spec.ops[pos.op].name : std::string();
   if (basic_only) return basic;
@@ -231,31 +195,66 @@ void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::ve
                        CaseResult& result, const std::vector<size_t>& set_apart) {
   // Per path: the first divergence of its value findings (forward before backward; the
   // earliest forward op, the latest backward op).
-  struct Divergence {
-    Position pos;
+  struct First {
+    TensorPosition pos;
     std::string role;
     std::string tensor;
+    /// From a traced run's divergence (harness::Divergence), which also gives the kind of
+    /// every value finding's signature (a dropped gradient and the wrong values it causes
+    /// downstream are one cause).
+    bool traced = false;
+    std::string kind;
   };
-  std::map<std::string, Divergence> first;
+  std::map<std::string, First> first;
   for (size_t k = 0; k < result.findings.size(); ++k) {
     const Finding& f = result.findings[k];
     if (!is_value_finding(f)) continue;
     if (std::find(set_apart.begin(), set_apart.end(), k) != set_apart.end()) continue;
-    const auto pos = position_of(f.tensor, spec, plan);
+    const auto pos = tensor_position(f.tensor, spec, plan);
     if (!pos) continue;
-    auto [it, inserted] = first.emplace(path_of(f), Divergence{*pos, f.role, f.tensor});
+    auto [it, inserted] = first.emplace(path_of(f), First{*pos, f.role, f.tensor, false, ""});
     if (inserted) continue;
-    Divergence& d = it->second;
+    First& d = it->second;
     const bool earlier = pos->forward != d.pos.forward ? pos->forward
                          : pos->forward                ? pos->op < d.pos.op
                                                        : pos->op > d.pos.op;
-    if (earlier) d = {*pos, f.role, f.tensor};
+    if (earlier) d = {*pos, f.role, f.tensor, false, ""};
+  }
+  // A traced run's divergence of a path (oracle/divergence.h) is where its values first leave
+  // the reference, among the tensors between every plan group too: it replaces the earliest
+  // compared tensor, so a defect's downstream symptoms are one cluster. Not for a path whose
+  // findings another cause partly accounts for (set_apart): there the trace may show the
+  // other cause's write.
+  std::set<std::string> paths_set_apart;
+  for (size_t k : set_apart) {
+    if (k < result.findings.size()) paths_set_apart.insert(path_of(result.findings[k]));
+  }
+  for (const harness::Divergence& d : result.divergences) {
+    if (paths_set_apart.count(d.path) || !first.count(d.path)) continue;
+    first[d.path] = First{TensorPosition{d.pass == "forward", d.op_index}, d.role, d.tensor, true, d.kind};
   }
   // Tensors the unfused path gets wrong too: not a fusion's defect.
   std::set<std::string> unfused_wrong;
   for (const auto& f : result.findings) {
     if (is_value_finding(f) && path_of(f) == "unfused") unfused_wrong.insert(f.tensor);
   }
+  // A traced divergence inside a fused group is the fusion's only where the unfused path does
+  // not diverge first inside the same ops in the same pass.
+  auto unfused_diverges_in = [&](const std::string& path, const First& d) {
+    const auto unfused = first.find("unfused");
+    if (unfused == first.end() || unfused->second.pos.forward != d.pos.forward) return false;
+    for (const PathRun* run : runs) {
+      if (!run || run->name != path) continue;
+      for (const auto& fuser : run->plans) {
+        for (const auto& g : d.pos.forward ? fuser.forward : fuser.backward) {
+          if (g.begin <= d.pos.op && d.pos.op < g.end) {
+            return g.begin <= unfused->second.pos.op && unfused->second.pos.op < g.end;
+          }
+        }
+      }
+    }
+    return unfused->second.pos.op == d.pos.op;
+  };
   for (auto& f : result.findings) {
     const std::string kind = harness::verdict_name(f.kind);
     if (f.kind == VerdictKind::kCrash || f.kind == VerdictKind::kTimeout || f.kind == VerdictKind::kSanitizer) {
@@ -303,15 +302,32 @@ void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::ve
       f.signature = kind + "|reference|" + f.role;
       continue;
     }
-    auto it = first.find(path_of(f));
+    // A repeat call's finding, or a comparison of two paths, where a path of it diverged from
+    // the reference in a traced run: that divergence's cause (the first call's, else the
+    // path that is wrong against the reference).
+    std::string path = path_of(f);
+    if (!first.count(path) || !first.at(path).traced) {
+      const std::string base = path.substr(0, path.find('.'));
+      std::string other = f.path_pair.substr(f.path_pair.find('~') + 1);
+      other = other.substr(0, other.find('.'));
+      for (const std::string& p : {base, other}) {
+        const auto traced = first.find(p);
+        if (p != "reference" && traced != first.end() && traced->second.traced) {
+          path = p;
+          break;
+        }
+      }
+    }
+    auto it = first.find(path);
     if (it == first.end()) {
       f.signature = kind + "|" + f.op + "|" + f.role;
       continue;
     }
-    const Divergence& d = it->second;
-    const bool basic_only = path_of(f) == "unfused" || unfused_wrong.count(d.tensor) > 0;
-    f.op = attribute(spec, find_run(runs, path_of(f)), d.pos, basic_only);
-    f.signature = kind + "|" + f.op + "|" + d.role;
+    const First& d = it->second;
+    const bool basic_only =
+        path == "unfused" || unfused_wrong.count(d.tensor) > 0 || (d.traced && unfused_diverges_in(path, d));
+    f.op = attribute(spec, find_run(runs, path), d.pos, basic_only);
+    f.signature = (d.traced ? d.kind : kind) + "|" + f.op + "|" + d.role;
   }
 }
 

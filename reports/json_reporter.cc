@@ -68,6 +68,24 @@ Json recipe_to_json(const harness::RecipeSpec& recipe) {
   return Json{{"name", recipe.name}, {"fp8_format", recipe.fp8_format}, {"options", std::move(options)}};
 }
 
+Json confirmation_to_json(const Confirmation& c) {
+  Json variants = Json::array();
+  for (const auto& v : c.variants) {
+    Json row{{"variant", v.name}, {"change", v.change}, {"verdict", v.verdict}};
+    if (!v.signatures.empty()) row["signatures"] = v.signatures;
+    variants.push_back(std::move(row));
+  }
+  Json j{{"diagnosis", c.diagnosis}, {"variants", std::move(variants)}};
+  if (c.first_divergence) {
+    nlohmann::json d = *c.first_divergence;
+    j["first_divergence"] = Json::parse(d.dump());
+  } else {
+    j["first_divergence"] = nullptr;
+  }
+  if (!c.explained_by.empty()) j["explained_by"] = c.explained_by;
+  return j;
+}
+
 Json finding_to_json(const Finding& finding, int64_t count, const std::vector<std::string>& examples,
                      const std::map<std::string, int64_t>& recipes) {
   const harness::CaseResult& r = finding.result;
@@ -102,6 +120,7 @@ Json finding_to_json(const Finding& finding, int64_t count, const std::vector<st
     j["recipe"] = finding.recipe ? recipe_to_json(*finding.recipe) : Json(nullptr);
   }
   j["case_file"] = finding.case_file;
+  if (finding.confirmation) j["confirmation"] = confirmation_to_json(*finding.confirmation);
   j["ops"] = r.op_types;
   j["details"] = std::move(details);
   if (!others.empty()) j["other_signatures"] = std::move(others);

@@ -94,6 +94,42 @@ struct KnownRef {
   std::string note;
 };
 
+/// One alternative run of a cluster's case (campaign/confirmation.h): the same case with one
+/// thing changed, and whether the cluster's finding stays.
+struct VariantRun {
+  /// "in_place_off", "unfused", "no_recipe", "float32", "without_op[2]".
+  std::string name;
+  /// What differs from the cluster's case, in words ("every in_place=1 set to 0").
+  std::string change;
+  /// "fails" (the cluster's signature again), "fails_otherwise" (other findings only),
+  /// "passes", "raises" (the path raised instead), "unsupported" (the backend declined the
+  /// variant), "not_run" (nothing to compare: the unfused path of a case that fused nothing).
+  std::string verdict;
+  /// The variant's signatures, when it failed.
+  std::vector<std::string> signatures;
+  bool operator==(const VariantRun& o) const {
+    return name == o.name && change == o.change && verdict == o.verdict && signatures == o.signatures;
+  }
+};
+
+/// How a new cluster was confirmed before it is called new (campaign/confirmation.h): its
+/// case rerun as variants on the same values, the diagnosis they give, and where its values
+/// first diverge.
+struct Confirmation {
+  std::vector<VariantRun> variants;
+  /// "fused-only", "all-paths", "quantized-only", "half-only", "crash" or "known-consequence".
+  std::string diagnosis;
+  /// Where the cluster's case first diverges, in the path of the cluster's first finding (a
+  /// traced run; absent for an error).
+  std::optional<harness::Divergence> first_divergence;
+  /// With "known-consequence": the known issue whose documented cause it follows from.
+  std::string explained_by;
+  bool operator==(const Confirmation& o) const {
+    return variants == o.variants && diagnosis == o.diagnosis && first_divergence == o.first_divergence &&
+           explained_by == o.explained_by;
+  }
+};
+
 /// One finding cluster of a run: the root-cause signature (oracle/signature.h) and the
 /// case saved for it (shrunk for a new cluster, as generated for a known one).
 struct Finding {
@@ -120,6 +156,9 @@ struct Finding {
   std::optional<harness::RecipeSpec> recipe;
   /// The known issue it matches; nullopt: a new finding.
   std::optional<KnownRef> known;
+  /// The alternative runs of a cluster that was new when found (campaign/confirmation.h);
+  /// nullopt where none ran (a known cluster, a replay).
+  std::optional<Confirmation> confirmation;
   /// The cluster key (cluster, else signature).
   const std::string& key() const { return cluster.empty() ? signature : cluster; }
 };

@@ -21,6 +21,7 @@
 #include "ops/errors.h"
 #include "ops/quantization.h"
 #include "ops/reference.h"
+#include "oracle/divergence.h"
 #include "oracle/rounding.h"
 #include "oracle/signature.h"
 #include "oracle/tolerances.h"
@@ -74,7 +75,8 @@ bool repeat_wants_input_grad(const CaseSpec& spec) {
 PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const CaseTensors& tensors, BuiltCase& built,
                            at::ScalarType compute_dtype = at::kDouble, at::Device device = at::kCPU,
                            ops::KinkProbe* probe = nullptr, ops::ReferenceQuantization* quantization = nullptr,
-                           bool no_grad = false, double noise_relative = 0, at::Generator* noise_generator = nullptr) {
+                           bool no_grad = false, double noise_relative = 0, at::Generator* noise_generator = nullptr,
+                           bool trace = false) {
   PathRun run;
   run.name = compute_dtype == at::kDouble ? "reference" : "rounding_baseline";
   BuildOptions build;
@@ -100,6 +102,7 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
     evaluator.set_kink_probe(probe);
     evaluator.set_quantization(quantization);
     evaluator.set_output_noise(noise_relative, noise_generator);
+    evaluator.set_trace(trace);
     if (no_grad) {
       // A no_grad call of the Sequential: its values only (delayed scaling records amaxes).
       at::NoGradGuard guard;
@@ -107,8 +110,39 @@ PathRun run_reference_path(const CaseSpec& spec, const CasePlan& plan, const Cas
       return;
     }
     run.outputs = evaluator.forward(input, extras);
+    // Every basic op is its own group of the reference's trace, with its extras.
+    using Extras = std::map<std::pair<int64_t, int64_t>, at::Tensor>;
+    auto trace_entry = [&](const char* pass, int64_t op, const at::Tensor& t, const Extras& op_extras) {
+      harness::TraceEntry e;
+      e.pass = pass;
+      e.fuser = op < static_cast<int64_t>(plan.ops.size()) ? plan.ops[op].fuser : 0;
+      e.group = {spec.ops.at(op).name, op, op + 1, false};
+      e.impl_class = "reference";
+      e.method = pass;
+      e.tensor = t;
+      for (auto it = op_extras.lower_bound({op, 0}); it != op_extras.end() && it->first.first == op; ++it) {
+        e.extras.push_back({op, it->first.second, it->second, false});
+      }
+      run.trace.push_back(std::move(e));
+    };
+    std::set<int64_t> forward_ops;
+    for (const auto& [op, out] : evaluator.op_outputs()) forward_ops.insert(op);
+    for (const auto& [slot, out] : evaluator.op_extra_outputs()) forward_ops.insert(slot.first);
+    for (int64_t op : forward_ops) {
+      const auto out = evaluator.op_outputs().find(op);
+      trace_entry("forward", op, out == evaluator.op_outputs().end() ? at::Tensor() : out->second,
+                  evaluator.op_extra_outputs());
+    }
     run.error_stage = "backward";
     ops::ReferenceGradients grads = evaluator.backward(tensors.cotangents);
+    std::set<int64_t> backward_ops;
+    for (const auto& [op, grad] : grads.grad_op_inputs) backward_ops.insert(op);
+    for (const auto& [slot, grad] : grads.grad_op_extra_inputs) backward_ops.insert(slot.first);
+    for (auto it = backward_ops.rbegin(); it != backward_ops.rend(); ++it) {
+      const auto grad = grads.grad_op_inputs.find(*it);
+      trace_entry("backward", *it, grad == grads.grad_op_inputs.end() ? at::Tensor() : grad->second,
+                  grads.grad_op_extra_inputs);
+    }
     run.grad_input = grads.grad_input;
     run.grad_params.resize(spec.ops.size());
     for (size_t i = 0; i < plan.ops.size(); ++i) {
@@ -548,6 +582,7 @@ class CaseRun {
         backend_(backend),
         options_(options),
         dtype_(harness::scalar_type_from_name(spec.dtype)),
+        trace_(options.trace && !harness::is_distributed(spec)),
         carried_evidence_(carried_evidence) {
     sets_.push_back(std::make_unique<ReferenceSet>());
     ref_ = sets_.front().get();
@@ -709,6 +744,10 @@ class CaseRun {
     {
       CostStage stage("ablation");
       attribute_in_place_stage();
+    }
+    {
+      CostStage stage("localise");
+      localise_stage();
     }
     CostStage stage("signatures");
     return finish();
@@ -890,6 +929,7 @@ class CaseRun {
     r.expected_plans = !options_.check_plans  ? harness::ExpectedPlans::kNone
                        : options_.shared_runs ? harness::ExpectedPlans::kPerPattern
                                               : harness::ExpectedPlans::kPerCall;
+    r.trace = trace_;
     return r;
   }
 
@@ -1060,7 +1100,8 @@ class CaseRun {
     }
     ref_->reference =
         run_reference_path(spec_, prepared_.plan, prepared_.tensors, first ? prepared_.reference_ops : own_ops,
-                           at::kDouble, ref_device_, &ref_->reference_kinks, ref_->call_quantization.get());
+                           at::kDouble, ref_device_, &ref_->reference_kinks, ref_->call_quantization.get(),
+                           /*no_grad=*/false, 0, nullptr, trace_);
     if (ref_->reference.ok() && recipe_ && recipe_->kind == ops::RecipeKind::kDelayedScaling) {
       // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
       // histories, so each repeat call has a reference of its own, in order, on one state.
@@ -1090,8 +1131,9 @@ class CaseRun {
       run_guarded(creation, [&] { ops = reference_ops_with_values(spec_, prepared_.plan, prepared_.tensors); });
       if (creation.ok()) {
         const auto quantization = fresh_quantization();
-        PathRun run = run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble,
-                                         ref_device_, nullptr, quantization.get());
+        PathRun run =
+            run_reference_path(with_input_grad, prepared_.plan, prepared_.tensors, ops, at::kDouble, ref_device_,
+                               nullptr, quantization.get(), /*no_grad=*/false, 0, nullptr, trace_);
         if (run.ok()) {
           ref_->repeat_grad_input = run.grad_input;
           // The low-precision evidence then covers the input's gradient the repeat calls take.
@@ -1456,7 +1498,7 @@ class CaseRun {
     const auto quantization = fresh_quantization(jitter, record);
     return run_reference_path(evidence_spec_, prepared_.plan, values, ops, dtype, ref_device_, probe,
                               quantization.get(), /*no_grad=*/false, noise ? harness::unit_roundoff(dtype_) : 0.0,
-                              noise);
+                              noise, trace_);
   }
 
   /// `n` more rounding samples: the rounding baseline on values perturbed by a relative u
@@ -1904,6 +1946,75 @@ class CaseRun {
     in_place_writers_ = joined;
   }
 
+  // ---- localise (RunOptions::trace): where each path with value findings first leaves its
+  // reference set's reference, among its plan groups' tensors and its compared tensors, each
+  // under the bound judge_values held it to (oracle/divergence.h).
+  void localise_stage() {
+    if (!trace_) return;
+    for (const PathRun* run : active_) {
+      if (!run->ok() || run->trace.empty()) continue;
+      const std::string pair = run->name + "~reference";
+      if (std::none_of(result_.findings.begin(), result_.findings.end(), [&](const Finding& f) {
+            return f.path_pair == pair && (f.kind == VerdictKind::kMismatch || f.kind == VerdictKind::kMissingGradient);
+          })) {
+        continue;
+      }
+      ref_ = sets_.at(set_index(run->name)).get();
+      if (!ref_->reference.ok()) continue;
+      const auto expected = oracle::tensors_by_name(evidence_spec_, evidence_reference());
+      const oracle::CaseBounds bounds =
+          dtype_ == at::kDouble || evidence_rounds_ < 0
+              ? oracle::first_bounds(dtype_, context_, expected, options_.rounding)
+              : oracle::evidence_bounds(dtype_, context_, expected, ref_->evidence, options_.rounding);
+      if (auto d = oracle::first_divergence(spec_, prepared_.plan, ref_->reference, *run, bounds, result_.findings)) {
+        result_.divergences.push_back(std::move(*d));
+      }
+    }
+    ref_ = sets_.front().get();
+    localise_repeat_calls();
+  }
+
+  /// A repeat call's value findings whose path's first call did not diverge (the call takes a
+  /// gradient the first does not, or its recipe state differs): the case run once more, traced,
+  /// with that call's grad requirements as its first call, on the same values. Its path's
+  /// divergence stands for the repeat call's (a defect the call reaches, its values aside).
+  void localise_repeat_calls() {
+    for (const PathRun* run : active_) {
+      const bool diverged = std::any_of(result_.divergences.begin(), result_.divergences.end(),
+                                        [&](const harness::Divergence& d) { return d.path == run->name; });
+      for (size_t k = 0; !diverged && k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
+        const std::string pair = run->repeats[k].name + "~reference";
+        const bool fails = std::any_of(result_.findings.begin(), result_.findings.end(), [&](const Finding& f) {
+          return f.path_pair == pair && (f.kind == VerdictKind::kMismatch || f.kind == VerdictKind::kMissingGradient);
+        });
+        const RepeatCall& call = spec_.repeat_calls[k];
+        if (!fails || call.no_grad) continue;
+        CaseSpec as_first = spec_;
+        as_first.input_requires_grad = call.input_requires_grad;
+        as_first.repeat_calls.clear();
+        RunOptions o = options_;
+        o.attribute_in_place = false;
+        o.confirm_in_wide_dtype = false;
+        o.finite_differences = false;
+        o.find_writers = false;
+        o.check_plans = false;
+        CaseResult first_call;
+        try {
+          first_call = run_case_impl(as_first, backend_, o);
+        } catch (const std::exception& e) {
+          notes_.push_back("the traced run of " + run->repeats[k].name + " as a first call did not run: " + e.what());
+          continue;
+        }
+        for (harness::Divergence d : first_call.divergences) {
+          if (d.path != run->name) continue;
+          d.path = run->repeats[k].name;
+          result_.divergences.push_back(std::move(d));
+          break;
+        }
+      }
+    }
+  }
+
   CaseResult finish() {
     std::vector<const PathRun*> runs = active_;
     // The findings the ablation puts down to writing in place are set apart: the others are
@@ -1928,6 +2039,8 @@ class CaseRun {
   Backend& backend_;
   const RunOptions& options_;
   const at::ScalarType dtype_;
+  /// RunOptions::trace, where the case can be traced (one process).
+  const bool trace_;
   CaseResult result_;
   PreparedCase prepared_;
   ToleranceContext context_;

@@ -80,6 +80,13 @@ struct RunOptions {
   /// adapter (`--overlap auto`).
   enum class Overlap { kNone, kReference, kEvidence };
   Overlap overlap = Overlap::kEvidence;
+  /// Localise each failing path (oracle/divergence.h): every path records the tensors at
+  /// its plan groups' boundaries, every reference evaluation those at every basic op, and a
+  /// path with value findings gets CaseResult::divergences, whose op, role and pass then sign
+  /// its value findings (a defect's downstream symptoms one cluster). Off in a campaign's
+  /// first run of a case (it costs a trace of every path); the campaign reruns a case with a
+  /// new value finding traced, and replay traces.
+  bool trace = false;
   /// kEvidence draws nothing ahead for a case whose float64 reference took longer than this
   /// (seconds): a piece costs about as much, and the answer waits for the piece under way.
   double overlap_piece_limit_s = 0.05;

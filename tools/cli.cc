@@ -23,6 +23,7 @@
 #include "campaign/campaign.h"
 #include "campaign/environment.h"
 #include "campaign/exit_codes.h"
+#include "campaign/export.h"
 #include "campaign/files.h"
 #include "campaign/replay.h"
 #include "campaign/sanitizer.h"
@@ -125,6 +126,9 @@ struct Flags {
   std::string known;
   bool fail_on_known = false;
   bool full_export = false;
+  bool upstream_export = false;
+  /// export --upstream --signature.
+  std::string signature;
   std::string recipe = "any";
   // Distributed cases: ranks per case (0: one-process cases) and, for a worker, the device
   // its rank processes run on (empty: the campaign's).
@@ -1000,14 +1004,23 @@ std::optional<harness::BackendCapabilities> export_fp8_target(const Flags& f, co
   }
 }
 
-int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
-  if (!f.python_format) throw InputError("export: choose a format: --python (a pytest file)");
-  const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
-  const LoadedCase& c = cases.front();
-  std::string target = sub.count("--backend") ? f.backend : (c.file.backend == "model" ? "te" : c.file.backend);
-  if (target != "te" && target != "torch") {
-    throw InputError("--backend: export writes te or torch scripts, got '" + target + "'");
-  }
+/// One export (campaign/export.h) of the case at `path` for `target` in `form`, its script to
+/// `output` ("" or "-": returned only): the adapter's reply, with the job it wrote.
+struct ExportDone {
+  campaign::ExportJob job;
+  backends::ExportRequest request;
+  backends::ExportReply reply;
+};
+ExportDone export_case(const Flags& f, const std::string& path, const std::string& target, campaign::ExportForm form,
+                       const std::string& output, std::ostream& err) {
+  const std::vector<LoadedCase> cases = load_case_paths({path});
+  ExportDone done;
+  campaign::ExportJob& job = done.job;
+  job.case_file = cases.front();
+  job.target = target;
+  job.form = form;
+  const LoadedCase& c = job.case_file;
+  if (!output.empty() && output != "-") job.output = std::filesystem::absolute(output).string();
   const harness::CaseSpec& spec = c.file.spec;
   runner::PreparedCase prepared;
   try {
@@ -1015,117 +1028,69 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   } catch (const std::exception& e) {
     throw InputError(c.path.string() + ": the case cannot be built: " + e.what());
   }
-  backends::ExportRequest request;
-  request.backend = target;
-  request.case_file = c.path.string();
-  request.full = f.full_export;
-  if (!f.output.empty() && f.output != "-") {
-    // Values too large to inline go beside the script.
-    request.data_file = std::filesystem::absolute(f.output).string() + ".values.pt";
-  }
-  request.expect = {{"kind", "pass"}};
-  if (const auto kind = runner::reference_error_kind(spec)) request.expect = {{"kind", "error"}, {"error_kind", *kind}};
-  const bool distributed = harness::is_distributed(spec);
-  if (distributed) {
-    // A torchrun script of one process per rank, its values in a file beside it.
-    if (request.data_file.empty()) {
-      throw InputError("export: a distributed case's script keeps its values beside it: give -o FILE");
-    }
-    if (request.expect.at("kind") != "pass") {
-      throw InputError("export: " + c.path.string() + " is a distributed case that must raise " +
-                       request.expect.at("error_kind").get<std::string>() +
-                       "; its scripts check passing cases only (replay checks this one)");
-    }
-    try {
-      request.expect["sharding"] = harness::sharding_json(harness::plan_sharding(spec, prepared.plan), prepared.plan);
-    } catch (const harness::SpecError& e) {
-      throw InputError(c.path.string() + ": not a valid distributed case: " + e.what());
-    }
-  }
-  const at::ScalarType dtype = harness::scalar_type_from_name(spec.dtype);
-  const oracle::Tolerance tolerance =
-      oracle::case_tolerance(dtype, {spec.num_ops(), prepared.plan.max_reduction_length});
-  request.expect["tolerance"] = {{"atol", tolerance.atol}, {"rtol", tolerance.rtol}};
   // Generating a script is plain code generation: the torch adapter does it for both
   // targets, so a te script can be written where TE does not import.
   Flags adapter = f;
   adapter.backend = "torch";
   backends::RemoteBackend backend(backend_options(adapter));
   std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
-  // The oracle's own bound of every tensor, computed here from the reference and its evidence,
-  // so the script judges exactly as replay does (docs/BACKENDS.md "export").
-  if (request.expect.at("kind") == "pass") {
-    const std::optional<harness::BackendCapabilities> fp8_target =
-        spec.recipe ? export_fp8_target(f, target, backend, err) : std::nullopt;
-    const runner::Expectation expectation = runner::judging_expectation(
-        spec, {}, spec.recipe ? target_paths(paths, target, backend) : paths, fp8_target ? &*fp8_target : nullptr);
-    auto bounds_json = [&](const oracle::CaseBounds& bounds) {
-      nlohmann::json tensors = nlohmann::json::object();
-      for (const auto& [name, b] : bounds.tensors) {
-        nlohmann::json t{{"atol", b.atol}, {"rtol", b.rtol}};
-        t["norm_bound"] = std::isfinite(b.norm_bound) ? nlohmann::json(b.norm_bound) : nlohmann::json(nullptr);
-        if (b.allowance.defined()) {
-          // Infinite where the dtype cannot hold the reference's value: a large finite stand-in.
-          request.expect_tensors.push_back(b.allowance.nan_to_num(0, 1e300, 0));
-          t["allowance"] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
-        } else {
-          t["allowance"] = nullptr;
-        }
-        tensors[name] = std::move(t);
-      }
-      return tensors;
-    };
-    // The FP8 reference's values: the script compares with these, not with the catalog's
-    // unquantized math (docs/BACKENDS.md "export").
-    auto ship = [&](const std::map<std::string, at::Tensor>& tensors) {
-      nlohmann::json refs = nlohmann::json::object();
-      for (const auto& [name, t] : tensors) {
-        if (!t.defined()) continue;
-        request.expect_tensors.push_back(t);
-        refs[name] = {{"expect_tensor", static_cast<int64_t>(request.expect_tensors.size()) - 1}};
-      }
-      return refs;
-    };
-    auto ship_calls = [&](const std::vector<std::map<std::string, at::Tensor>>& calls) {
-      nlohmann::json repeats = nlohmann::json::array();
-      for (const auto& call : calls) repeats.push_back(ship(call));
-      return repeats;
-    };
-    if (const auto& bounds = expectation.bounds) request.expect["tensors"] = bounds_json(*bounds);
-    if (expectation.quantized || distributed) {
-      request.expect["expected"] = ship(expectation.expected);
-      request.expect["repeat_expected"] = ship_calls(expectation.repeat_expected);
+  if (form == campaign::ExportForm::kUpstream) {
+    job.fault = f.fault.empty() ? c.file.verdict.fault : std::optional<std::string>(f.fault);
+    if (c.file.finding && f.signature.empty()) {
+      job.finding = c.file.finding;
+    } else {
+      // No record of the cluster (an older case file) or another finding asked for: the
+      // target's replay says what it is, where the target runs.
+      Flags replay_flags = f;
+      replay_flags.backend = target;
+      InProcessRunner replay(backends::make_backend(backend_options(replay_flags)), runner::RunOptions{});
+      job.finding = campaign::replayed_finding(c, replay, job.fault.value_or(""), f.signature);
     }
-    if (!expectation.paths.empty()) {
-      // A path whose fused ops quantize elsewhere (BackwardLinearScale under a recipe) is
-      // judged against its own reference, in replay and in the script (docs/BACKENDS.md
-      // "Per-path quantization points").
-      nlohmann::json own = nlohmann::json::object();
-      for (const auto& [name, e] : expectation.paths) {
-        own[name] = {{"points", e.points},
-                     {"tensors", bounds_json(*e.bounds)},
-                     {"expected", ship(e.expected)},
-                     {"repeat_expected", ship_calls(e.repeat_expected)}};
-      }
-      request.expect["paths"] = std::move(own);
-    }
+  } else if (spec.recipe) {
+    // The oracle's bounds hold the paths to the target's FP8 (its GEMMs' accumulation).
+    job.paths = target_paths(paths, target, backend);
+    job.fp8_target = export_fp8_target(f, target, backend, err);
+  } else {
+    job.paths = paths;
   }
-  backends::ExportReply reply;
+  done.request = campaign::export_request(job, prepared);
   try {
-    reply = backend.export_script(spec, prepared.plan, prepared.tensors, paths, request);
+    done.reply = backend.export_script(spec, prepared.plan, prepared.tensors, paths, done.request);
   } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("export: ") + e.what());
   }
-  if (f.output.empty() || f.output == "-") {
-    out << reply.script;
-  } else {
-    ReportFile(f.output).write_raw(reply.script);
-    out << "wrote " << f.output << " (" << target << ", "
-        << (request.expect.at("kind") == "error" ? "expects " + request.expect.at("error_kind").get<std::string>()
-                                                 : std::string("expects a pass"))
-        << (reply.data_file.empty() ? "" : ", values in " + reply.data_file) << ")\n";
+  if (!job.output.empty()) ReportFile(output).write_raw(done.reply.script);
+  return done;
+}
+
+int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostream& err) {
+  if (!f.python_format && !f.upstream_export) {
+    throw InputError("export: choose a format: --python (a pytest file) or --upstream (a test in TE's style)");
   }
-  for (const auto& note : reply.notes) err << "export: note: " << note << '\n';
+  if (f.upstream_export && f.full_export) throw InputError("export: --upstream and --full are two forms; give one");
+  const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
+  const LoadedCase& c = cases.front();
+  const std::string target = sub.count("--backend") ? f.backend : (c.file.backend == "model" ? "te" : c.file.backend);
+  if (target != "te" && target != "torch") {
+    throw InputError("--backend: export writes te or torch scripts, got '" + target + "'");
+  }
+  const campaign::ExportForm form = f.upstream_export ? campaign::ExportForm::kUpstream
+                                    : f.full_export   ? campaign::ExportForm::kFull
+                                                      : campaign::ExportForm::kCompact;
+  const ExportDone done = export_case(f, f.paths.at(0), target, form, f.output, err);
+  if (done.job.output.empty()) {
+    out << done.reply.script;
+  } else {
+    const std::string expects =
+        form == campaign::ExportForm::kUpstream
+            ? "fails on " + done.job.finding->finding.tensor + " for " + done.job.finding->finding.signature
+        : done.request.expect.value("kind", "") == "error"
+            ? "expects " + done.request.expect.at("error_kind").get<std::string>()
+            : std::string("expects a pass");
+    out << "wrote " << f.output << " (" << target << ", " << expects
+        << (done.reply.data_file.empty() ? "" : ", values in " + done.reply.data_file) << ")\n";
+  }
+  for (const auto& note : done.reply.notes) err << "export: note: " << note << '\n';
   return static_cast<int>(ExitCode::kOk);
 }
 
@@ -1183,6 +1148,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   CLI::App* exporter = app.add_subcommand("export", "write a case as a standalone test for the real framework");
   exporter->add_flag("--python", f.python_format, "a pytest file (te.ops or PyTorch build, values, float64 reference)");
+  exporter->add_flag("--upstream", f.upstream_export,
+                     "a test in TE's own style for the case's finding: seeded values, the plain float64 reference, "
+                     "TE's tolerance, one assertion (at most 40 lines for a case of up to 3 ops)");
+  exporter->add_option("--signature", f.signature,
+                       "with --upstream: the finding to write the test for (default: the one the case was saved "
+                       "for, else its first when the target replays it)");
+  exporter->add_option("--fault", f.fault, "with --upstream: the torch backend's planted fault the test switches on");
   exporter->add_option("case", f.paths, "the case file")->required()->expected(1);
   exporter->add_option("--output,-o", f.output, "write the script here (default: stdout)");
   exporter->add_flag("--full", f.full_export,
@@ -1203,8 +1175,13 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   bench->add_option("--cases", f.cases_text, "number of cases (default 200)");
   add_campaign_flags(*bench, f);
 
-  ReportCommand report(app);  // `report merge` and `report diff` (tools/report_tool.h)
-  KnownCommand known(app);    // `known accept` (tools/known_tool.h)
+  ReportCommand report(app);  // `report merge`, `diff` and `upstream` (tools/report_tool.h)
+  std::ostringstream export_notes;
+  report.set_upstream_exporter([&](const std::string& case_file, const std::string& target, const std::string& test) {
+    const ExportDone done = export_case(f, case_file, target, campaign::ExportForm::kUpstream, test, export_notes);
+    return UpstreamTest{done.reply.script, done.reply.notes, done.reply.source};
+  });
+  KnownCommand known(app);  // `known accept` (tools/known_tool.h)
 
   std::vector<const char*> argv{"gradfuzz"};
   for (const auto& a : args) argv.push_back(a.c_str());

@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <ostream>
+#include <set>
 #include <sstream>
 
 #include "campaign/exit_codes.h"
@@ -18,6 +20,7 @@
 #include "reports/report_diff.h"
 #include "reports/report_document.h"
 #include "reports/report_merge.h"
+#include "reports/upstream_report.h"
 
 namespace gradfuzz::tools {
 
@@ -212,6 +215,11 @@ ReportCommand::ReportCommand(CLI::App& app) {
   diff_->add_option("--json", diff_json_, "also write the diff as JSON here")->check(empty_name_error, "FILE");
   diff_->add_option("--known", known_, "known-issues file: new clusters it matches do not make exit status 1");
   diff_->add_flag("--fail-on-known", fail_on_known_, "with --known: known new clusters make exit status 1 too");
+  upstream_ = report_->add_subcommand(
+      "upstream", "per new confirmed cluster of REPORT, a folder in DIR with README.md and its upstream test");
+  upstream_->add_option("report", upstream_report_, "the report (REPORT.json)")->required();
+  upstream_->add_option("--output,-o", upstream_dir_, "the directory to write the folders into")->required();
+  upstream_->add_option("--backend", upstream_backend_, "te or torch (default: the report's backend)");
 }
 
 bool ReportCommand::parsed() const { return report_->parsed(); }
@@ -219,7 +227,44 @@ bool ReportCommand::parsed() const { return report_->parsed(); }
 int ReportCommand::run(std::ostream& out) const {
   if (merge_->parsed()) return merge(out);
   if (diff_->parsed()) return diff(out);
-  throw InputError("report: choose merge or diff");
+  if (upstream_->parsed()) return upstream(out);
+  throw InputError("report: choose merge, diff or upstream");
+}
+
+int ReportCommand::upstream(std::ostream& out) const {
+  const Json report = reports::load_report(upstream_report_);
+  const std::string target =
+      upstream_backend_.empty() ? report.at("environment").value("backend", std::string("te")) : upstream_backend_;
+  if (target != "te" && target != "torch") {
+    throw InputError("report upstream: --backend: upstream tests are written for te or torch, got '" + target + "'");
+  }
+  if (!exporter_) throw std::logic_error("report upstream: no exporter set");
+  const std::filesystem::path dir(upstream_dir_);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError("report upstream: -o: cannot create '" + upstream_dir_ + "' (" + ec.message() + ")");
+  int64_t written = 0;
+  std::set<std::string> folders;
+  for (const auto& finding : report.at("findings")) {
+    if (!reports::is_upstream_candidate(finding)) continue;
+    // The folder name first: the test's name follows it.
+    reports::UpstreamIssue issue = reports::upstream_issue(report, finding, "", "", "");
+    std::string folder = issue.folder;
+    for (int k = 2; !folders.insert(folder).second; ++k) folder = issue.folder + "-" + std::to_string(k);
+    std::string test_name = "test_" + folder + ".py";
+    for (char& c : test_name) c = c == '-' ? '_' : c;
+    const std::filesystem::path test_path = dir / folder / test_name;
+    std::filesystem::create_directories(dir / folder, ec);
+    if (ec) throw InputError("report upstream: cannot create '" + (dir / folder).string() + "' (" + ec.message() + ")");
+    const UpstreamTest test = exporter_(finding.at("case_file").get<std::string>(), target, test_path.string());
+    issue = reports::upstream_issue(report, finding, test_name, test.text, test.source);
+    write_file_atomically((dir / folder / "README.md").string(), issue.readme, "report upstream -o");
+    out << (dir / folder).string() << ": " << issue.title << '\n';
+    for (const auto& note : test.notes) out << "  note: " << note << '\n';
+    ++written;
+  }
+  out << written << " cluster(s) to file in " << upstream_dir_ << '\n';
+  return 0;
 }
 
 int ReportCommand::merge(std::ostream& out) const {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,7 +41,20 @@ struct CiOutputs {
 /// Registers --junit FILE and --html FILE on `sub` (an empty name is a usage error).
 void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs);
 
-/// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]` and
+/// An upstream test written by `gradfuzz export --upstream`: its text, the export's notes and
+/// where in the framework the first divergence's class is (empty: unknown).
+struct UpstreamTest {
+  std::string text;
+  std::vector<std::string> notes;
+  std::string source;
+};
+/// Writes the upstream test of `case_file` for `target` ("te", "torch") to `test_path`.
+using UpstreamExporter =
+    std::function<UpstreamTest(const std::string& case_file, const std::string& target, const std::string& test_path)>;
+
+/// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]`,
+/// `gradfuzz report upstream REPORT.json -o DIR [--backend te|torch]` (per new, confirmed cluster
+/// a folder with README.md and its upstream test, reports/upstream_report.h) and
 /// `gradfuzz report diff LAST.json NEW.json [--json FILE]`, registered on the app by the
 /// constructor; the object must outlive parsing (CLI11 writes into its members).
 /// Exit statuses: merge 0 when the merged report has no finding (with --known: no new one),
@@ -56,6 +70,8 @@ class ReportCommand {
 
   /// Whether the command line chose `report`.
   bool parsed() const;
+  /// How `report upstream` writes each cluster's test (the command line's export).
+  void set_upstream_exporter(UpstreamExporter exporter) { exporter_ = std::move(exporter); }
   /// Runs the chosen subcommand, human output to `out`. Throws InputError for the usage
   /// and input errors above.
   int run(std::ostream& out) const;
@@ -63,6 +79,7 @@ class ReportCommand {
  private:
   int merge(std::ostream& out) const;
   int diff(std::ostream& out) const;
+  int upstream(std::ostream& out) const;
 
   CLI::App* report_ = nullptr;
   CLI::App* merge_ = nullptr;
@@ -75,6 +92,11 @@ class ReportCommand {
   std::string diff_json_;
   std::string known_;
   bool fail_on_known_ = false;
+  CLI::App* upstream_ = nullptr;
+  std::string upstream_report_;
+  std::string upstream_dir_;
+  std::string upstream_backend_;
+  UpstreamExporter exporter_;
 };
 
 /// Marks each finding cluster of a report document as known (its `known` set to the matching

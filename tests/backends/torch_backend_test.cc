@@ -109,6 +109,54 @@ TEST_F(TorchBackend, AWorkerKilledMidCaseIsACrashFindingAndTheCampaignGoesOn) {
   EXPECT_EQ(pool.run_now(small, "").verdict, harness::VerdictKind::kPass);
 }
 
+// One planted defect (a Linear's FP8 input gradient scaled by 2^-7, in both linear ops) reaches
+// many compared tensors: signed by the tensor that showed it, 400 cases gave 21 clusters. Signed
+// by where the values first diverge (docs/FINDINGS.md), each cluster is one op's input gradient,
+// and each is confirmed by its alternative runs: wrong under the recipe, right without it.
+TEST_F(TorchBackend, OnePlantedDefectIsAtMostTwoClustersEachConfirmedAndLocalised) {
+  const std::string report = (dir_ / "r.json").string();
+  const CliRun r = cli({"fuzz",
+                        "--backend",
+                        "torch",
+                        "--device",
+                        "cpu",
+                        "--cases",
+                        "400",
+                        "--seed",
+                        "3",
+                        "--recipe",
+                        "any",
+                        "--fault",
+                        "torch-fp8-dgrad-scaled-down",
+                        "--workers",
+                        "2",
+                        "--corpus",
+                        (dir_ / "c").string(),
+                        "--report",
+                        report,
+                        "--quiet"});
+  ASSERT_EQ(r.exit, 1) << r.err;
+  std::ifstream in(report);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_GT(j["summary"]["failed"].get<int>(), 50);
+  const auto& findings = j["findings"];
+  ASSERT_GE(findings.size(), 1u);
+  EXPECT_LE(j["summary"]["new_findings"].get<int>(), 2) << findings.dump(1);
+  for (const auto& f : findings) {
+    ASSERT_TRUE(f.contains("confirmation")) << f.dump(1);
+    const auto& c = f["confirmation"];
+    EXPECT_EQ(c["diagnosis"], "quantized-only") << c.dump(1);
+    ASSERT_TRUE(c["first_divergence"].is_object()) << c.dump(1);
+    EXPECT_EQ(c["first_divergence"]["role"], "grad_input");
+    EXPECT_EQ(c["first_divergence"]["pass"], "backward");
+    const std::string op = c["first_divergence"]["op"];
+    EXPECT_TRUE(op == "Linear" || op == "GroupedLinear") << op;
+    bool no_recipe_passes = false;
+    for (const auto& v : c["variants"]) no_recipe_passes |= v["variant"] == "no_recipe" && v["verdict"] == "passes";
+    EXPECT_TRUE(no_recipe_passes) << c.dump(1);
+  }
+}
+
 TEST_F(TorchBackend, TheExportedScriptOfARegressionCaseRunsUnderPytest) {
   const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
   const std::string source = root ? root : ".";
@@ -212,10 +260,11 @@ TEST_F(TorchBackend, AnFp8FlipOfACancellingGradientElementIsRounding) {
 // te cluster without a GPU (docs/TE.md "fourth lease") and keeps the explanation checked as
 // the oracle changes. te-groupedlinear-ignores-backward-override (known/te-2.20.2.json):
 // Dispatch -> GroupedLinear under Float8CurrentScaling HYBRID, backward_override=dequantized,
-// signed `mismatch|Dispatch|grad_input` on TE (the GroupedLinear's input gradient is
-// Dispatch's tensor); the emulation with GroupedLinear's backward the fully quantized one
-// gives TE's value at TE's worst element (grad_input[2][8] -0.5291 where the override's
-// reference is -0.3778).
+// signed `mismatch|Dispatch|grad_input` on TE before findings were localised (the GroupedLinear's
+// input gradient is Dispatch's compared tensor); the emulation with GroupedLinear's backward the
+// fully quantized one gives TE's value at TE's worst element (grad_input[2][8] -0.5291 where the
+// override's reference is -0.3778). Replay traces it (docs/FINDINGS.md): the values first
+// diverge in the gradient GroupedLinear returns for its input, where the defect is.
 TEST_F(TorchBackend, GroupedLinearIgnoringTheBackwardOverrideGivesTEsFinding) {
   const CliRun clean = replay_data("te-groupedlinear-override-dgrad.json");
   EXPECT_EQ(clean.exit, 0) << clean.out << clean.err;
@@ -223,7 +272,8 @@ TEST_F(TorchBackend, GroupedLinearIgnoringTheBackwardOverrideGivesTEsFinding) {
   const CliRun planted = replay_data("te-groupedlinear-override-dgrad.json",
                                      {"--fault", "torch-grouped-linear-ignores-backward-override"});
   EXPECT_EQ(planted.exit, 1) << planted.out << planted.err;
-  EXPECT_THAT(planted.out, HasSubstr("[mismatch|Dispatch|grad_input]"));
+  EXPECT_THAT(planted.out, HasSubstr("[mismatch|GroupedLinear|grad_input]"));
+  EXPECT_THAT(planted.out, HasSubstr("first diverges: backward op 1 (GroupedLinear) grad_input"));
 }
 
 // The quantization-aware tolerance rule (docs/BACKENDS.md "Recipes"), end to end on the

@@ -3,6 +3,7 @@
 gradfuzz_add_test(campaign_test
   SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/campaign_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/confirmation_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/files_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/known_issues_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/mps_test.cc

@@ -10,4 +10,5 @@ gradfuzz_add_test(reports_test
     ${CMAKE_CURRENT_LIST_DIR}/report_document_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/report_merge_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/report_test_util.cc
+    ${CMAKE_CURRENT_LIST_DIR}/upstream_report_test.cc
   LIBS gradfuzz::reports)
