@@ -1,10 +1,7 @@
 #include "campaign/campaign.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -13,7 +10,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "campaign/clusters.h"
+#include "campaign/case_feed.h"
 #include "campaign/exit_codes.h"
 #include "campaign/files.h"
 #include "campaign/finding_recorder.h"
@@ -232,47 +229,6 @@ harness::CaseSpec shrink_failure(CaseRunner& runner, const harness::CaseSpec& sp
   return generators::shrink(spec, still_fails, shrink_options).minimal;
 }
 
-namespace {
-
-/// The in-flight files of one campaign: one per case it may have out at once, each locked
-/// by this process, named <pid>-<n>.json.
-class InflightFiles {
- public:
-  InflightFiles(const std::filesystem::path& dir, int count) {
-    for (int i = 0; i < count; ++i) {
-      try {
-        files_.push_back(
-            std::make_unique<InflightFile>(dir / (std::to_string(::getpid()) + "-" + std::to_string(i) + ".json")));
-      } catch (const std::runtime_error& e) {
-        throw InputError(std::string("--corpus: ") + e.what());
-      }
-      free_.push_back(i);
-    }
-  }
-  /// Writes `text` to a free file and returns its number.
-  int take(const std::string& text) {
-    const int i = free_.back();
-    free_.pop_back();
-    try {
-      files_[static_cast<size_t>(i)]->write(text);
-    } catch (const std::runtime_error& e) {
-      throw InputError(std::string("--corpus: ") + e.what());
-    }
-    return i;
-  }
-  void give_back(int i) { free_.push_back(i); }
-  const std::filesystem::path& path(int i) const { return files_[static_cast<size_t>(i)]->path(); }
-  void remove_all() {
-    for (auto& f : files_) f->remove();
-  }
-
- private:
-  std::vector<std::unique_ptr<InflightFile>> files_;
-  std::vector<int> free_;
-};
-
-}  // namespace
-
 CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& reporter, std::ostream* progress) {
   InProcessRunner runner(backends::make_backend({}), options.run_options);
   return run_campaign(options, runner, reporter, progress);
@@ -280,21 +236,15 @@ CampaignOutcome run_campaign(const CampaignOptions& options, reports::Reporter& 
 
 CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner, reports::Reporter& reporter,
                              std::ostream* progress, std::vector<LeftoverCase> leftovers) {
-  const std::string fault_name = options.fault.value_or("");
-  // A time-only budget leaves the count unbounded.
-  const int64_t max_cases =
-      options.cases.value_or(options.time_s ? std::numeric_limits<int64_t>::max() : kDefaultCampaignCases);
   // Generation follows the backend under test (its ops, options, fusions, deviations); the
   // model's catalog is the null default, so model campaigns generate exactly as before.
   std::shared_ptr<const harness::BackendCapabilities> generation = options.generate_as;
   if (!generation && options.backend != "model") {
     generation = std::make_shared<const harness::BackendCapabilities>(runner.capabilities());
   }
-
   CampaignOutcome outcome;
   outcome.feature_weights = campaign_feature_weights(options, options.backend);
-  const std::string version = backend_version(runner.capabilities());
-  InflightFiles inflight(options.corpus_dir / kInflightDir, std::max(1, runner.slots()));
+  CaseFeed feed(options, generation, std::move(leftovers), runner.slots());
   ProgressLine line(progress);
   const auto start = Clock::now();
   const std::optional<Clock::time_point> budget_end =
@@ -306,89 +256,29 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   auto time_up = [&] { return budget_end && Clock::now() >= *budget_end; };
   // Shrinking stops with the run: the best case so far is saved.
   auto keep_going = [&] { return !stopped() && !(budget_end && Clock::now() >= *budget_end + grace); };
-  FindingRecorder recorder(options, runner, version, keep_going);
-
-  struct Pending {
-    harness::CaseSpec spec;
-    int file = 0;
-    int64_t number = 0;  // 1-based case number (0 for a leftover)
-    std::optional<std::filesystem::path> leftover;
-    std::string fault;
-    std::string regime;
-    Clock::time_point handed_out;
-  };
-  // A mix is scheduled by time: seconds spent per regime so far.
-  const bool mix = campaign_gen_options(options).shapes == generators::ShapeRegime::kMix;
-  std::map<generators::ShapeRegime, double> spent;
-  std::map<generators::ShapeRegime, int64_t> finished;
-  std::map<uint64_t, Pending> pending;
-  uint64_t next_id = 1;
-  int64_t next_index = 0;
+  FindingRecorder recorder(options, runner, backend_version(runner.capabilities()), keep_going);
   bool stop_now = false;
 
   auto submit_next = [&]() -> bool {
-    Pending p;
-    if (!leftovers.empty()) {
-      LeftoverCase left = std::move(leftovers.front());
-      leftovers.erase(leftovers.begin());
-      p.spec = std::move(left.spec);
-      p.leftover = left.path;
-      p.fault = left.fault.value_or("");
-    } else {
-      if (next_index >= max_cases || time_up() || stopped() || stop_now) return false;
-      const int64_t global = next_index * options.shard_count + options.shard_index;
-      if (mix) {
-        std::vector<RegimeInFlight> running;
-        for (const auto& [id, q] : pending) {
-          if (!q.regime.empty()) {
-            running.push_back({generators::shape_regime_from_name(q.regime), seconds_since(q.handed_out)});
-          }
-        }
-        const generators::ShapeRegime regime = next_mix_regime(options.regime_time_shares, spent, finished, running);
-        p.spec = campaign_case(options, global, generation, regime);
-        p.regime = generators::shape_regime_name(regime);
-      } else {
-        p.spec = campaign_case(options, global, generation);
-        p.regime = generators::shape_regime_name(campaign_gen_options(options).shapes);
-      }
-      ++next_index;
-      p.number = global + 1;
-      p.fault = fault_name;
-    }
-    // Written before the case is handed out: if it kills the whole run, the repro is on disk.
-    p.file = inflight.take(inflight_case_text(
-        p.spec, options.seed, p.fault.empty() ? std::nullopt : std::optional<std::string>(p.fault), options.backend));
-    const uint64_t id = next_id++;
-    p.handed_out = Clock::now();
-    Job job{id, p.spec, p.fault};
-    pending.emplace(id, std::move(p));
+    const std::optional<FedCase> c = feed.next(!time_up() && !stopped() && !stop_now);
+    if (!c) return false;
     try {
-      runner.submit(std::move(job));
+      runner.submit(Job{c->id, c->spec, c->fault});
     } catch (const backends::BackendUnavailable&) {
       throw;  // the backend broke (its workers cannot start): not gradfuzz's bug, exit 2
     } catch (const std::exception& e) {
-      throw InternalError(std::string("running a case raised: ") + e.what(),
-                          inflight.path(pending.at(id).file).string());
+      throw InternalError(std::string("running a case raised: ") + e.what(), feed.inflight_path(c->id));
     }
     return true;
   };
-
   auto handle = [&](JobResult done) {
-    Pending p = std::move(pending.at(done.id));
-    pending.erase(done.id);
     reports::CaseRecord record;
     record.result = std::move(done.result);
-    record.regime = p.regime.empty() ? "leftover" : p.regime;
-    record.seconds = seconds_since(p.handed_out);
-    if (!p.regime.empty()) {
-      spent[generators::shape_regime_from_name(p.regime)] += record.seconds;
-      ++finished[generators::shape_regime_from_name(p.regime)];
-      auto& [count, seconds] = outcome.regimes[p.regime];
-      ++count;
-      seconds += record.seconds;
-    }
-    recorder.mark(record.result, p.spec);
-    record.recipe = p.spec.recipe ? p.spec.recipe->name : reports::kNoRecipe;
+    const FedCase c = feed.finish(done.id, outcome);
+    record.seconds = c.seconds;
+    record.regime = c.regime.empty() ? "leftover" : c.regime;
+    recorder.mark(record.result, c.spec);
+    record.recipe = c.spec.recipe ? c.spec.recipe->name : reports::kNoRecipe;
     ++outcome.cases_run;
     if (record.result.passed()) {
       ++outcome.passed;
@@ -396,24 +286,11 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
       ++outcome.unsupported;
     } else {
       ++outcome.failed;
-      if (recorder.record(p.spec, p.fault, p.number, seconds_since(start), record, outcome)) stop_now = true;
+      if (recorder.record(c.spec, c.fault, c.number, seconds_since(start), record, outcome)) stop_now = true;
       if (!record.result.has_new_findings()) ++outcome.known_failed;
     }
     reporter.report_case(record);
-    if (options.case_log) {
-      nlohmann::json entry{{"number", p.number},
-                           {"verdict", harness::verdict_name(record.result.verdict)},
-                           {"signatures", record.result.signatures()},
-                           {"new", record.result.failed() && record.result.has_new_findings()},
-                           {"backend", record.result.backend},
-                           {"fused_forward", record.result.fused_forward},
-                           {"fused_backward", record.result.fused_backward},
-                           {"fused_compared", record.result.fused_compared},
-                           {"spec", p.spec}};
-      *options.case_log << entry.dump() << '\n';
-    }
-    inflight.give_back(p.file);
-    if (p.leftover) remove_file(*p.leftover);  // its outcome is recorded now
+    if (options.case_log) write_case_log_line(*options.case_log, c, record);
     line.update(outcome.cases_run, outcome.new_findings());
     if (options.on_case) options.on_case(seconds_since(start));
   };
@@ -421,9 +298,9 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
   const size_t max_pending = static_cast<size_t>(std::max(1, runner.slots()));
   bool exhausted = false;
   while (true) {
-    // Results of cases that finished while a shrink ran wait in the runner: pending (not the
-    // runner's busy workers) says what is still owed.
-    while (!exhausted && pending.size() < max_pending && runner.idle() > 0) {
+    // Results of cases that finished while a shrink ran wait in the runner: the feed's pending
+    // cases (not the runner's busy workers) say what is still owed.
+    while (!exhausted && feed.pending() < max_pending && runner.idle() > 0) {
       if (!submit_next()) {
         exhausted = true;
         break;
@@ -434,25 +311,22 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     // Stop, budget or count reached: no new case will start (a restarting worker does not
     // end the run).
     if (stopped() || time_up() || stop_now) exhausted = true;
-    if (pending.empty() && exhausted) break;
+    if (feed.pending() == 0 && exhausted) break;
     if (stopped() || (budget_end && Clock::now() >= *budget_end + grace)) {
       runner.cancel_in_flight();  // their cases are not counted; nothing was found in them
-      pending.clear();
+      feed.drop_pending();
       break;
     }
     // Wake up a few times a second to honour a stop or the time budget.
-    auto until = Clock::now() + std::chrono::milliseconds(250);
     std::optional<JobResult> r;
     try {
-      r = runner.wait(until);
+      r = runner.wait(Clock::now() + std::chrono::milliseconds(250));
     } catch (const WorkerInternalError& e) {
-      auto it = pending.find(e.job());
-      throw InternalError(std::string("a worker raised: ") + e.what(),
-                          it == pending.end() ? std::string() : inflight.path(it->second.file).string());
+      throw InternalError(std::string("a worker raised: ") + e.what(), feed.inflight_path(e.job()));
     }
     if (r) handle(std::move(*r));
   }
-  inflight.remove_all();
+  feed.close();
   outcome.wall_s = seconds_since(start);
   line.update(outcome.cases_run, outcome.new_findings(), /*force=*/true);
   line.finish();
