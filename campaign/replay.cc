@@ -5,6 +5,7 @@
 #include <ostream>
 
 #include "campaign/campaign.h"
+#include "campaign/confirmation.h"
 #include "campaign/environment.h"
 #include "campaign/exit_codes.h"
 #include "campaign/finding_recorder.h"
@@ -43,8 +44,8 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
 }
 
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<std::string>& fault,
-                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out,
-                           const KnownIssues* known) {
+                           CaseRunner& runner, reports::Reporter* reporter, std::ostream* out, const KnownIssues* known,
+                           bool confirm) {
   const std::optional<std::string>& fault_text = fault;
   const harness::BackendCapabilities& caps = runner.capabilities();
   const std::string version = backend_version(caps);
@@ -100,10 +101,19 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
             finding.known = reports::KnownRef{e->id, e->status, e->link, e->note};
           }
         }
+        if (confirm && !first.is_known()) {
+          ConfirmationContext context;
+          context.fault = fault_text.value_or("");
+          context.known = known;
+          context.backend = caps.backend;
+          context.version = version;
+          finding.confirmation = confirm_cluster(runner, spec, record.result, signature, context);
+        }
         if (out) {
           *out << (first.is_known() ? "KNOWN " : "FAIL ") << harness::verdict_name(first.kind) << ' '
                << finding.case_file << " [" << signature << "]"
                << (first.is_known() ? " (" + first.known + ")" : std::string()) << ": " << finding.reproduce << '\n';
+          if (finding.confirmation) *out << "  diagnosis: " << finding.confirmation->diagnosis << '\n';
           if (const harness::Divergence* d = record.result.divergence_of(first.path_pair)) {
             *out << "  first diverges: " << d->pass << " op " << d->op_index << " (" << d->op << ") " << d->role
                  << (d->impl_class.empty() ? std::string() : ", computed by " + d->impl_class + "." + d->method)

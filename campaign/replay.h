@@ -49,10 +49,13 @@ struct ReplayOutcome {
 /// recorded on that backend, dropped with a note on `out` when it was recorded on another.
 /// For each failing case one line "FAIL <kind> <file> [<signature>]: <reproduce line>" goes
 /// to `out` (when not null). Every case goes to `reporter` (when not null) with a Finding
-/// for failures. Throws InternalError when a case trips an internal assertion.
+/// for failures. With `confirm`, each new finding of a failing case is confirmed as a
+/// campaign confirms a new cluster (confirmation.h: its variants and diagnosis, in the report
+/// and on `out`), so that `report upstream` can write its folder. Throws InternalError when a
+/// case trips an internal assertion.
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<std::string>& fault,
                            CaseRunner& runner, reports::Reporter* reporter, std::ostream* out,
-                           const KnownIssues* known = nullptr);
+                           const KnownIssues* known = nullptr, bool confirm = false);
 /// The same in this process on the model backend.
 ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::optional<std::string>& fault,
                            const runner::RunOptions& run_options, reports::Reporter* reporter, std::ostream* out,

@@ -21,6 +21,12 @@
 #             selftest                      the plain planted TE faults (no recipe)
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
 #                                           of findings not yet explained), when present
+#             upstream defects quick        issue 25: three fresh campaigns on unseen seeds
+#                                           (float32, bfloat16, --recipe any) with the known
+#                                           file, every new cluster's folder (report upstream)
+#                                           and its test run on TE; the known defects' cases
+#                                           (docs/te-defects/*/case.json) replayed, confirmed
+#                                           and written up likewise; the README's quick start
 #   FILES     case files (globs, space-separated) the export stage replays and exports
 #             before the campaigns' findings, e.g. "tests/backends/data/te-bls-*.json"
 #   EXPORT_FROM  campaigns whose findings the export stage takes (default: te32 te16 and
@@ -42,6 +48,8 @@
 #   TPUT_MPS_WORKERS        te worker counts run under --mps (default "12")
 #   TPUT_MORE               0: only the te worker table and the one-worker ledgers (no mix,
 #                           MPS or model campaigns, no profile); default 1
+#   U_SEEDS   the upstream stage's seeds (float32, bfloat16, recipe any; default "181 182 183")
+#   U_S       the most seconds each upstream campaign may take (default 150)
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
@@ -272,12 +280,60 @@ if has selftest; then
   selftest selftest "${SELFTEST_S:-150}" "$(echo "$faults" | grep -v -E 'fp8|delayed|activation-bias' | paste -sd, -)" \
     --cases 2000 --dtypes float32,bfloat16 --recipe none
 fi
+# upstream_tests DIR...: every test_*.py under the folders, run under one pytest (TE imports
+# once); per test its lines, outcome and the first line of its failure.
+upstream_tests() {
+  local name="$1"; shift
+  local files; files=$(find "$@" -name 'test_*.py' 2>/dev/null | sort)
+  [ -n "$files" ] || { say "$name: no upstream test"; return 0; }
+  # shellcheck disable=SC2086
+  stage "$name" 150 python3 -m pytest -q -p no:cacheprovider -rA $files
+  python3 - "$work/$name.log" $files <<'PY' | tee -a "$summary"
+import re, sys
+log = open(sys.argv[1]).read()
+for path in sys.argv[2:]:
+    name = path.rsplit("/", 1)[-1]
+    lines = sum(1 for _ in open(path))
+    outcome = "FAILED" if re.search(rf"^FAILED \S*{re.escape(name)}", log, re.M) else (
+        "passed" if re.search(rf"^PASSED \S*{re.escape(name)}", log, re.M) else "no outcome")
+    why = ""
+    m = re.search(rf"^FAILED \S*{re.escape(name)}::\S+ - (.*)$", log, re.M)
+    if m:
+        why = m.group(1)[:160]
+    print(f"  {path.split('/work/', 1)[-1]}: {lines} lines, {outcome} {why}")
+PY
+}
+if has upstream; then
+  # Issue 25: fresh campaigns on unseen seeds with the shipped known file: what is new is
+  # confirmed by its alternative runs, and each new cluster becomes a folder to file.
+  read -r s32 s16 sany <<<"${U_SEEDS:-181 182 183}"
+  campaign_cases u32 "${CASES:-2000}" "${U_S:-150}" --seed "$s32" --dtypes float32 --shapes tiny --known "$known" \
+    --max-shrink-calls 60
+  campaign_cases u16 "${CASES:-2000}" "${U_S:-150}" --seed "$s16" --dtypes bfloat16 --shapes tiny --known "$known" \
+    --max-shrink-calls 60
+  campaign_cases uany "${CASES:-2000}" "${U_S:-150}" --seed "$sany" --dtypes float32,bfloat16 --shapes tiny \
+    --recipe any --known "$known" --max-shrink-calls 60
+  for c in u32 u16 uany; do
+    [ -f "$work/$c.json" ] && stage "upstream-$c" 150 "$gf" report upstream "$work/$c.json" -o "$work/upstream-$c" \
+      --backend "$backend"
+  done
+  upstream_tests upstream-pytest "$work"/upstream-*
+fi
+if has defects && [ "${DRY_RUN:-0}" != 1 ]; then
+  # The known defects' small cases, replayed without the known file (so each is a finding of
+  # its own), confirmed, written up and their tests run on TE: docs/TE.md's table.
+  stage defects-replay 150 "$gf" replay docs/te-defects/*/case.json --backend "$backend" --workers "$workers" \
+    --confirm --report "$work/defects.json"
+  stage defects-upstream 150 "$gf" report upstream "$work/defects.json" -o "$work/te-defects" --backend "$backend"
+  upstream_tests defects-pytest "$work/te-defects"
+fi
 has delayed && campaign delayed "${DELAYED_S:-30}" --seed 43 --dtypes bfloat16 --shapes tiny --recipe DelayedScaling \
   --known "$known" --max-shrink-calls 30
 if has quick; then
   # Issue 15: the README's TE quick start as a TE maintainer types it (the build exists here).
-  stage quick 60 env GRADFUZZ_NO_SETUP=1 GRADFUZZ_BUILD="$(dirname "$(dirname "$gf")")" bash scripts/fuzz.sh \
-    --backend te --time 30 --corpus "$work/quick" --report "$work/quick.json" --quiet
+  stage quick "${QUICK_S:-60}" env GRADFUZZ_NO_SETUP=1 GRADFUZZ_BUILD="$(dirname "$(dirname "$gf")")" bash \
+    scripts/fuzz.sh --backend te --time "$((${QUICK_S:-60} - 20))" --corpus "$work/quick" --report "$work/quick.json" \
+    --quiet
   say "  quick: $(report_line "$work/quick.json")"
 fi
 if has tput; then

@@ -127,6 +127,8 @@ struct Flags {
   bool fail_on_known = false;
   bool full_export = false;
   bool upstream_export = false;
+  /// replay --confirm.
+  bool confirm = false;
   /// export --upstream --signature.
   std::string signature;
   std::string recipe = "any";
@@ -722,7 +724,8 @@ int cmd_replay(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   if (known) info.known_file = known->path.string();
   reporters.context(backend_context(info, devices.count("cuda") ? "cuda" : "cpu", runner->capabilities()));
   const auto start = std::chrono::steady_clock::now();
-  const ReplayOutcome outcome = replay_cases(cases, fault, *runner, &reporters.reporter(), &out, known.get());
+  const ReplayOutcome outcome =
+      replay_cases(cases, fault, *runner, &reporters.reporter(), &out, known.get(), f.confirm);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   reporters.finalize(reports::RunSummary{wall_s, std::nullopt});
   out << "replay: " << outcome.cases_run << " cases, " << outcome.failed << " failed";
@@ -1036,7 +1039,7 @@ ExportDone export_case(const Flags& f, const std::string& path, const std::strin
   std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
   if (form == campaign::ExportForm::kUpstream) {
     job.fault = f.fault.empty() ? c.file.verdict.fault : std::optional<std::string>(f.fault);
-    if (c.file.finding && f.signature.empty()) {
+    if (c.file.finding && (f.signature.empty() || f.signature == c.file.finding->finding.signature)) {
       job.finding = c.file.finding;
     } else {
       // No record of the cluster (an older case file) or another finding asked for: the
@@ -1124,6 +1127,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   CLI::App* replay = app.add_subcommand("replay", "run case files or directories of case files");
   replay->add_option("paths", f.paths, "case files or directories")->required();
   replay->add_option("--fault", f.fault, "switch one known defect on");
+  replay->add_flag("--confirm", f.confirm,
+                   "confirm each new finding by its alternative runs (diagnosis; for `report upstream`)");
   add_known_flags(*replay, f);
   replay->add_option("--report", f.report, "write the JSON report here");
   add_ci_output_flags(*replay, f.ci);
@@ -1177,8 +1182,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   ReportCommand report(app);  // `report merge`, `diff` and `upstream` (tools/report_tool.h)
   std::ostringstream export_notes;
-  report.set_upstream_exporter([&](const std::string& case_file, const std::string& target, const std::string& test) {
-    const ExportDone done = export_case(f, case_file, target, campaign::ExportForm::kUpstream, test, export_notes);
+  report.set_upstream_exporter([&](const std::string& case_file, const std::string& signature,
+                                   const std::string& target, const std::string& test) {
+    Flags upstream = f;
+    upstream.signature = signature;
+    const ExportDone done =
+        export_case(upstream, case_file, target, campaign::ExportForm::kUpstream, test, export_notes);
     return UpstreamTest{done.reply.script, done.reply.notes, done.reply.source};
   });
   KnownCommand known(app);  // `known accept` (tools/known_tool.h)

@@ -48,9 +48,10 @@ struct UpstreamTest {
   std::vector<std::string> notes;
   std::string source;
 };
-/// Writes the upstream test of `case_file` for `target` ("te", "torch") to `test_path`.
-using UpstreamExporter =
-    std::function<UpstreamTest(const std::string& case_file, const std::string& target, const std::string& test_path)>;
+/// Writes the upstream test of the finding with `signature` of `case_file` for `target` ("te",
+/// "torch") to `test_path`.
+using UpstreamExporter = std::function<UpstreamTest(const std::string& case_file, const std::string& signature,
+                                                    const std::string& target, const std::string& test_path)>;
 
 /// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]`,
 /// `gradfuzz report upstream REPORT.json -o DIR [--backend te|torch]` (per new, confirmed cluster
