@@ -11,6 +11,7 @@ torch_faults.py's (the torch backend's recipe emulation).
 
 import contextlib
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,3 +87,26 @@ def planted(faults, name):
 def capabilities(faults):
     """capabilities.faults: every fault's name, description and target."""
     return [fault.capability() for fault in faults.values()]
+
+
+# The environment variable that plants a fault for a whole process (plant_from_environment).
+FAULT_VARIABLE = "GRADFUZZ_FAULT"
+_PLANTED_FROM_ENVIRONMENT = {}
+
+
+def plant_from_environment(faults, prefix, variable=FAULT_VARIABLE):
+    """Plants fault $GRADFUZZ_FAULT of `faults` for the rest of the process, as replay plants
+    it for one request: an exported upstream test of the torch backend runs under it
+    (`GRADFUZZ_FAULT=torch-fp8-dgrad-scaled-down pytest test.py`). Once per process; unset,
+    empty or another backend's name (not starting with `prefix`) plants nothing; an unknown
+    name of this backend raises ValueError listing the known ones. Returns the planted
+    fault's name or None."""
+    name = os.environ.get(variable) or None
+    if name is None or not name.startswith(prefix):
+        return None
+    if name in _PLANTED_FROM_ENVIRONMENT:
+        return name
+    stack = contextlib.ExitStack()
+    stack.enter_context(planted(faults, name))  # never exited: the process keeps it
+    _PLANTED_FROM_ENVIRONMENT[name] = stack
+    return name

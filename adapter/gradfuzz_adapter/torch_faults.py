@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .faults import Fault, wrap
+from .faults import Fault, plant_from_environment, wrap
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
 # The size of NVIDIA/TransformerEngine#3342's error: gradients scaled down by up to 2^-7.
@@ -270,3 +270,8 @@ FAULTS = {
         ),
     )
 }
+
+# GRADFUZZ_FAULT=<name>: one of these planted for the whole process at import (faults.py:
+# plant_from_environment); torch_runtime.py imports this module last, so an exported
+# upstream test that imports the runtime runs under the fault the variable names.
+PLANTED = plant_from_environment(FAULTS, "torch-")

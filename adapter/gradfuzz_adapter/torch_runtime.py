@@ -392,3 +392,6 @@ class Sequential:
                 in_run = False
                 x = m(x)
         return x if not extra_outputs else (x, *extra_outputs)
+
+
+from . import torch_faults  # noqa: E402, F401  GRADFUZZ_FAULT=<name> (torch_faults.PLANTED)

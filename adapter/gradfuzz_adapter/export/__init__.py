@@ -5,7 +5,9 @@ One pipeline, several forms, one dialect per backend:
 - request.py decodes the request once (ExportRequest: form, backend, paths, expectations);
 - the form writes the script: compact.py (the default: only what the case uses, every
   oracle check), full.py (`"full": true`: self-contained), distributed.py (a case with
-  expect.sharding: a torchrun script);
+  expect.sharding: a torchrun script), upstream.py (`"form": "upstream"`: the test a TE
+  maintainer pastes into TE's test_fusible_ops.py, one assertion for one finding; verify.py
+  runs it);
 - the form asks the backend's dialect (te_dialect.py, torch_dialect.py; the questions in
   dialect.py) wherever the backends differ;
 - values.py spells the case's tensors, picker.py picks the definitions a script embeds,
@@ -22,6 +24,7 @@ from .request import ExportRequest
 from .te_dialect import TEDialect
 from .text import EMBEDDED_MARK
 from .torch_dialect import TorchDialect
+from .upstream import upstream_export
 from .values import ScriptValues
 
 DIALECTS = {d.name: d for d in (TEDialect(), TorchDialect())}
@@ -44,6 +47,8 @@ def export_reply(case, request, default_backend, tensors=()):
     chosen = dialect(decoded.backend)
     if decoded.form == "distributed":
         return distributed_export(case, decoded, chosen)
+    if decoded.form == "upstream":
+        return upstream_export(case, decoded, chosen)
     values = ScriptValues(case, data_file=decoded.data_file, extra=decoded.value_extras())
     write = full_script if decoded.form == "full" else compact_script
     script = write(case, decoded, chosen, values)

@@ -1,7 +1,7 @@
 """A backend's script dialect: what an exported script says differently per backend.
 
-Every form (compact.py, full.py, distributed.py) writes the same pipeline (the values, the
-reference, the case built and run, the judgement) and asks the dialect of the request's
+Every form (compact.py, full.py, distributed.py, upstream.py) writes the same pipeline (the
+values, the reference, the case built and run, the judgement) and asks the dialect of the request's
 backend wherever the backends differ: which implementation the script imports or embeds,
 how an op is built and its parameters copied, how a path's fusions are chosen, how a recipe
 is entered, what an expected error looks like, which tensors the implementation exposes.
@@ -33,6 +33,9 @@ class Dialect:
     #: Whether the Sequential's constructor validates the case's wiring (the torch runtime),
     #: rather than its first forward (TE builds its fusers there).
     validates_at_construction = False
+    #: Whether the implementation documents that its in_place ops write into the caller's
+    #: tensors (TE's MakeExtraOutput/AddExtraInput): no upstream test asserts against that.
+    documents_in_place_writes = False
     #: Whether a repeat call's fusion plans are compared with a fresh Sequential's.
     compares_plans = False
     #: The compact form's helper that tells whether an op's bindings are locked (TEMPLATES).
@@ -142,4 +145,81 @@ class Dialect:
 
     def distributed_test_fields(self):
         """The test template's per-dialect parts: init, sequential, leaves, finish."""
+        raise NotImplementedError
+
+    # -- the upstream form (upstream.py: UpstreamWriter `w`)
+
+    #: What the test's tolerance comment says for float32 with a GEMM (te: TF32 GEMMs).
+    upstream_tf32_note = ""
+
+    def upstream_float32_gemm_tols(self):
+        """(rtol, atol) of a float32 case with a GEMM."""
+        raise NotImplementedError
+
+    def upstream_check(self, w):
+        """ValueError for what the dialect's public API cannot show (ops TE lacks...)."""
+        raise NotImplementedError
+
+    def upstream_runnable_reason(self):
+        """None where this process can run the dialect's tests, else why not."""
+        raise NotImplementedError
+
+    def upstream_environment(self, fault):
+        """Environment variables a test run needs, with `fault` (or None) switched on."""
+        raise NotImplementedError
+
+    def upstream_imports(self, w):
+        """The test file's import lines."""
+        raise NotImplementedError
+
+    def upstream_parameters(self, w):
+        """The test function's parameters (defaults: dtype, device)."""
+        raise NotImplementedError
+
+    def upstream_doc_lines(self, w):
+        """Sentences the docstring ends with (how to run it)."""
+        raise NotImplementedError
+
+    def upstream_recipe_lines(self, w):
+        """Statements that make the recipe (and set what the test's scope needs)."""
+        raise NotImplementedError
+
+    def upstream_context(self, w):
+        """The context manager the forward runs in (te.autocast), or None."""
+        raise NotImplementedError
+
+    def upstream_representable(self, w, names):
+        """Statements that make the values `names` FP8-representable under the recipe."""
+        raise NotImplementedError
+
+    def upstream_constructor(self, w, op):
+        """The statements that make `op` as the test's variable w.names.ops[op.index]."""
+        raise NotImplementedError
+
+    def upstream_sequential(self, w):
+        """The expression of the test's Sequential."""
+        raise NotImplementedError
+
+    def upstream_param_attr(self, op, j):
+        """The name of `op`'s parameter j ("weight", "bias")."""
+        raise NotImplementedError
+
+    def upstream_param_copies(self, w, op, var, values):
+        """(statements under torch.no_grad(), statements after) that give `op` the values."""
+        raise NotImplementedError
+
+    def upstream_param_grad(self, w, op, var, j):
+        """The expression of `op`'s gradient of its parameter j, in the model's layout."""
+        raise NotImplementedError
+
+    def upstream_zero_grads(self, w):
+        """Statements that clear accumulated gradients between two calls."""
+        raise NotImplementedError
+
+    def upstream_after_forward(self, w):
+        """Statements after a forward (between calls: the recipe's updates)."""
+        raise NotImplementedError
+
+    def upstream_after_backward(self, w):
+        """Statements after a backward (delayed weight gradients, the recipe's updates)."""
         raise NotImplementedError

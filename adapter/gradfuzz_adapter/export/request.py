@@ -7,7 +7,7 @@ The forms read an ExportRequest; none of them goes back to the request's JSON.
 from dataclasses import dataclass, field
 
 # The forms an export request can ask for (ExportRequest.form).
-FORMS = ("compact", "full", "distributed")
+FORMS = ("compact", "full", "distributed", "upstream")
 
 
 @dataclass
@@ -19,7 +19,11 @@ class ExportRequest:
     - expected: per call {tensor name: value} (expect.expected, expect.repeat_expected: the
       float64 FP8 reference of a quantizing case), None when the request ships none;
     - own: {path name: {"points", "tensors", "allowances", "expected"}} from expect.paths,
-      the paths judged against the reference of their own quantization points."""
+      the paths judged against the reference of their own quantization points.
+
+    `finding`, `fault` and `verify` are the upstream form's: the cluster the test is about,
+    the torch backend's planted fault that shows it (switched on as replay does), and
+    whether the test may be run here to check that it fails for the finding's reason."""
 
     form: str
     backend: str
@@ -30,6 +34,9 @@ class ExportRequest:
     allowances: dict = field(default_factory=dict)
     expected: list | None = None
     own: dict = field(default_factory=dict)
+    finding: dict | None = None
+    fault: str | None = None
+    verify: bool = True
 
     @classmethod
     def decode(cls, request, tensors, default_backend):
@@ -50,6 +57,9 @@ class ExportRequest:
             paths=request.get("paths") or [],
             case_file=request.get("case_file", ""),
             data_file=request.get("data_file") or None,
+            finding=request.get("finding"),
+            fault=request.get("fault") or None,
+            verify=bool(request.get("verify", True)),
         )
         out.allowances = allowances(expect, tensors)
         if form == "distributed":

@@ -7,13 +7,13 @@ goes after the test, as TE users write it.
 """
 
 from .. import catalog
-from ..recipes import te_kwargs
+from ..recipes import parse_recipe, te_kwargs
 from ..te.classify import KINDS, RAISES
 from ..te.embed import script_sections
 from ..te.fusions import FUNCTION_OWNERS
-from ..te.op_table import DEVICE, DTYPE, op_recipe, render_call
+from ..te.op_table import CONSTRUCTOR_DEFAULTS, CUSTOM_OPS, DEVICE, DTYPE, op_recipe, render_call
 from .dialect import Dialect
-from .text import wrapped
+from .text import literal, wrap_call, wrapped
 
 # Catalog ops whose TE parameters the script copies by name (te/params.py: param_groups);
 # the others' (GroupedLinear) go through the embedded te/params.py helpers.
@@ -71,6 +71,7 @@ class TEDialect(Dialect):
     exposes_channel_gradients = False  # TE exposes no channel gradient to a user
     fusions_at_construction = False  # OperationFuser's registry, narrowed per test
     validates_at_construction = False  # TE builds its fusers at the first forward
+    documents_in_place_writes = True  # in_place ops write caller tensors (op.py docs)
     compares_plans = True
     locked_helper = "locked_te"
     compact_embedded_title = (
@@ -469,3 +470,164 @@ class TEDialect(Dialect):
             "leaves": "param_leaves(op, name)",
             "finish": DISTRIBUTED_FINISH,
         }
+
+    # -- the upstream form (upstream.py: UpstreamWriter `w`)
+
+    upstream_tf32_note = "dtype_tols(torch.float16): cuBLASLt runs float32 GEMMs in TF32"
+
+    def upstream_float32_gemm_tols(self):
+        return (1e-3, 1e-5)  # dtype_tols(torch.float16)
+
+    def upstream_check(self, w):
+        """What te.ops' public API cannot show: ops TE lacks, gradfuzz's own fusion, TE's
+        grouped parameters (they need NVTE_GROUPED_LINEAR_SINGLE_PARAM at import)."""
+        custom = sorted({op.name for op in w.case.catalog_ops if op.name in CUSTOM_OPS})
+        if custom:
+            raise ValueError(
+                f"export --upstream --backend te: {', '.join(custom)} are gradfuzz's ops, not "
+                "TE's; shrink the case without them or export it with --python"
+            )
+        fusions = w.path_fusions()
+        if any(f.startswith("FusedResidual") for f in fusions):
+            raise ValueError(
+                "export --upstream --backend te: FusedResidual is gradfuzz's fusion, not TE's"
+            )
+        if any(_flag(op, k) for op in w.case.catalog_ops for k in PARAM_HELPER_ATTRS):
+            raise ValueError(
+                "export --upstream --backend te: GroupedLinear's single grouped parameters "
+                "need NVTE_GROUPED_LINEAR_SINGLE_PARAM at import; export it with --python"
+            )
+
+    def upstream_runnable_reason(self):
+        import importlib.util
+
+        import torch
+
+        try:
+            installed = importlib.util.find_spec("transformer_engine") is not None
+        except ValueError:  # imported already, without a spec (tests/te_stub.py's)
+            installed = True
+        if not installed:
+            return "TransformerEngine is not installed here"
+        if not torch.cuda.is_available():
+            return "no CUDA device here"
+        return None
+
+    def upstream_environment(self, fault):
+        return {}
+
+    def upstream_imports(self, w):
+        lines = ["import os", ""] if w.values_file else []
+        lines += ["import torch", "import transformer_engine.pytorch as te"]
+        if w.recipe is not None:
+            lines.append(f"from transformer_engine.common.recipe import {w.recipe.name}, Format")
+        return lines
+
+    def upstream_parameters(self, w):
+        return f'dtype=torch.{w.case.dtype_name}, device="cuda"'
+
+    def upstream_doc_lines(self, w):
+        return []  # te.ops as installed
+
+    def upstream_recipe_lines(self, w):
+        """The recipe as TE's tests make one: its class, the format, the options gradfuzz's
+        case sets to other than TE's defaults."""
+        if w.recipe is None:
+            return []
+        defaults = te_kwargs(parse_recipe({"name": w.recipe.name}))
+        kwargs = [f"fp8_format=Format.{w.recipe.fp8_format}"] + [
+            f"{k}={literal(v)}" for k, v in te_kwargs(w.recipe).items() if defaults.get(k) != v
+        ]
+        return [f"recipe = {w.recipe.name}({', '.join(kwargs)})"]
+
+    def upstream_context(self, w):
+        return None if w.recipe is None else "te.autocast(recipe=recipe)"
+
+    def upstream_representable(self, w, names):
+        """FP8-representable inputs and weights, as TE's make_reference_and_test_tensors
+        makes them: quantized and dequantized by the recipe's quantizer."""
+        if w.recipe is None or not names:
+            return []
+        targets = ", ".join(names)
+        if w.recipe.name == "DelayedScaling":
+            # Float8Quantizer at the recipe's first scale, 1: E4M3's own rounding.
+            value = "t.to(torch.float8_e4m3fn).to(dtype)"
+            return [
+                "# FP8-representable (E4M3 at DelayedScaling's first scale, 1), as TE's tests "
+                "make them",
+                f"{targets} = {names[0]}.to(torch.float8_e4m3fn).to(dtype)"
+                if len(names) == 1
+                else f"{targets} = ({value} for t in ({targets}))",
+            ]
+        fp8 = "te.DType.kFloat8E4M3"
+        quantizer = {
+            "Float8CurrentScaling": f"te.Float8CurrentScalingQuantizer({fp8}, device=device)",
+            "Float8BlockScaling": f"te.Float8BlockQuantizer({fp8}, rowwise=True, columnwise=True)",
+        }.get(w.recipe.name)
+        if quantizer is None:
+            return []
+        targets = ", ".join(names)
+        value = "quantizer(t.to(device)).dequantize().cpu()"
+        head, _, args = quantizer.partition("(")
+        return [
+            "# FP8-representable, as TE's make_reference_and_test_tensors makes them",
+            *wrap_call(f"quantizer = {head}(", args[:-1].split(", "), ")"),
+            f"{targets} = ({value} for t in ({targets}))"
+            if len(names) > 1
+            else f"{targets} = quantizer({targets}.to(device)).dequantize().cpu()",
+        ]
+
+    def upstream_constructor(self, w, op):
+        var = w.names.ops[op.index]
+        if op.boundary:
+            return [f"{var} = torch.nn.Identity()  # a plain module: ends the fuser"]
+        callee, args, kwargs = op_recipe(op.name, op.attrs, op.input_shape, op.output_style)
+        parts = [repr(a) for a in args]
+        for key, value in kwargs.items():
+            if key in CONSTRUCTOR_DEFAULTS and CONSTRUCTOR_DEFAULTS[key] == value:
+                continue
+            text = (
+                {DEVICE: "device", DTYPE: "dtype"}.get(value) if value in (DEVICE, DTYPE) else None
+            )
+            parts.append(f"{key}={text or repr(value)}")
+        return [f"{var} = {callee}({', '.join(parts)})"]
+
+    def upstream_sequential(self, w):
+        return f"te.ops.Sequential({', '.join(w.names.ops[op.index] for op in w.case.ops)})"
+
+    @staticmethod
+    def upstream_param_attr(op, j):
+        return TE_PARAMS.get(op.name, ["weight", "bias"])[j]
+
+    def upstream_param_copies(self, w, op, var, values):
+        copies, after = [], []
+        for j, value in enumerate(values):
+            tensors = self.param_tensors(op, j, var)
+            for g, t in enumerate(tensors):
+                copies.append(f"{t}.copy_({value}{f'[{g}]' if op.name == 'GroupedLinear' else ''})")
+                if not op.param_requires_grad[j]:
+                    after.append(f"{t}.requires_grad_(False)")
+                if j == 0 and _flag(op, "accumulate_into_main_grad"):
+                    after.append(f"{t}.main_grad = torch.zeros_like({t}, dtype=torch.float32)")
+        return copies, after
+
+    def upstream_param_grad(self, w, op, var, j):
+        attr = "main_grad" if j == 0 and _flag(op, "accumulate_into_main_grad") else "grad"
+        tensors = [f"{t}.{attr}" for t in self.param_tensors(op, j, var)]
+        if op.name == "GroupedLinear":
+            return f"torch.stack([{', '.join(tensors)}])"
+        return tensors[0]
+
+    def upstream_after_forward(self, w):
+        return []  # te.autocast updates the recipe's state
+
+    def upstream_zero_grads(self, w):
+        return ["model.zero_grad()", "x_test.grad = None"]
+
+    def upstream_after_backward(self, w):
+        """TE's delayed weight gradients, computed where a training loop asks for them."""
+        return [
+            f"{w.names.ops[op.index]}.backward_dw()  # delay_wgrad_compute"
+            for op in w.case.catalog_ops
+            if _flag(op, "delay_wgrad_compute")
+        ]

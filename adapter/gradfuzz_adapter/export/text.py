@@ -1,6 +1,7 @@
 """Small pieces of script text every form uses: names, wrapped lists, embedded modules."""
 
 import importlib.util
+import json
 import keyword
 import re
 
@@ -38,6 +39,27 @@ def wrapped(opening, items, closing, width=100):
     return lines + [line if items else opening + closing]
 
 
+class Name(str):
+    """A name in generated code: literal() writes it as it is."""
+
+
+def literal(value):
+    """`value` (None, bool, number, str, list, tuple, dict of those) as Python source with
+    double-quoted strings, as black writes them."""
+    if isinstance(value, Name):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        inner = ", ".join(literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return repr(value)
+
+
 def adapter_module_body(name):
     """The source of gradfuzz_adapter.<name> (read from its file, never imported) without
     its docstring and top-level imports: what a script embeds of it whole."""
@@ -46,3 +68,15 @@ def adapter_module_body(name):
         raise FileNotFoundError(f"no source file for {ADAPTER}.{name}")
     with open(spec.origin, encoding="utf-8") as f:
         return module_body(f.read())
+
+
+def wrap_call(opening, items, closing, width=96):
+    """`opening` items `closing` as black lays a call out within `width`: on one line, else
+    the items on one indented line between the brackets, else one item a line."""
+    one = opening + ", ".join(items) + closing
+    if len(one) <= width:
+        return [one]
+    inner = "    " + ", ".join(items)
+    if len(inner) <= width:
+        return [opening, inner, closing.lstrip()]
+    return [opening] + [f"    {item}," for item in items] + [closing.lstrip()]

@@ -6,12 +6,23 @@ FP8 recipes are recipes.py's emulation, whose delayed-scaling updates the script
 TE's autocast would.
 """
 
+import os
+
 from .. import catalog
 from .dialect import Dialect
-from .text import adapter_module_body
+from .text import Name, adapter_module_body, literal, wrap_call
+
+# The adapter's folder: the torch dialect's upstream tests import the runtime from it.
+ADAPTER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # run()'s recipe state per op, for the emulation's delayed-scaling updates.
 QUANTIZATIONS = "[op.quantization for op in ops if getattr(op, 'quantization', None)]"
+
+
+# The catalog's defaults of its attrs other than 0 (catalog.py: validate, apply), and the attrs
+# an upstream test always spells (the op's sizes): the others are written where they differ.
+CATALOG_DEFAULTS = {"bias": 1.0, "scale": 0.5, "s0": 0.5, "s1": -1.5, "eps": 1e-5}
+SHAPE_ATTRS = ("out", "groups", "features")
 
 
 class TorchDialect(Dialect):
@@ -22,6 +33,7 @@ class TorchDialect(Dialect):
     exposes_channel_gradients = True  # the runtime's fusers keep each channel's value
     fusions_at_construction = True  # Sequential(..., fusions=...): torch_runtime.FUSIONS
     validates_at_construction = True  # the runtime builds its fusers in Sequential()
+    documents_in_place_writes = False  # the runtime's in_place ops copy (catalog.py)
     compares_plans = False  # one group per op whatever the call (torch_runtime: Fuser.plan)
     locked_helper = "locked_torch"
     compact_embedded_title = (
@@ -252,6 +264,176 @@ class TorchDialect(Dialect):
             "leaves": "[p for p in op.params if p.requires_grad]",
             "finish": "",
         }
+
+    # -- the upstream form (upstream.py: UpstreamWriter `w`)
+
+    upstream_tf32_note = "dtype_tols(torch.float32): TF32 off in this test"
+
+    def upstream_float32_gemm_tols(self):
+        return (1.3e-6, 1e-5)  # the runtime's GEMMs are torch's, TF32 off in the test
+
+    def upstream_check(self, w):
+        return None  # every catalog op is the runtime's
+
+    def upstream_runnable_reason(self):
+        return None  # the runtime is here
+
+    def upstream_environment(self, fault):
+        """The runtime importable from the adapter, its planted fault switched on (or off)."""
+        paths = [ADAPTER, *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {"PYTHONPATH": os.pathsep.join(paths), "GRADFUZZ_FAULT": fault or ""}
+
+    def upstream_imports(self, w):
+        lines = ["import os", ""] if w.values_file else []
+        lines += ["import pytest", "import torch", ""] if self._tf32(w) else ["import torch", ""]
+        runtime = ["BasicOp", "Sequential"] + (
+            ["Boundary"] if any(op.boundary for op in w.case.ops) else []
+        )
+        recipes = ["OpQuantization", "parse_recipe"] if self._quantizations(w) else []
+        if recipes and w.finding.call:
+            recipes += ["update_after_backward", "update_after_forward"]
+        if recipes:
+            line = f"from gradfuzz_adapter.recipes import {', '.join(sorted(recipes))}"
+            if len(line) > 100:  # as black explodes an import: a name a line
+                names = [f"    {name}," for name in sorted(recipes)]
+                lines += ["from gradfuzz_adapter.recipes import (", *names, ")"]
+            else:
+                lines.append(line)
+        lines.append(f"from gradfuzz_adapter.torch_runtime import {', '.join(sorted(runtime))}")
+        return lines
+
+    @staticmethod
+    def _tf32(w):
+        return w.case.device == "cuda" and w.case.dtype_name == "float32" and w.has_gemm
+
+    def upstream_parameters(self, w):
+        params = f'dtype=torch.{w.case.dtype_name}, device="{w.case.device}"'
+        return f"monkeypatch, {params}" if self._tf32(w) else params
+
+    def upstream_doc_lines(self, w):
+        """How to run it: the runtime under test is the adapter's, the fault gradfuzz's."""
+        run = "gradfuzz's torch runtime (PYTHONPATH=<gradfuzz>/adapter)"
+        if w.fault:
+            return [f"Fails with GRADFUZZ_FAULT={w.fault} on {run}, passes without."]
+        return [f"Runs {run}."]
+
+    def _quantizations(self, w):
+        """(op index, whether it quantizes) where the runtime's op gets an OpQuantization."""
+        from ..recipes import OpQuantization
+
+        return [
+            op.index
+            for op in w.case.catalog_ops
+            if OpQuantization(op.name, op.attrs, w.recipe).active
+        ]
+
+    def upstream_recipe_lines(self, w):
+        lines = []
+        if self._tf32(w):
+            lines.append('monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)')
+        if self._quantizations(w):
+            spec = dict(w.case.spec.get("recipe") or {})
+            options = spec.pop("options", None)
+            if options:
+                lines.append(f"options = {literal(options)}")
+                spec["options"] = Name("options")
+            fields = [f"{k}={literal(v)}" for k, v in spec.items()]
+            lines += wrap_call("recipe = parse_recipe(dict(", fields, "))")
+        return lines
+
+    def upstream_context(self, w):
+        return None
+
+    def upstream_representable(self, w, names):
+        """FP8-representable inputs and weights (TE's tests' make_reference_and_test_tensors),
+        in plain torch: E4M3 at scale 1, as TE's Float8Quantizer(scale=1) makes them."""
+        if w.recipe is None or not names:
+            return []
+        targets = ", ".join(names)
+        value = "t.to(torch.float8_e4m3fn).to(dtype)"
+        return [
+            "# FP8-representable (E4M3 at scale 1), as TE's tests make them",
+            f"{targets} = {names[0]}.to(torch.float8_e4m3fn).to(dtype)"
+            if len(names) == 1
+            else f"{targets} = ({value} for t in ({targets}))",
+        ]
+
+    def upstream_constructor(self, w, op):
+        var = w.names.ops[op.index]
+        if op.boundary:
+            return [f"{var} = Boundary()  # a plain module: ends the fuser"]
+        attrs = {
+            k: int(v) if float(v).is_integer() else float(v)
+            for k, v in sorted(op.attrs.items())
+            if k in SHAPE_ATTRS or float(v) != CATALOG_DEFAULTS.get(k, 0.0)
+        }
+        style = f', output_style="{op.output_style}"' if op.output_style != "vector" else ""
+        shape = list(op.input_shape)
+        lines = wrap_call(
+            f"{var} = BasicOp(",
+            [literal(op.name), literal(attrs), str(shape), "dtype=dtype", f"device=device{style}"],
+            ")",
+        )
+        if op.index in self._quantizations(w):
+            lines.append(
+                f"{var}.quantization = OpQuantization({literal(op.name)}, {var}.attrs, recipe)"
+            )
+        return lines
+
+    def upstream_sequential(self, w):
+        from ..torch_runtime import FUSIONS
+
+        ops = ", ".join(w.names.ops[op.index] for op in w.case.ops)
+        fusions = tuple(f for f in w.path_fusions() if f in FUSIONS)
+        return f"Sequential({ops}, fusions={literal(fusions)})" if fusions else f"Sequential({ops})"
+
+    @staticmethod
+    def upstream_param_attr(op, j):
+        names = {"Bias": ("bias",), "LayerNorm": ("weight", "bias")}
+        names["GroupedLinear"] = ("weight", "bias")
+        return names.get(op.name, ("weight",))[j]
+
+    def upstream_param_copies(self, w, op, var, values):
+        """BasicOp's parameters start as plain tensors (no requires_grad): copied, then
+        marked, one line each."""
+        lines = []
+        for j, value in enumerate(values):
+            mark = ".requires_grad_()" if op.param_requires_grad[j] else ""
+            lines.append(f"{var}.params[{j}].copy_({value}){mark}")
+        return [], lines
+
+    def upstream_param_grad(self, w, op, var, j):
+        return f"{var}.params[{j}].grad"
+
+    def _updates(self, w):
+        quantized = self._quantizations(w)
+        return (
+            bool(quantized)
+            and w.finding.call
+            and w.recipe is not None
+            and w.recipe.name == "DelayedScaling"
+        )
+
+    def upstream_zero_grads(self, w):
+        params = [
+            f"{w.names.ops[op.index]}.params[{j}]"
+            for op in w.case.catalog_ops
+            for j in range(len(op.params))
+        ]
+        return [f"{p}.grad = None" for p in ["x_test", *params]]
+
+    def upstream_after_forward(self, w):
+        """DelayedScaling's forward update, where TE's autocast makes it (between calls)."""
+        if not self._updates(w):
+            return []
+        ops = ", ".join(f"{w.names.ops[i]}.quantization" for i in self._quantizations(w))
+        return [f"update_after_forward([{ops}])"]
+
+    def upstream_after_backward(self, w):
+        if not self._updates(w):
+            return []
+        ops = ", ".join(f"{w.names.ops[i]}.quantization" for i in self._quantizations(w))
+        return [f"update_after_backward([{ops}])"]
 
 
 def _splits(name, attrs):

@@ -219,6 +219,28 @@ TE_CLASSES = {name: op.implementation for name, op in OPS.items() if not op.cust
 SINGLE_GROUPED_OPTIONS = ("single_grouped_weight", "single_grouped_bias")
 
 
+# TE's defaults of the keyword arguments OPS's builders pass (basic/*.py: __init__), so that a
+# test written for TE's maintainers spells only what differs (export/te_dialect.py).
+CONSTRUCTOR_DEFAULTS = {
+    "accumulate_into_main_grad": False,
+    "sequence_parallel": False,
+    "tensor_parallel": False,
+    "cache_quantized_input": False,
+    "glu_interleave_size": None,
+    "activation_recompute_in_mlp": False,
+    "in_place": False,
+    "bias": True,
+    "single_grouped_weight": False,
+    "single_grouped_bias": False,
+    "delay_wgrad_compute": False,
+    "scale_bias": False,
+    "eps": 1e-5,
+    "zero_centered_gamma": False,
+    "sm_margin": 0,
+    "output_style": "vector",
+}
+
+
 def splits_itself(name, attrs):
     """Whether te.ops splits op `name` over the ranks itself (a tensor-parallel Linear or
     Bias): it is then given the unsharded sizes."""
