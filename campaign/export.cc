@@ -1,6 +1,7 @@
 #include "campaign/export.h"
 
 #include <cmath>
+#include <iterator>
 
 #include "campaign/exit_codes.h"
 #include "campaign/finding_recorder.h"
@@ -97,6 +98,40 @@ void add_expectation(const ExportJob& job, const runner::PreparedCase& prepared,
 }
 
 }  // namespace
+
+corpus::SavedFinding finding_from_report(const nlohmann::json& cluster) {
+  const auto details = cluster.find("details");
+  if (details == cluster.end() || !details->is_array() || details->empty()) {
+    throw InputError("report upstream: cluster " + cluster.value("signature", std::string("?")) +
+                     " has no details to write a test for");
+  }
+  nlohmann::json detail = details->front();
+  detail["signature"] = cluster.value("signature", std::string());
+  // A report writes NaN and infinite errors as null; the finding's numbers are its own.
+  for (auto it = detail.begin(); it != detail.end();) {
+    it = it->is_null() ? detail.erase(it) : std::next(it);
+  }
+  corpus::SavedFinding saved;
+  try {
+    saved.finding = detail.get<harness::Finding>();
+    if (const auto c = cluster.find("confirmation"); c != cluster.end() && c->is_object()) {
+      saved.diagnosis = c->value("diagnosis", std::string());
+      if (const auto d = c->find("first_divergence"); d != c->end() && d->is_object()) {
+        saved.first_divergence = d->get<harness::Divergence>();
+      }
+    }
+  } catch (const std::exception& e) {
+    throw InputError("report upstream: cluster " + detail["signature"].get<std::string>() +
+                     " is not a finding: " + e.what());
+  }
+  if (saved.finding.op.empty()) {
+    const std::string& sig = saved.finding.signature;
+    const size_t a = sig.find('|');
+    const size_t b = a == std::string::npos ? a : sig.find('|', a + 1);
+    if (b != std::string::npos) saved.finding.op = sig.substr(a + 1, b - a - 1);
+  }
+  return saved;
+}
 
 nlohmann::json saved_finding_json(const corpus::SavedFinding& saved) {
   nlohmann::json j = saved.finding;

@@ -57,6 +57,11 @@ backends::ExportRequest export_request(const ExportJob& job, const runner::Prepa
 corpus::SavedFinding replayed_finding(const LoadedCase& c, CaseRunner& runner, const std::string& fault,
                                       const std::string& signature);
 
+/// The finding a report's cluster stands for (its `signature`, first `details` entry and
+/// `confirmation`), as a case file would record it: what `report upstream` writes each test
+/// for without replaying the case. Throws InputError for a cluster without details.
+corpus::SavedFinding finding_from_report(const nlohmann::json& cluster);
+
 /// The JSON the adapter reads a finding from (`finding` of an upstream export request): the
 /// finding's fields (corpus::SavedFinding), its first divergence and diagnosis.
 nlohmann::json saved_finding_json(const corpus::SavedFinding& finding);

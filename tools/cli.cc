@@ -1015,7 +1015,8 @@ struct ExportDone {
   backends::ExportReply reply;
 };
 ExportDone export_case(const Flags& f, const std::string& path, const std::string& target, campaign::ExportForm form,
-                       const std::string& output, std::ostream& err) {
+                       const std::string& output, std::ostream& err,
+                       const std::optional<corpus::SavedFinding>& finding = std::nullopt) {
   const std::vector<LoadedCase> cases = load_case_paths({path});
   ExportDone done;
   campaign::ExportJob& job = done.job;
@@ -1039,7 +1040,9 @@ ExportDone export_case(const Flags& f, const std::string& path, const std::strin
   std::vector<harness::PathRequest> paths{{"fused", spec.fusions, false}, {"unfused", {}, false}};
   if (form == campaign::ExportForm::kUpstream) {
     job.fault = f.fault.empty() ? c.file.verdict.fault : std::optional<std::string>(f.fault);
-    if (c.file.finding && (f.signature.empty() || f.signature == c.file.finding->finding.signature)) {
+    if (finding) {
+      job.finding = finding;
+    } else if (c.file.finding && (f.signature.empty() || f.signature == c.file.finding->finding.signature)) {
       job.finding = c.file.finding;
     } else {
       // No record of the cluster (an older case file) or another finding asked for: the
@@ -1182,14 +1185,14 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   ReportCommand report(app);  // `report merge`, `diff` and `upstream` (tools/report_tool.h)
   std::ostringstream export_notes;
-  report.set_upstream_exporter([&](const std::string& case_file, const std::string& signature,
-                                   const std::string& target, const std::string& test) {
-    Flags upstream = f;
-    upstream.signature = signature;
-    const ExportDone done =
-        export_case(upstream, case_file, target, campaign::ExportForm::kUpstream, test, export_notes);
-    return UpstreamTest{done.reply.script, done.reply.notes, done.reply.source};
-  });
+  report.set_upstream_exporter(
+      [&](const nlohmann::ordered_json& cluster, const std::string& target, const std::string& test) {
+        // The report's record of the cluster is the finding: no replay on the target needed.
+        const corpus::SavedFinding finding = campaign::finding_from_report(nlohmann::json::parse(cluster.dump()));
+        const ExportDone done = export_case(f, cluster.at("case_file").get<std::string>(), target,
+                                            campaign::ExportForm::kUpstream, test, export_notes, finding);
+        return UpstreamTest{done.reply.script, done.reply.notes, done.reply.source};
+      });
   KnownCommand known(app);  // `known accept` (tools/known_tool.h)
 
   std::vector<const char*> argv{"gradfuzz"};

@@ -256,8 +256,7 @@ int ReportCommand::upstream(std::ostream& out) const {
     const std::filesystem::path test_path = dir / folder / test_name;
     std::filesystem::create_directories(dir / folder, ec);
     if (ec) throw InputError("report upstream: cannot create '" + (dir / folder).string() + "' (" + ec.message() + ")");
-    const UpstreamTest test = exporter_(finding.at("case_file").get<std::string>(),
-                                        finding.at("signature").get<std::string>(), target, test_path.string());
+    const UpstreamTest test = exporter_(finding, target, test_path.string());
     issue = reports::upstream_issue(report, finding, test_name, test.text, test.source);
     write_file_atomically((dir / folder / "README.md").string(), issue.readme, "report upstream -o");
     out << (dir / folder).string() << ": " << issue.title << '\n';

@@ -48,10 +48,10 @@ struct UpstreamTest {
   std::vector<std::string> notes;
   std::string source;
 };
-/// Writes the upstream test of the finding with `signature` of `case_file` for `target` ("te",
-/// "torch") to `test_path`.
-using UpstreamExporter = std::function<UpstreamTest(const std::string& case_file, const std::string& signature,
-                                                    const std::string& target, const std::string& test_path)>;
+/// Writes the upstream test of `cluster` (a finding of a report: its case file, signature,
+/// details and confirmation) for `target` ("te", "torch") to `test_path`.
+using UpstreamExporter = std::function<UpstreamTest(const nlohmann::ordered_json& cluster, const std::string& target,
+                                                    const std::string& test_path)>;
 
 /// `gradfuzz report merge OUT.json IN.json... [--junit FILE] [--html FILE]`,
 /// `gradfuzz report upstream REPORT.json -o DIR [--backend te|torch]` (per new, confirmed cluster

@@ -368,19 +368,43 @@ TEST_F(TorchBackend, BackwardLinearScaleIsJudgedAtItsOwnQuantizationPoint) {
   }
 }
 
+/// Runs `script` under pytest with the adapter importable and GRADFUZZ_FAULT=`fault` (empty:
+/// unset); its exit status and output.
+std::pair<int, std::string> run_pytest(const std::string& script, const std::string& fault,
+                                       const std::filesystem::path& log) {
+  const char* root = std::getenv("GRADFUZZ_SOURCE_DIR");
+  const std::string source = root ? root : ".";
+  const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
+  const std::string py = python ? python : source + "/.venv/bin/python";
+  const std::string command = "env PYTHONPATH=" + source + "/adapter " +
+                              (fault.empty() ? std::string("-u GRADFUZZ_FAULT") : "GRADFUZZ_FAULT=" + fault) + " " +
+                              py + " -m pytest -q -p no:cacheprovider " + script + " > " + log.string() + " 2>&1";
+  const int status = std::system(command.c_str());
+  std::stringstream out;
+  out << std::ifstream(log).rdbuf();
+  return {status, out.str()};
+}
+
 // Issue 14's CPU acceptance: every planted fault of the recipe emulation is found by the
 // default selftest within 2000 cases, shrunk, failing on replay with the fault and passing
 // without (the DelayedScaling one under that recipe: it shows from a repeat call on).
+// Issue 25's: each fault's finding is confirmed by its alternative runs (a diagnosis), is one
+// or two clusters, and its upstream test (export --upstream, TE's style) has at most 40 lines,
+// fails with the fault switched on for its reason (the assertion on the cluster's tensor, or
+// the error) and passes without.
 TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
   struct Stage {
     std::string faults;
     std::string recipe;
+    std::string dtypes = "bfloat16";
   };
-  const std::vector<Stage> stages = {{"torch-fp8-e5m2-grad-read-as-e4m3,torch-fp8-scale-inv-applied-twice,"
-                                      "torch-fp8-transposed-copy-read-rowwise,torch-fp8-dgrad-scaled-down,"
-                                      "torch-backward-linear-scale-alpha-dropped",
-                                      "any"},
-                                     {"torch-delayed-forward-scale-e5m2-max", "DelayedScaling"}};
+  const std::vector<Stage> stages = {
+      {"torch-fp8-e5m2-grad-read-as-e4m3,torch-fp8-scale-inv-applied-twice,"
+       "torch-fp8-transposed-copy-read-rowwise,torch-fp8-dgrad-scaled-down,"
+       "torch-backward-linear-scale-alpha-dropped",
+       "any"},
+      {"torch-delayed-forward-scale-e5m2-max", "DelayedScaling"},
+      {"torch-grouped-linear-ignores-backward-override", "Float8CurrentScaling", "float32"}};
   int64_t faults = 0;
   for (const auto& stage : stages) {
     SCOPED_TRACE(stage.faults);
@@ -395,7 +419,7 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
                           "--cases",
                           "2000",
                           "--dtypes",
-                          "bfloat16",
+                          stage.dtypes,
                           "--recipe",
                           stage.recipe,
                           "--workers",
@@ -414,9 +438,33 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
       ++faults;
       EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
       EXPECT_LE(e["cases_to_detect"].get<int64_t>(), 2000) << e.dump();
+      const std::string fault = e["name"];
+      SCOPED_TRACE(fault);
+      int64_t clusters = 0;
+      for (const auto& f : j["findings"]) {
+        if (f.value("fault", nlohmann::json()) != fault || !f["known"].is_null()) continue;
+        ++clusters;
+        ASSERT_TRUE(f.contains("confirmation")) << f.dump(1);
+        EXPECT_FALSE(f["confirmation"]["diagnosis"].get<std::string>().empty());
+      }
+      EXPECT_GE(clusters, 1);
+      EXPECT_LE(clusters, 2);
+      if (!e.contains("case_file") || !e["case_file"].is_string()) continue;
+      const std::string script = (dir_ / ("test_upstream_" + fault + ".py")).string();
+      const CliRun exported = cli({"export", "--upstream", e["case_file"], "--backend", "torch", "-o", script});
+      ASSERT_EQ(exported.exit, 0) << exported.out << exported.err;
+      std::ifstream text(script);
+      int64_t lines = 0;
+      for (std::string line; std::getline(text, line);) ++lines;
+      EXPECT_LE(lines, 40) << script;
+      const auto [with, with_log] = run_pytest(script, fault, dir_ / (fault + ".with.log"));
+      EXPECT_NE(with, 0) << with_log;
+      EXPECT_THAT(with_log, ::testing::AnyOf(HasSubstr("AssertionError"), HasSubstr("Error"))) << with_log;
+      const auto [without, without_log] = run_pytest(script, "", dir_ / (fault + ".without.log"));
+      EXPECT_EQ(without, 0) << without_log;
     }
   }
-  EXPECT_EQ(faults, 6);
+  EXPECT_EQ(faults, 7);
 }
 
 }  // namespace
