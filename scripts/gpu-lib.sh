@@ -9,6 +9,8 @@
 #   here:  mkdir -p .te/q && cat .te/c?/part? | split -b 40M -d -a 1 - .te/q/q && \
 #          for i in 0 1 2 3 4 5; do mkdir -p .te/q$i && mv .te/q/q$i .te/q$i/; done
 #   there: mkdir -p /tmp/teparts && cp .te/qN/qN /tmp/teparts/   (N = 0..5, carrying .te/qN)
+# and, where the tree has grown so that .te/rest (40 MiB with part4) and the binary no longer
+# fit a call beside it, part4 as a seventh piece: mkdir -p .te/q6 && mv .te/rest/part4 .te/q6/q6.
 # gpu_te_setup joins them back into part0..part3 (or takes part0..3 copied as before).
 start=$(date +%s)
 work="$out/work"
@@ -41,8 +43,11 @@ gpu_te_setup() {
     return 0
   fi
   if [ ! -f /tmp/teparts/part3 ] && [ -f /tmp/teparts/q0 ]; then
-    (cd /tmp/teparts && cat q? | split -b 60M -d -a 1 - part)
+    (cd /tmp/teparts && cat q[0-5] | split -b 60M -d -a 1 - part)
   fi
+  # The core wheel's last part may travel as a seventh piece (q6) where the tree with .te/rest,
+  # part4 in it, and the binary would pass 64 MiB.
+  [ -e .te/rest/part4 ] || { [ -f /tmp/teparts/q6 ] && ln -sf /tmp/teparts/q6 .te/rest/part4; }
   local i t0
   for i in 0 1 2 3; do
     [ -e ".te/c$i/part$i" ] || { [ -f "/tmp/teparts/part$i" ] && mkdir -p ".te/c$i" && ln -sf "/tmp/teparts/part$i" ".te/c$i/part$i"; }
