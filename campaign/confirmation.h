@@ -33,11 +33,13 @@ struct ConfirmationContext {
 /// - `float32`: a half-precision case in float32 (where the backend runs float32);
 /// - `without_op[k]`: op k removed, where the case stays valid (cases of at most
 ///   ConfirmationContext::max_ops_removed ops).
-/// A variant "fails" when it still has a finding with `signature`. The diagnosis, first that
-/// holds: `known-consequence` (gone with in_place=0 where the unfused path has it too, and the
-/// known file's documented in-place entry matches the cluster's findings signed as the
-/// in-place ablation signs them: `explained_by` names it), `crash` (an error, crash or time-out
-/// finding), `fused-only` (the unfused path passes), `quantized-only` (passes without the
+/// A variant "fails" when it still has a finding with `signature`; each variant's findings are
+/// matched against the known issues. The diagnosis, first that holds: `known-consequence` (the
+/// known file's documented in-place entry matches the cluster's findings signed as the in-place
+/// ablation signs them, the unfused path does not pass, and with in_place=0 the finding is gone
+/// (`explained_by` names the documented entry) or all that is left, on the same tensor, is known
+/// (`explained_by` names that entry: two known causes in one case)), `crash` (an error, crash
+/// or time-out finding), `fused-only` (the unfused path passes), `quantized-only` (passes without the
 /// recipe), `half-only` (passes in float32), `all-paths`. `result` is the case's traced
 /// result (run_traced), whose divergence in the cluster's path is the first_divergence.
 reports::Confirmation confirm_cluster(CaseRunner& runner, const harness::CaseSpec& spec,

@@ -144,6 +144,41 @@ TEST(ConfirmCluster, AFindingGoneWithoutTheDocumentedInPlaceWriteIsItsConsequenc
   EXPECT_TRUE(alone.explained_by.empty());
 }
 
+TEST(ConfirmCluster, WhatTheDocumentedWriteLeavesOnTheSameTensorIsAKnownCausesToo) {
+  // With in_place=1 the weight gradient is signed by the fused group and the unfused path
+  // raises the documented view error; without it the same tensor is still wrong, for a known
+  // FP8 cause (H100 quick start, 2026-12-06: BackwardLinearScale under backward_override).
+  Finding fused = weight_gradient("fused");
+  fused.signature = "mismatch|BackwardLinearScale|grad_param";
+  Finding raised;
+  raised.kind = VerdictKind::kUnexpectedError;
+  raised.path_pair = "unfused~reference";
+  raised.tensor = "error";
+  raised.role = "error";
+  raised.message = "A view was created in no_grad mode and is being modified inplace";
+  raised.signature = "unexpected_error|_OperationFuserAutogradFunction|backward|view modified inplace";
+  ScriptedRunner runner([&](const CaseSpec& spec) {
+    return writes_in_place(spec) ? fused_result({fused, raised}) : fused_result({weight_gradient("fused")});
+  });
+  const KnownIssues known = known_issues_from_json(nlohmann::json::parse(R"json({"schema_version": 1, "entries": [
+    {"id": "te-in-place-aliasing", "status": "documented-behaviour", "match": {"options": ["in_place=1"], "backend": "te"}},
+    {"id": "te-override-wgrad", "status": "open-defect",
+     "match": {"signature": "mismatch|Linear|grad_param", "backend": "te"}}]})json"),
+                                                   "k.json");
+  const CaseSpec spec = residual();
+  const auto c = confirm_cluster(runner, spec, runner.run_now(spec, ""), fused.signature, context_with(&known));
+  EXPECT_EQ(variant(c, "unfused").verdict, "raises");
+  EXPECT_EQ(variant(c, "in_place_off").verdict, "fails_otherwise");
+  EXPECT_EQ(c.diagnosis, "known-consequence");
+  EXPECT_EQ(c.explained_by, "te-override-wgrad");
+  // A new cause left on the tensor keeps the cluster new.
+  const KnownIssues documented_only = documented_in_place();
+  const auto alone =
+      confirm_cluster(runner, spec, runner.run_now(spec, ""), fused.signature, context_with(&documented_only));
+  EXPECT_EQ(alone.diagnosis, "all-paths");
+  EXPECT_TRUE(alone.explained_by.empty());
+}
+
 TEST(ConfirmCluster, AFusedKernelWrongWhereItsUnfusedOpsAreRightStaysNew) {
   // BackwardLinearAdd fuses only with in_place=1: without it the finding is gone too, but the
   // unfused path with the same in-place flags is right, so the write is not the cause.
