@@ -509,6 +509,7 @@ ExportReply RemoteBackend::export_script(const CaseSpec& spec, const CasePlan& p
   if (h.contains("notes") && h["notes"].is_array()) out.notes = h["notes"].get<std::vector<std::string>>();
   if (h.contains("data_file") && h["data_file"].is_string()) out.data_file = h["data_file"].get<std::string>();
   if (h.contains("source") && h["source"].is_string()) out.source = h["source"].get<std::string>();
+  if (h.contains("asserted") && h["asserted"].is_string()) out.asserted = h["asserted"].get<std::string>();
   return out;
 }
 

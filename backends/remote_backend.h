@@ -46,6 +46,9 @@ struct ExportReply {
   /// ("transformer_engine/pytorch/ops/basic/basic_linear.py: BasicLinear.op_backward"),
   /// empty when the adapter cannot tell.
   std::string source;
+  /// An upstream test: the tensor its one assertion is on (the cluster's first divergence where
+  /// the test can read it, else the finding's), empty for an error's test or another form.
+  std::string asserted;
 };
 
 /// A backend implemented by the Python adapter (`adapter/`, docs/BACKENDS.md), run as a child

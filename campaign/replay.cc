@@ -12,7 +12,7 @@
 
 namespace gradfuzz::campaign {
 
-std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
+std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths, bool runs) {
   if (paths.empty()) throw InputError("replay: expected at least one case file or directory");
   std::vector<std::filesystem::path> fs_paths(paths.begin(), paths.end());
   std::vector<LoadedCase> loaded;
@@ -29,7 +29,7 @@ std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths) {
     throw InputError("replay: no case files (*.json) under " + joined);
   }
   for (const auto& c : loaded) {
-    if (c.file.spec.device == "cuda" && !cuda_available()) {
+    if (runs && c.file.spec.device == "cuda" && !cuda_available()) {
       throw InputError(c.path.string() + ": /spec/device: the case needs cuda, but this process has no CUDA device");
     }
   }

@@ -24,8 +24,9 @@ struct LoadedCase {
 /// Expands files and directories (corpus::list_case_files) and loads every case file before
 /// anything runs. Throws InputError naming the file and the JSON path of the first problem
 /// (syntax error, wrong schema version, unknown op, missing producer...), for a path that
-/// does not exist, and for a CUDA case when this process has no CUDA device.
-std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths);
+/// does not exist, and, where `runs` (the cases are to run here), for a CUDA case when this
+/// process has no CUDA device (an export writes a CUDA case's script anywhere).
+std::vector<LoadedCase> load_case_paths(const std::vector<std::string>& paths, bool runs = true);
 
 /// What a replay did.
 struct ReplayOutcome {

@@ -32,7 +32,8 @@ int64_t last_op(const CaseSpec& spec) { return spec.ops.empty() ? 0 : static_cas
 /// One place the path's values may first diverge.
 struct Candidate {
   TensorPosition pos;
-  /// At one op: compared tensors (0), then a trace entry's main tensor (1), then its extras (2).
+  /// At one op: its parameters' gradients (0), then its main tensor (1: the output, the input
+  /// gradient), then its extras (2); a compared tensor before a traced one of the same rank.
   int rank = 0;
   std::string role;
   std::string tensor;
@@ -112,7 +113,13 @@ std::optional<Divergence> first_divergence(const CaseSpec& spec, const CasePlan&
       continue;
     }
     if (const auto pos = tensor_position(f.tensor, spec, plan)) {
-      candidates.push_back({*pos, 0, f.role, f.tensor, nullptr, &f});
+      // The case's input gradient and output are an op's main tensor as the trace's are, its
+      // extra-input gradients and extra outputs the op's extras: ranked as those, so that a
+      // defect at op 0 is signed as it is at op k (a weight gradient before the input's).
+      const int rank = f.role == "grad_input" || f.role == "output"               ? 1
+                       : f.role == "grad_extra_input" || f.role == "extra_output" ? 2
+                                                                                  : 0;
+      candidates.push_back({*pos, rank, f.role, f.tensor, nullptr, &f});
     }
   }
   // The trace tensors outside their bound, each compared as a tensor of its own.

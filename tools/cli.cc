@@ -1017,7 +1017,7 @@ struct ExportDone {
 ExportDone export_case(const Flags& f, const std::string& path, const std::string& target, campaign::ExportForm form,
                        const std::string& output, std::ostream& err,
                        const std::optional<corpus::SavedFinding>& finding = std::nullopt) {
-  const std::vector<LoadedCase> cases = load_case_paths({path});
+  const std::vector<LoadedCase> cases = load_case_paths({path}, /*runs=*/false);
   ExportDone done;
   campaign::ExportJob& job = done.job;
   job.case_file = cases.front();
@@ -1074,7 +1074,7 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
     throw InputError("export: choose a format: --python (a pytest file) or --upstream (a test in TE's style)");
   }
   if (f.upstream_export && f.full_export) throw InputError("export: --upstream and --full are two forms; give one");
-  const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)});
+  const std::vector<LoadedCase> cases = load_case_paths({f.paths.at(0)}, /*runs=*/false);
   const LoadedCase& c = cases.front();
   const std::string target = sub.count("--backend") ? f.backend : (c.file.backend == "model" ? "te" : c.file.backend);
   if (target != "te" && target != "torch") {
@@ -1089,7 +1089,8 @@ int cmd_export(const Flags& f, const CLI::App& sub, std::ostream& out, std::ostr
   } else {
     const std::string expects =
         form == campaign::ExportForm::kUpstream
-            ? "fails on " + done.job.finding->finding.tensor + " for " + done.job.finding->finding.signature
+            ? "fails on " + (done.reply.asserted.empty() ? done.job.finding->finding.tensor : done.reply.asserted) +
+                  " for " + done.job.finding->finding.signature
         : done.request.expect.value("kind", "") == "error"
             ? "expects " + done.request.expect.at("error_kind").get<std::string>()
             : std::string("expects a pass");

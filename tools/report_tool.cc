@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <ostream>
 #include <set>
 #include <sstream>
 
 #include "campaign/exit_codes.h"
+#include "campaign/files.h"
 #include "campaign/known_issues.h"
 #include "reports/html_report.h"
 #include "reports/junit_report.h"
@@ -231,6 +233,19 @@ int ReportCommand::run(std::ostream& out) const {
   throw InputError("report: choose merge, diff or upstream");
 }
 
+namespace {
+
+/// `test` without its first docstring: two clusters' tests that differ only there are one test.
+std::string without_docstring(const std::string& test) {
+  const size_t open = test.find("\"\"\"");
+  if (open == std::string::npos) return test;
+  const size_t close = test.find("\"\"\"", open + 3);
+  if (close == std::string::npos) return test;
+  return test.substr(0, open) + test.substr(close + 3);
+}
+
+}  // namespace
+
 int ReportCommand::upstream(std::ostream& out) const {
   const Json report = reports::load_report(upstream_report_);
   const std::string target =
@@ -240,10 +255,20 @@ int ReportCommand::upstream(std::ostream& out) const {
   }
   if (!exporter_) throw std::logic_error("report upstream: no exporter set");
   const std::filesystem::path dir(upstream_dir_);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw InputError("report upstream: -o: cannot create '" + upstream_dir_ + "' (" + ec.message() + ")");
-  int64_t written = 0;
+  try {
+    campaign::make_directories(dir);
+  } catch (const std::exception& e) {
+    throw InputError("report upstream: -o: cannot create '" + upstream_dir_ + "' (" + e.what() + ")");
+  }
+  // A folder written: its README is written last, with the clusters whose test came out the
+  // same (one defect signed several ways: one folder to file, naming them all).
+  struct Written {
+    std::filesystem::path folder;
+    std::string readme;
+    std::vector<std::string> also;
+  };
+  std::vector<Written> written;
+  std::map<std::string, size_t> by_test;  // a test without its docstring -> its folder in `written`
   std::set<std::string> folders;
   for (const auto& finding : report.at("findings")) {
     if (!reports::is_upstream_candidate(finding)) continue;
@@ -254,25 +279,46 @@ int ReportCommand::upstream(std::ostream& out) const {
     std::string test_name = "test_" + folder + ".py";
     for (char& c : test_name) c = c == '-' ? '_' : c;
     const std::filesystem::path test_path = dir / folder / test_name;
-    std::filesystem::create_directories(dir / folder, ec);
-    if (ec) throw InputError("report upstream: cannot create '" + (dir / folder).string() + "' (" + ec.message() + ")");
+    try {
+      campaign::make_directories(dir / folder);
+    } catch (const std::exception& e) {
+      throw InputError("report upstream: cannot create '" + (dir / folder).string() + "' (" + e.what() + ")");
+    }
     UpstreamTest test;
     try {
       test = exporter_(finding, target, test_path.string());
     } catch (const std::exception& e) {
       // A cluster the writer declines (a documented write, an op the framework lacks): said,
       // and the others written.
-      std::filesystem::remove_all(dir / folder, ec);
+      campaign::remove_tree(dir / folder);
       out << (dir / folder).string() << ": no test (" << e.what() << ")\n";
       continue;
     }
+    const std::string signature = finding.value("signature", std::string());
+    const auto [same, fresh] = by_test.emplace(without_docstring(test.text), written.size());
+    if (!fresh) {
+      campaign::remove_tree(dir / folder);
+      written[same->second].also.push_back(signature);
+      out << (dir / folder).string() << ": the same test as " << written[same->second].folder.string() << " ("
+          << signature << ")\n";
+      continue;
+    }
     issue = reports::upstream_issue(report, finding, test_name, test.text, test.source);
-    write_file_atomically((dir / folder / "README.md").string(), issue.readme, "report upstream -o");
+    written.push_back({dir / folder, issue.readme, {}});
     out << (dir / folder).string() << ": " << issue.title << '\n';
     for (const auto& note : test.notes) out << "  note: " << note << '\n';
-    ++written;
   }
-  out << written << " cluster(s) to file in " << upstream_dir_ << '\n';
+  for (const auto& w : written) {
+    std::string readme = w.readme;
+    if (!w.also.empty()) {
+      readme +=
+          "\n## The same test, other clusters\n\nThe test above is also the test of these clusters of the "
+          "report (the same case, one first divergence, signed by where else it shows):\n\n";
+      for (const auto& signature : w.also) readme += "- `" + signature + "`\n";
+    }
+    write_file_atomically((w.folder / "README.md").string(), readme, "report upstream -o");
+  }
+  out << written.size() << " cluster(s) to file in " << upstream_dir_ << '\n';
   return 0;
 }
 

@@ -30,7 +30,7 @@ from .errors import (
     PublicOutputNoneError,
     SlotOutOfRangeError,
 )
-from .recipes import casts_grad_input_for_previous_op
+from .recipes import OpQuantization, casts_grad_input_for_previous_op
 
 
 class BasicOp:
@@ -342,8 +342,18 @@ class Sequential:
     Construction validates every fuser first and locks only when all are valid; channels
     never cross a boundary (missing-producer at construction)."""
 
-    def __init__(self, *modules, fusions=()):
+    def __init__(self, *modules, fusions=(), recipe=None):
+        """`recipe` (recipes.parse_recipe): what the BasicOps quantize under, as TE's ops do
+        under te.autocast(recipe=...): each op without an OpQuantization gets the recipe's
+        where it is active."""
         self.modules = list(modules)
+        if recipe is not None:
+            for m in self.modules:
+                quantization = (
+                    OpQuantization(m.name, m.attrs, recipe) if isinstance(m, BasicOp) else None
+                )
+                if quantization is not None and m.quantization is None and quantization.active:
+                    m.quantization = quantization
         runs, current = [], None
         for m in self.modules:
             if isinstance(m, BasicOp):

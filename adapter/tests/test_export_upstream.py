@@ -475,3 +475,37 @@ def test_the_te_backward_linear_add_test_fails_on_tes_python_for_its_reason(tmp_
     assert faulty.exception == "AssertionError" and faulty.line == assertion_line(script)
     clean = run_test(tmp_path / "test_not_in_place.py", env=env, command=command)
     assert clean.status == "passed", clean.output[-3000:]
+
+
+def test_the_test_asserts_on_the_tensor_its_cluster_is_signed_by_where_it_can_read_it():
+    """A weight-gradient cluster shown first on the input's gradient: the test asserts on the
+    weight's gradient (the first divergence, a tensor the test reads), and says so."""
+    divergence = {"kind": "mismatch", "path": "fused", "tensor": "grad_param[0].Linear[0]",
+                  "role": "grad_param", "op_index": 0, "pass": "backward"}  # fmt: skip
+    found = finding("grad_input", first_divergence=divergence)
+    found["signature"] = "mismatch|Linear|grad_param"
+    reply = export(fp8_spec(LINEAR, CURRENT), found, verify=False)
+    assert reply["asserted"] == "grad_param[0].Linear[0]"
+    line = reply["script"].splitlines()[-1]
+    assert "linear.weight" in line or ".params[0].grad" in line, reply["script"]
+    inside = dict(divergence, tensor="trace.backward[1]")  # inside the Sequential: unread
+    reply = export(fp8_spec(LINEAR, CURRENT), finding("grad_input", first_divergence=inside),
+                   verify=False)  # fmt: skip
+    assert reply["asserted"] == "grad_input"
+
+
+def test_the_reference_keeps_only_what_the_asserted_tensor_needs():
+    lines = [
+        "h = x.double() @ w.double().T",
+        "group = logits.double().argmax(1)  # Dispatch: row r to its largest logit",
+        "order = torch.sort(group, stable=True).indices",
+        "sizes = torch.bincount(group, minlength=1)",
+        "probs = logits.double().softmax(1).gather(",
+        "    1, group[:, None]",
+        ")[:, 0][order]",
+        "y1_ref = h[order]",
+        "y2_ref = sizes",
+        "y3_ref = probs",
+    ]
+    assert upstream._live(lines, {"y1_ref"}) == [lines[0], lines[1], lines[2], lines[7]]
+    assert upstream._live(lines, {"y3_ref"}) == [*lines[1:3], *lines[4:7], lines[9]]

@@ -376,9 +376,11 @@ std::pair<int, std::string> run_pytest(const std::string& script, const std::str
   const std::string source = root ? root : ".";
   const char* python = std::getenv("GRADFUZZ_TEST_PYTHON");
   const std::string py = python ? python : source + "/.venv/bin/python";
-  const std::string command = "env PYTHONPATH=" + source + "/adapter " +
-                              (fault.empty() ? std::string("-u GRADFUZZ_FAULT") : "GRADFUZZ_FAULT=" + fault) + " " +
-                              py + " -m pytest -q -p no:cacheprovider " + script + " > " + log.string() + " 2>&1";
+  // env's options come before its assignments: `-u` after one is read as the command.
+  const std::string command = std::string("env ") + (fault.empty() ? "-u GRADFUZZ_FAULT " : "") +
+                              "PYTHONPATH=" + source + "/adapter " +
+                              (fault.empty() ? std::string() : "GRADFUZZ_FAULT=" + fault + " ") + py +
+                              " -m pytest -q -p no:cacheprovider " + script + " > " + log.string() + " 2>&1";
   const int status = std::system(command.c_str());
   std::stringstream out;
   out << std::ifstream(log).rdbuf();

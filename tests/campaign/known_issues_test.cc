@@ -622,6 +622,8 @@ TEST(KnownIssues, EveryShippedTeEntrySaysWhatItIsAndWhere) {
     EXPECT_NE(e.basis->evidence.rfind(kUnestablishedEvidence, 0), 0u) << e.id << ": evidence not established";
     EXPECT_TRUE(std::regex_search(e.basis->evidence, names_a_place))
         << e.id << ": the evidence names no file:line, TE test or runtime.md section";
+    // Issue 25: every TE defect comes with its TE-style test (docs/te-defects/<entry>/).
+    EXPECT_EQ(e.basis->kind == "defect", !e.basis->upstream_test.empty()) << e.id;
     if (!e.basis->upstream_test.empty()) {
       EXPECT_EQ(e.basis->kind, "defect") << e.id;
       EXPECT_TRUE(std::filesystem::is_regular_file(root + "/" + e.basis->upstream_test))

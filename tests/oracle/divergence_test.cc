@@ -126,6 +126,28 @@ TEST(FirstDivergence, AComparedTensorComesBeforeTheTraceAtTheSameOp) {
   EXPECT_EQ(d->group, "Linear");
 }
 
+// A defect of op 0 shows in its weight gradient and in the case's input gradient, as one of op
+// k shows in op k's weight gradient and its traced input gradient: signed the same way, by
+// the weight gradient, whichever the comparison listed first (a one-op case shrunk from a
+// two-op one keeps its cluster).
+TEST(FirstDivergence, AtOpZeroTheWeightGradientSignsBeforeTheInputGradientAsAtOpK) {
+  const CaseSpec spec = three_ops();
+  const CasePlan plan = plan_of(spec);
+  std::vector<Finding> findings(2);
+  findings[0].kind = VerdictKind::kMismatch;
+  findings[0].path_pair = "unfused~reference";
+  findings[0].tensor = "grad_input";
+  findings[0].role = "grad_input";
+  findings[1] = findings[0];
+  findings[1].tensor = "grad_param[0].RMSNorm[0]";
+  findings[1].role = "grad_param";
+  const auto d = first_divergence(spec, plan, reference(), path("backward[0]"), tight(), findings);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->op_index, 0);
+  EXPECT_EQ(d->role, "grad_param");
+  EXPECT_EQ(d->tensor, "grad_param[0].RMSNorm[0]");
+}
+
 TEST(FirstDivergence, NothingWhenThePathAgreesAndQuantizedEntriesAreNotCompared) {
   const CaseSpec spec = three_ops();
   const CasePlan plan = plan_of(spec);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -216,6 +217,60 @@ TEST_F(ReportToolTest, DiffRefusesAnUnwritableJsonOutput) {
 TEST_F(ReportToolTest, ReportNeedsMergeOrDiff) {
   EXPECT_EQ(run({"report"}).exit, 2);
   EXPECT_EQ(run({"report", "diff", data("last.json")}).exit, 2);
+}
+
+// One defect signed several ways (the same case's clusters, one first divergence) gives one
+// test: `report upstream` writes it once, in the first cluster's folder, whose README names the
+// other clusters; a cluster whose test differs gets its own folder.
+TEST_F(ReportToolTest, UpstreamWritesOneFolderForClustersWithTheSameTest) {
+  Json doc = Json::parse(read(data("last.json")));
+  Json base = doc["findings"][0];
+  base["confirmation"] = {{"diagnosis", "fused-only"}};
+  doc["findings"] = Json::array();
+  for (const char* signature : {"mismatch|Linear|grad_param", "mismatch|Bias|grad_input", "mismatch|RMSNorm|output"}) {
+    Json f = base;
+    f["signature"] = signature;
+    doc["findings"].push_back(f);
+  }
+  const std::string report = write("report.json", doc.dump(2));
+  CLI::App app;
+  ReportCommand command(app);
+  command.set_upstream_exporter([](const Json& cluster, const std::string&, const std::string& test_path) {
+    const std::string signature = cluster["signature"];
+    // The first two differ in their docstrings only; the third asserts elsewhere.
+    const std::string body = signature.find("RMSNorm") != std::string::npos ? "    assert_close(y, y_ref)\n"
+                                                                            : "    assert_close(dw, dw_ref)\n";
+    const std::string text = "def test_it():\n    \"\"\"" + signature + "\"\"\"\n" + body;
+    std::ofstream(test_path) << text;
+    return UpstreamTest{text, {}, ""};
+  });
+  const std::string out_dir = path("out");
+  std::vector<std::string> args = {"gradfuzz", "report", "upstream", report, "-o", out_dir, "--backend", "te"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  std::ostringstream out;
+  EXPECT_EQ(command.run(out), 0);
+  EXPECT_THAT(out.str(), HasSubstr("2 cluster(s) to file"));
+  EXPECT_THAT(out.str(), HasSubstr("the same test as"));
+  // Each folder written is a line "<dir>/<folder>: <title>".
+  std::vector<std::string> readmes;
+  std::istringstream lines(out.str());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(out_dir + "/", 0) != 0 || line.find("the same test as") != std::string::npos) continue;
+    const std::string folder = line.substr(0, line.find(": "));
+    EXPECT_TRUE(exists(folder + "/README.md")) << folder;
+    readmes.push_back(read(folder + "/README.md"));
+  }
+  ASSERT_EQ(readmes.size(), 2u);
+  int naming_the_other = 0;
+  for (const auto& readme : readmes) {
+    if (readme.find("The same test, other clusters") == std::string::npos) continue;
+    ++naming_the_other;
+    EXPECT_THAT(readme, HasSubstr("`mismatch|Bias|grad_input`"));
+    EXPECT_THAT(readme, Not(HasSubstr("`mismatch|RMSNorm|output`")));
+  }
+  EXPECT_EQ(naming_the_other, 1);
 }
 
 TEST_F(ReportToolTest, FuzzWritesJunitAndHtmlOfItsReport) {

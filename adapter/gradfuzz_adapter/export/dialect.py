@@ -176,6 +176,11 @@ class Dialect:
         """The test function's parameters (defaults: dtype, device)."""
         raise NotImplementedError
 
+    def upstream_has_device(self, w):
+        """Whether the test takes a device and moves its values there (a test of the CPU
+        alone does without)."""
+        return True
+
     def upstream_doc_lines(self, w):
         """Sentences the docstring ends with (how to run it)."""
         raise NotImplementedError

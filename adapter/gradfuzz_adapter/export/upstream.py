@@ -12,11 +12,13 @@ representable first, as make_reference_and_test_tensors does); and ONE assertion
 finding's tensor and for its reason: a mismatch asserts that tensor close to its reference,
 a missing gradient that it is not None, an error or crash is just the calls that raise
 (the test fails with the implementation's exception), a modified input that the caller's
-tensor is unchanged. Where gradfuzz localised the first divergence to a tensor the oracle
-does not compare (an op's input gradient inside the Sequential), the test still asserts on
-the finding's tensor, the earliest compared one it reaches, and its docstring names the first
-divergence (op, pass, TE's class and method): that tensor is what te.ops' public API shows
-without splitting the fuser whose fusion may be the defect. No gradfuzz bounds, values or
+tensor is unchanged. The tensor asserted is the one the cluster is signed by, the first
+divergence's, where the test can read it (a parameter's gradient, the input's, an output) and
+it fails there; where gradfuzz localised the first divergence to a tensor the test cannot read
+(an op's input gradient inside the Sequential), the test asserts on the finding's tensor, the
+earliest compared one it reaches, and its docstring names the first divergence (op, pass, TE's
+class and method): that tensor is what te.ops' public API shows without splitting the fuser
+whose fusion may be the defect. No gradfuzz bounds, values or
 imports (te), no global TF32 change, no assertion on a write TE documents.
 
 upstream_export() writes the seeded test and, where the dialect can run it here, runs it
@@ -26,7 +28,7 @@ the test loads gradfuzz's values from a file beside it and says so.
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -35,6 +37,11 @@ from ..recipes import parse_recipe
 from .text import literal, wrap_call
 from .verify import runnable_here, verify_upstream
 
+# The tensors a test reads through the public API (a first divergence elsewhere is inside
+# the Sequential).
+PUBLIC_TENSOR = re.compile(
+    r"output|grad_input|extra_output\[\d+\]|grad_extra_input\[\d+\]|grad_param\[\d+\]\.\w+\[\d+\]"
+)
 # Marks the first line of the test's one assertion while the test is written (script()).
 ASSERTION = "\0assertion"
 
@@ -131,6 +138,23 @@ class Finding:
             )
         known = {k: obj[k] for k in cls.__dataclass_fields__ if k in obj and obj[k] is not None}
         return cls(**known)
+
+    def on_first_divergence(self):
+        """This finding with the tensor its cluster is signed by, the first divergence's,
+        where that is one a test can read (an output, the input's or a parameter's gradient)
+        and another than the finding's; None where there is none such."""
+        first = self.first_divergence or {}
+        tensor = first.get("tensor", "")
+        if (
+            self.op.startswith("in_place:")  # signed by the in-place write, not by where it shows
+            or self.kind != "mismatch"
+            or first.get("kind") != "mismatch"
+            or first.get("path", self.path) != self.path
+            or tensor == self.tensor
+            or not PUBLIC_TENSOR.fullmatch(tensor)
+        ):
+            return None
+        return replace(self, tensor=tensor, role=first.get("role", self.role))
 
     @property
     def path(self):
@@ -339,9 +363,10 @@ class UpstreamWriter:
     # -- the test
 
     def script(self):
+        body = self.test_function()  # first: the imports follow what the body uses
         lines = list(self.dialect.upstream_imports(self))
         lines += ["", ""]
-        lines += self.test_function()
+        lines += body
         for n, line in enumerate(lines, 1):
             if ASSERTION in line:
                 self.assert_line = n
@@ -407,15 +432,20 @@ class UpstreamWriter:
             where = divergence.get("class") or divergence.get("group") or ""
             method = divergence.get("method")
             where += f".{method}" if where and method else ""
-            about.append(
-                f"first diverges at op {divergence.get('op_index')}'s {divergence.get('role')} "
-                f"in {divergence.get('pass', '')}" + (f" ({where})" if where else "")
-            )
-        paragraph = " ".join(["; ".join(about) + ".", *self.dialect.upstream_doc_lines(self)])
-        # The first line's quotes take 3 of the 100 columns, the indent 4.
-        wrapped = _wrap_text(first, 93)
+            if divergence.get("tensor") == finding.tensor:  # the tensor asserted: where only
+                about[-1] += f" ({where})" if where else ""
+            else:
+                about.append(
+                    f"first diverges at op {divergence.get('op_index')}'s "
+                    f"{divergence.get('role')} in {divergence.get('pass', '')}"
+                    + (f" ({where})" if where else "")
+                )
+        paragraph = " ".join(
+            [first, "; ".join(about) + ".", *self.dialect.upstream_doc_lines(self)]
+        )
+        # One paragraph: the first line's quotes take 3 of the 100 columns, the indent 4.
+        wrapped = _wrap_text(paragraph, 93)
         wrapped = [wrapped[0], *_wrap_text(" ".join(wrapped[1:]), 96)] if wrapped[1:] else wrapped
-        wrapped += ["", *_wrap_text(paragraph, 96)]
         out = ['    """' + wrapped[0]]
         out += [f"    {line}" if line else "" for line in wrapped[1:]]
         out[-1] += '"""'
@@ -520,6 +550,12 @@ class UpstreamWriter:
 
     # -- the case under test
 
+    def on_device(self, value, copy=False):
+        """`value` on the test's device (a copy of it where `copy`)."""
+        if self.dialect.upstream_has_device(self):
+            return f"{value}.to(device, copy=True)" if copy else f"{value}.to(device)"
+        return f"{value}.clone()" if copy else value
+
     def build_lines(self):
         case, names, dialect = self.case, self.names, self.dialect
         lines = []
@@ -529,7 +565,7 @@ class UpstreamWriter:
             given = [f"x_call{k}"] + [
                 f"extra_call{k}_{j}" for j in range(len(case.call_inputs[k][1]))
             ]
-            call = f"{names.ops[index]}({', '.join(f'{v}.to(device)' for v in given)})"
+            call = f"{names.ops[index]}({', '.join(self.on_device(v) for v in given)})"
             if grad_mode:
                 lines.append(f"{call}  # called on its own, before any binding")
             else:
@@ -570,22 +606,24 @@ class UpstreamWriter:
         calls = self.finding.call
         backward = self.runs_backward or calls > 0
         rg = case.input_requires_grad and backward
-        lines.append(f"x_test = x.to(device, copy=True){'.requires_grad_()' if rg else ''}")
+        lines.append(
+            f"x_test = {self.on_device('x', copy=True)}{'.requires_grad_()' if rg else ''}"
+        )
         test_inputs = ["x_test"]
         asserted = self.finding.tensor
         for k, e in enumerate(case.extra_inputs):
             name = names.extras[k]
             e_rg = case.extra_input_requires_grad[k] and e.is_floating_point() and backward
-            value = f"{name}.to(device, copy=True)" + (".requires_grad_()" if e_rg else "")
+            value = self.on_device(name, copy=True) + (".requires_grad_()" if e_rg else "")
             if asserted in (f"grad_extra_input[{k}]", f"extra_input[{k}]"):
                 lines.append(f"{name}_test = {value}")
                 value = f"{name}_test"
             test_inputs.append(value)
         outputs = [f"{stem}_test" for stem in names.outputs]
         target = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
-        call = f"{target} = model({', '.join(test_inputs)})"
         context = dialect.upstream_context(self)
-        forward = [f"with {context}:", f"    {call}"] if context else [call]
+        call = wrap_call(f"{target} = model(", test_inputs, ")", width=92 if context else 96)
+        forward = [f"with {context}:", *[f"    {line}" for line in call]] if context else call
         if calls:
             # gradfuzz's earlier calls of the same Sequential, each a training step: the
             # finding is the call after them (call[k]).
@@ -646,7 +684,7 @@ class UpstreamWriter:
             if c is not None and d
         ]
         watched = self.caller_tensor() if self.finding.kind == "modified_input" else None
-        given = [f"{c}_test" if f"{c}_test" == watched else f"{c}.to(device)" for _, c in pairs]
+        given = [f"{c}_test" if f"{c}_test" == watched else self.on_device(c) for _, c in pairs]
         if len(pairs) == 1:
             return [f"{pairs[0][0]}.backward({given[0]})"]
         outs = ", ".join(o for o, _ in pairs)
@@ -658,7 +696,7 @@ class UpstreamWriter:
         lines = []
         for c in self.names.cotangents:
             if c is not None and watched == f"{c}_test":
-                lines.append(f"{watched} = {c}.to(device, copy=True)")
+                lines.append(f"{watched} = {self.on_device(c, copy=True)}")
         return lines + [f"before = {watched}.detach().clone()"]
 
     def caller_tensor(self):
@@ -693,9 +731,10 @@ class UpstreamWriter:
         rtol, atol, comment = self.tolerance()
         lines.append(f"# The finding, at TE's {comment}")
         ref = self.reference_tensor()
+        cpu = ".cpu()" if self.dialect.upstream_has_device(self) else ""
         lines += wrap_call(
             f"{ASSERTION}torch.testing.assert_close(",
-            [f"{got}.double().cpu()", ref, f"rtol={rtol!r}", f"atol={atol!r}"],
+            [f"{got}.double(){cpu}", ref, f"rtol={rtol!r}", f"atol={atol!r}"],
             ")",
             width=96 + len(ASSERTION),
         )
@@ -765,14 +804,17 @@ class UpstreamWriter:
                 "))",
             )
         reference = _Reference(self)
-        lines += reference.lines()
+        outs = [f"{stem}_ref" for stem in self.names.outputs]
+        pairs = [
+            (o, c)
+            for o, c, d in zip(outs, self.names.cotangents, self.differentiable())
+            if c is not None and d
+        ]
+        wanted = {self.reference_tensor().split(".")[0]}
         if self.gradient:
-            outs = [f"{stem}_ref" for stem in self.names.outputs]
-            pairs = [
-                (o, c)
-                for o, c, d in zip(outs, self.names.cotangents, self.differentiable())
-                if c is not None and d
-            ]
+            wanted |= {o for o, _ in pairs}
+        lines += _live(reference.lines(), wanted)
+        if self.gradient:
             if len(pairs) == 1:
                 lines.append(f"{pairs[0][0]}.backward({pairs[0][1]}.double())")
             else:
@@ -941,6 +983,29 @@ class _Reference:
         raise ValueError(f"export --upstream: no reference for catalog op {name!r}")
 
 
+def _live(lines, wanted):
+    """The statements of `lines` that what `wanted` names needs (an output the test does not
+    assert on, nor take a gradient through, left out with what only it used). A statement
+    is a line and the indented or closing lines after it."""
+    statements = []
+    for line in lines:
+        if statements and (line[:1].isspace() or line[:1] in ")]}"):
+            statements[-1].append(line)
+        else:
+            statements.append([line])
+    needed, kept = set(wanted), []
+    for statement in reversed(statements):
+        text = "\n".join(statement)
+        target = re.match(r"([A-Za-z_][\w, ]*?)\s*=(?!=)", text)
+        names = {t.strip() for t in target.group(1).split(",")} if target else set()
+        if target and not names & needed:
+            continue
+        code = text.split("#")[0] if "#" in text and '"' not in text else text
+        needed |= set(re.findall(r"[A-Za-z_]\w*", code[target.end() :] if target else code))
+        kept.append(statement)
+    return [line for statement in reversed(kept) for line in statement]
+
+
 def _wrap_text(text, width):
     words, lines, line = text.split(" "), [], ""
     for word in words:
@@ -957,22 +1022,40 @@ def upstream_export(case, request, dialect):
     Where the dialect can run the test here, the seeded test is run (verify.py); where it
     does not fail for the finding's reason and gradfuzz's values do, those go to the
     request's data_file and the test loads them."""
-    finding = Finding.from_request(request.finding)
+    reported = Finding.from_request(request.finding)
     fault = request.fault
-    writer = UpstreamWriter(case, finding, dialect, fault=fault, case_file=request.case_file)
-    script = writer.script()
     notes = []
-    reply = {"ok": True, "script": script, "notes": notes}
-    lines = len(script.splitlines())
-    notes.append(f"an upstream test of {lines} lines for {finding.signature or finding.kind}")
     reason = runnable_here(dialect) if request.verify else "the request asked not to"
+    # The cluster's own tensor first; the finding's where the test cannot read that one or it
+    # does not fail there.
+    findings = [f for f in (reported.on_first_divergence(), reported) if f is not None]
     if reason:
-        notes.append(f"not run here: {reason}")
-        return reply
-    verdict = verify_upstream(script, writer, fault=fault)
-    notes.append(verdict.summary())
-    if verdict.reproduces:
-        return reply
+        findings = findings[:1]
+    for finding in findings:
+        try:
+            writer = UpstreamWriter(
+                case, finding, dialect, fault=fault, case_file=request.case_file
+            )
+        except ValueError:
+            if finding is reported:
+                raise
+            continue  # the writer declines that tensor (the dialect's public API lacks it)
+        script = writer.script()
+        reply = {"ok": True, "script": script, "notes": notes}
+        if not finding.is_error and finding.kind != "modified_input":
+            reply["asserted"] = finding.tensor
+        lines = len(script.splitlines())
+        notes.append(
+            f"an upstream test of {lines} lines for {finding.signature or finding.kind}, "
+            f"asserting on {finding.tensor or 'the calls'}"
+        )
+        if reason:
+            notes.append(f"not run here: {reason}")
+            return reply
+        verdict = verify_upstream(script, writer, fault=fault)
+        notes.append(verdict.summary())
+        if verdict.reproduces:
+            return reply
     if not request.data_file:
         notes.append("gradfuzz's values were not tried: no data file (export with -o FILE)")
         return reply

@@ -3,9 +3,8 @@ import transformer_engine.pytorch as te
 
 
 def test_make_extra_linear_add_extra_dx(dtype=torch.float32, device="cuda"):
-    """MakeExtraOutput -> Linear -> AddExtraInput (float32): wrong dx.
-
-    gradfuzz: mismatch|MakeExtraOutput|grad_input; first diverges at op 1's grad_input in backward
+    """MakeExtraOutput -> Linear -> AddExtraInput (float32): wrong dx. gradfuzz:
+    mismatch|MakeExtraOutput|grad_input; first diverges at op 1's grad_input in backward
     (BackwardLinearAdd.fuser_backward)."""
     torch.manual_seed(13)
     x = torch.rand(16, 16, dtype=dtype)

@@ -4,9 +4,8 @@ from transformer_engine.common.recipe import DelayedScaling, Format
 
 
 def test_linear_linear_dw2(dtype=torch.bfloat16, device="cuda"):
-    """Linear -> Linear (bfloat16, DelayedScaling HYBRID): wrong dw2.
-
-    gradfuzz: mismatch|Linear|grad_param; first diverges at op 1's grad_param in backward
+    """Linear -> Linear (bfloat16, DelayedScaling HYBRID): wrong dw2. gradfuzz:
+    mismatch|Linear|grad_param; first diverges at op 1's grad_param in backward
     (BasicLinear.op_backward)."""
     torch.manual_seed(12)
     x = torch.rand(32, 16, dtype=dtype)

@@ -5,7 +5,6 @@ from transformer_engine.common.recipe import Float8CurrentScaling, Format
 
 def test_grouped_linear_dx(dtype=torch.bfloat16, device="cuda"):
     """GroupedLinear (bfloat16, Float8CurrentScaling, backward_override=high_precision): wrong dx.
-
     gradfuzz: mismatch|GroupedLinear|grad_input."""
     torch.manual_seed(14)
     x = torch.rand(32, 16, dtype=dtype)

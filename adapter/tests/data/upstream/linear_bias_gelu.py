@@ -3,9 +3,7 @@ import transformer_engine.pytorch as te
 
 
 def test_linear_bias_gelu_dw(dtype=torch.float32, device="cuda"):
-    """Linear -> Bias -> GELU (float32): wrong dw.
-
-    gradfuzz: mismatch|Linear|grad_param."""
+    """Linear -> Bias -> GELU (float32): wrong dw. gradfuzz: mismatch|Linear|grad_param."""
     torch.manual_seed(11)
     x = torch.rand(16, 32, dtype=dtype)
     w = torch.rand(32, 32, dtype=dtype)
