@@ -233,6 +233,25 @@ void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::ve
     if (paths_set_apart.count(d.path) || !first.count(d.path)) continue;
     first[d.path] = First{TensorPosition{d.pass == "forward", d.op_index}, d.role, d.tensor, true, d.kind};
   }
+  // Such a path's recorded divergence is the compared tensor that signs its other findings, not
+  // the trace's (which may be the other cause's write): what a report and an upstream test
+  // take as the cluster's first divergence is the tensor its signature names.
+  for (const std::string& path : paths_set_apart) {
+    auto& ds = result.divergences;
+    ds.erase(std::remove_if(ds.begin(), ds.end(), [&](const harness::Divergence& d) { return d.path == path; }),
+             ds.end());
+    const auto it = first.find(path);
+    if (it == first.end()) continue;
+    harness::Divergence d;
+    d.path = path;
+    d.pass = it->second.pos.forward ? "forward" : "backward";
+    d.op_index = it->second.pos.op;
+    if (d.op_index >= 0 && d.op_index < static_cast<int64_t>(spec.ops.size())) d.op = spec.ops[d.op_index].name;
+    d.group = d.op;
+    d.role = it->second.role;
+    d.tensor = it->second.tensor;
+    ds.push_back(std::move(d));
+  }
   // Tensors the unfused path gets wrong too: not a fusion's defect.
   std::set<std::string> unfused_wrong;
   for (const auto& f : result.findings) {

@@ -13,38 +13,10 @@ import sys
 import time
 import traceback
 
-# Before anything can create a cuBLAS/cuDNN handle: NVIDIA's libraries then compute fp32
-# in full fp32, TF32 off, including TE's own cuBLASLt GEMMs that do not read PyTorch's
-# allow_tf32 flags (documented by NVIDIA for cuBLAS and cuDNN).
-os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
-
-from .protocol import ProtocolError, TensorList, read_frame, write_frame  # noqa: E402
-
-
-def make_backend(name):
-    """The backend object; the te one imports TransformerEngine here, not before."""
-    if name == "torch":
-        from .torch_backend import TorchBackend
-
-        return TorchBackend()
-    if name == "te":
-        from .te.backend import TEBackend
-
-        # GRADFUZZ_TE_DEVICE: where te.ops run (default CUDA's current device); the tests
-        # set "cpu" to run TE's Python code over a stubbed extension (tests/te_stub.py).
-        return TEBackend(device=os.environ.get("GRADFUZZ_TE_DEVICE") or None)
-    raise ValueError(f"unknown backend '{name}'; known backends: te, torch")
-
-
-def configure_torch():
-    """TF32 off (fp32 results must be fp32), and one intra-op CPU thread: cases are tiny and
-    workers run in parallel processes; with a thread pool a [6, 2] softmax was seen to take
-    12 ms on a busy 2-core machine instead of 3 us. GRADFUZZ_ADAPTER_THREADS overrides."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_num_threads(int(os.environ.get("GRADFUZZ_ADAPTER_THREADS", "1")))
+# backends sets NVIDIA_TF32_OVERRIDE at import. Server calls make_backend through this module
+# (tests/te_stub_python.sh replaces it here).
+from .backends import configure_torch, make_backend
+from .protocol import ProtocolError, TensorList, read_frame, write_frame
 
 
 class Server:

@@ -1,7 +1,7 @@
 """The op catalog of ../shared/spec/ops.md as plain PyTorch functions.
 
 Every op is a module-level function of tensors written with differentiable torch calls, so
-autograd gives its backward. The torch backend (torch_runtime.py), the float64 reference
+autograd gives its backward. The torch backend (torch_backend/), the float64 reference
 (reference.py) and every exported script use these functions; the exporter embeds this
 module's source, so it imports only math, torch and the error classes (errors.py, embedded
 before it).
@@ -218,9 +218,9 @@ def make_extra_output(x):
 
 def add_extra_input(x, e, in_place=False):
     """y = x + e, e shaped like x. `in_place` only changes memory traffic: the runtime hands
-    such an op a private copy of e (torch_runtime.Fuser), so adding into it in place
-    changes no caller tensor and no channel value, and autograd sees an in-place add into a
-    fresh non-leaf tensor, which it records like the out-of-place sum."""
+    such an op a private copy of e (torch_backend/runtime.py: Fuser), so adding into it in
+    place changes no caller tensor and no channel value, and autograd sees an in-place add
+    into a fresh non-leaf tensor, which it records like the out-of-place sum."""
     if e is None or tuple(e.shape) != tuple(x.shape):
         raise InvalidArgumentError(
             f"AddExtraInput slot 0: extra input must have the input's shape {list(x.shape)}, "
@@ -312,7 +312,7 @@ def identity(x):
 
 def collective(x):
     """AllGather, ReduceScatter, AllReduce on the unsharded tensors: the identity (the ranks'
-    slices gathered, summands summed; torch_parallel.py runs them on the ranks)."""
+    slices gathered, summands summed; torch_backend/parallel.py runs them on the ranks)."""
     return x.view_as(x)
 
 

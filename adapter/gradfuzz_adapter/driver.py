@@ -2,8 +2,8 @@
 
 The steps and their phase names are the same for every backend: op creation, the
 call-then-bind calls, binding, Sequential construction, late binding, forward, backward.
-A backend supplies a Builder (torch_backend.TorchBuilder, te_backend.TEBuilder) that knows
-how its ops are made, bound, run and differentiated; this module does the rest: values on
+A backend supplies a Builder (torch_backend.backend.TorchBuilder, te.backend.TEBuilder) that
+knows how its ops are made, bound, run and differentiated; this module does the rest: values on
 the device, caller-tensor copies (`modified`) and, when one changed, a second run that
 names the plan group that wrote it (`modified_by`), where a path asks for it the tensor
 each plan group handed on or returned (`trace`), the loss cotangents, one
@@ -940,7 +940,7 @@ def te_writer_scope(operation_fuser, case, ops, watch, basic_operation=None):
 @contextlib.contextmanager
 def torch_writer_scope(seq, case, watch):
     """The group scope of the torch runtime (a TorchBuilder's writer_scope returns this;
-    `watch`: a GroupWatch). Forward: every op is its own group, torch_runtime.Fuser.forward
+    `watch`: a GroupWatch). Forward: every op is its own group, runtime.Fuser.forward
     calls op.forward(x, extras) per op, which is wrapped (its extra outputs are the second
     item of what it returns). Backward is PyTorch's autograd over eager ops, with no per-op
     entry point: a hook on each op's main output marks the start of that op's backward (its
@@ -1210,7 +1210,7 @@ _PLUMBING = tuple(
 
 def _relative(path):
     """`path` relative to the sys.path entry holding it ("transformer_engine/pytorch/ops/
-    op.py", "gradfuzz_adapter/torch_runtime.py"), else its base name."""
+    op.py", "gradfuzz_adapter/torch_backend/runtime.py"), else its base name."""
     best = None
     for entry in sys.path:
         root = _realpath(entry or os.getcwd()) + os.sep

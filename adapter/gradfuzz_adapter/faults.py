@@ -6,7 +6,7 @@ A Fault names its target by dotted path ("transformer_engine.pytorch.ops.fuser.
 OperationFuser.__init__") and builds the replacement from the original; planted() swaps it
 in for the body of a `with` and puts the original back afterwards, also when the body
 raises. Files are never edited. The faults themselves are te/faults.py's (TE) and
-torch_faults.py's (the torch backend's recipe emulation).
+torch_backend/faults.py's (the torch backend's recipe emulation and ranks).
 """
 
 import contextlib

@@ -51,8 +51,8 @@ def _rank_main(backend_name, rank, world_size, port, conn, device_type, timeout_
         import torch
         import torch.distributed as dist
 
-        from . import torch_parallel
-        from .__main__ import configure_torch, make_backend
+        from .backends import configure_torch, make_backend
+        from .torch_backend import parallel as torch_parallel
 
         configure_torch()
         dist_backend = "gloo"

@@ -149,7 +149,7 @@ def requests(n, real=False, fusions=()):
 
 def make_backend(name, real=False):
     if name == "torch":
-        from gradfuzz_adapter.torch_backend import TorchBackend
+        from gradfuzz_adapter.torch_backend.backend import TorchBackend
 
         return TorchBackend()
     if not real:

@@ -11,7 +11,7 @@ for path in (ADAPTER, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-# Tiny cases: one intra-op thread is much faster than a thread pool (see __main__.py).
+# Tiny cases: one intra-op thread is much faster than a thread pool (backends.py: configure_torch).
 torch.set_num_threads(1)
 
 

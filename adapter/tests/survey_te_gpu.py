@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 import torch  # noqa: E402
 from helpers import harness_tolerance, judge, run, spec  # noqa: E402
 
-from gradfuzz_adapter.__main__ import Server, configure_torch  # noqa: E402
+from gradfuzz_adapter.__main__ import Server  # noqa: E402
+from gradfuzz_adapter.backends import configure_torch  # noqa: E402
 from gradfuzz_adapter.case import decode_case  # noqa: E402
 from gradfuzz_adapter.client import make_request  # noqa: E402
 

@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from helpers import judge, run  # noqa: E402
 from survey_te_gpu import random_spec  # noqa: E402
 
-from gradfuzz_adapter.__main__ import configure_torch  # noqa: E402
-from gradfuzz_adapter.torch_backend import TorchBackend  # noqa: E402
+from gradfuzz_adapter.backends import configure_torch  # noqa: E402
+from gradfuzz_adapter.torch_backend.backend import TorchBackend  # noqa: E402
 
 
 def main(count):

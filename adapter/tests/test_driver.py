@@ -8,9 +8,10 @@ import pytest
 import torch
 from helpers import run, spec
 
-from gradfuzz_adapter import driver, torch_runtime
+from gradfuzz_adapter import driver
 from gradfuzz_adapter.driver import WriterTracker, _CallerTensors, error_origin
-from gradfuzz_adapter.torch_backend import TorchBackend, TorchBuilder
+from gradfuzz_adapter.torch_backend import runtime as torch_runtime
+from gradfuzz_adapter.torch_backend.backend import TorchBackend, TorchBuilder
 
 
 def bound(channel, to_caller=False):
@@ -50,7 +51,7 @@ def test_a_locked_late_bind_names_the_public_setter_of_the_torch_runtime(torch_b
     # _check_binding raises; the public method that called it is the cause.
     assert error["origin"] == "BasicOp.set_extra_input_channel"
     line = line_of(torch_runtime.BasicOp.set_extra_input_channel, "self._check_binding(")
-    assert error["origin_file"] == f"gradfuzz_adapter/torch_runtime.py:{line}"
+    assert error["origin_file"] == f"gradfuzz_adapter/torch_backend/runtime.py:{line}"
 
 
 def test_a_routing_error_names_the_fuser_constructor(torch_backend):
@@ -58,7 +59,7 @@ def test_a_routing_error_names_the_fuser_constructor(torch_backend):
     _, results = run(torch_backend, spec(ops))
     error = results[0]["error"]
     assert (error["kind"], error["origin"]) == ("missing-producer", "Fuser.__init__")
-    assert error["origin_file"].startswith("gradfuzz_adapter/torch_runtime.py:")
+    assert error["origin_file"].startswith("gradfuzz_adapter/torch_backend/runtime.py:")
 
 
 def test_an_origin_skips_torch_the_driver_and_the_builder():
@@ -124,7 +125,7 @@ def test_the_tracker_attributes_a_change_to_the_group_that_made_it(deferred):
 
 def test_the_writer_of_an_in_place_add_on_the_torch_runtime(torch_backend, monkeypatch):
     # A planted defect: the runtime hands AddExtraInput(in_place) the caller's tensor
-    # instead of a private copy (torch_runtime.Fuser.forward), so the add writes into it.
+    # instead of a private copy (runtime.Fuser.forward), so the add writes into it.
     monkeypatch.setattr(torch_runtime.BasicOp, "writes_extra_input_in_place", lambda s, k: False)
     ops = [
         {"name": "ConstantScale", "attrs": {"scale": 0.5}},

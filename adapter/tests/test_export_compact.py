@@ -351,7 +351,7 @@ def test_a_case_of_up_to_3_ops_exports_to_at_most_150_lines():
       20-110 lines each): the test cannot run without them, and a TE test of such a case
       needs them just as much;
     - torch: the runtime under test, gradfuzz's own te.ops model on plain PyTorch (about
-      720 lines: torch_runtime.py and the catalog), which is what that script tests.
+      720 lines: torch_backend/runtime.py and the catalog), which is what that script tests.
     The test itself, before that mark, stays within the budget in every case."""
     counted, strict, lengths = 0, 0, {}
     for path in CASES:

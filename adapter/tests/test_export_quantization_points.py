@@ -4,7 +4,7 @@ as replay does (issue 15 item 4, docs/BACKENDS.md "Per-path quantization points"
 A case whose fused path fires BackwardLinearScale under a recipe (Linear -> ConstantScale):
 TE's fused op quantizes the Linear's unscaled gradient and applies the scale as the backward
 GEMMs' alpha, so replay judges the fused path against a reference with those quantization
-points; the torch backend emulates the fused op (torch_runtime.py: FUSIONS) and plants
+points; the torch backend emulates the fused op (torch_backend/runtime.py: FUSIONS) and plants
 `torch-backward-linear-scale-alpha-dropped`. Each case is replayed on the torch backend with
 and without that fault, exported for the torch backend through `build/tools/gradfuzz export`,
 and its script run under pytest with and without the same fault planted in the runtime the
@@ -24,9 +24,9 @@ ADAPTER = os.path.dirname(HERE)
 BINARY = os.path.join(REPO, "build", "tools", "gradfuzz")
 FAULT = "torch-backward-linear-scale-alpha-dropped"
 
-# Runs the scripts as a user runs them, with torch_faults' fault `name` planted in the
-# runtime each script embeds (its target without the gradfuzz_adapter module: the script's
-# own function), as the adapter plants it in its module for replay.
+# Runs the scripts as a user runs them, with torch_backend/faults.py's fault `name` planted in
+# the runtime each script embeds (its target without its module gradfuzz_adapter.torch_backend.
+# <module>: the script's own function), as the adapter plants it in its module for replay.
 PRELUDE = """
 import sys
 import pytest
@@ -36,9 +36,9 @@ class Plant:
         if FAULT is None:
             return
         sys.path.insert(0, {adapter!r})
-        from gradfuzz_adapter.torch_faults import FAULTS
+        from gradfuzz_adapter.torch_backend.faults import FAULTS
         fault = FAULTS[FAULT]
-        *owners, attr = fault.target.split(".")[2:]
+        *owners, attr = fault.target.split(".")[3:]
         for module in {{item.module for item in items}}:
             owner = module
             for name in owners:

@@ -28,8 +28,8 @@ from gradfuzz_adapter.client import make_request, path_result
 from gradfuzz_adapter.export import export_reply, upstream
 from gradfuzz_adapter.export.verify import PYTEST, Outcome, Verdict, parse, run_test
 from gradfuzz_adapter.protocol import TensorList
-from gradfuzz_adapter.torch_backend import TorchBackend
-from gradfuzz_adapter.torch_faults import FAULTS
+from gradfuzz_adapter.torch_backend.backend import TorchBackend
+from gradfuzz_adapter.torch_backend.faults import FAULTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ADAPTER = os.path.dirname(HERE)
@@ -205,7 +205,7 @@ def test_a_torch_upstream_test_reads_as_a_te_test():
     script = export(*TORCH_FAULTS["torch-fp8-dgrad-scaled-down"], verify=False)["script"]
     compile(script, "upstream.py", "exec")
     assert "torch.manual_seed(7)" in script
-    assert "from gradfuzz_adapter.torch_runtime import BasicOp, Sequential" in script
+    assert "from gradfuzz_adapter.torch_backend.runtime import BasicOp, Sequential" in script
     assert "GRADFUZZ_FAULT=torch-fp8-dgrad-scaled-down" not in script  # no fault named
     assert "y_ref = x_ref @ w_ref.T" in script
     assert "rtol=0.125, atol=0.0675" in script  # TE's quantization_tols (E4M3)
@@ -480,7 +480,7 @@ def test_the_te_backward_linear_add_test_fails_on_tes_python_for_its_reason(tmp_
 def test_the_test_asserts_on_the_tensor_its_cluster_is_signed_by_where_it_can_read_it():
     """A weight-gradient cluster shown first on the input's gradient: the test asserts on the
     weight's gradient (the first divergence, a tensor the test reads), and says so."""
-    divergence = {"kind": "mismatch", "path": "fused", "tensor": "grad_param[0].Linear[0]",
+    divergence = {"kind": "mismatch", "path": "fused", "tensor": "grad_param[0].Linear[0]", "op": "Linear",
                   "role": "grad_param", "op_index": 0, "pass": "backward"}  # fmt: skip
     found = finding("grad_input", first_divergence=divergence)
     found["signature"] = "mismatch|Linear|grad_param"

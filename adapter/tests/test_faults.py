@@ -10,30 +10,34 @@ import pytest
 import torch
 from helpers import judge, spec
 
-from gradfuzz_adapter import faults, recipes, torch_faults
+from gradfuzz_adapter import faults
 from gradfuzz_adapter.te import faults as te_faults
-from gradfuzz_adapter.torch_backend import TorchBackend
+from gradfuzz_adapter.torch_backend import faults as torch_faults
+from gradfuzz_adapter.torch_backend import fp8
+from gradfuzz_adapter.torch_backend.backend import TorchBackend
 
 # ----------------------------------------------------------------------------------------
 # The switch
 
 
 def test_planted_swaps_the_target_for_the_body_and_restores_it_on_error():
-    original = recipes.dequantize
+    original = fp8.dequantize
     seen = []
 
     def replace(orig):
         assert orig is original
         return lambda q, scale: 2 * orig(q, scale)
 
-    fault = faults.Fault("f", "doubles dequantize", "gradfuzz_adapter.recipes.dequantize", replace)
+    fault = faults.Fault(
+        "f", "doubles dequantize", "gradfuzz_adapter.torch_backend.fp8.dequantize", replace
+    )
     with pytest.raises(KeyError):
         with faults.planted({"f": fault}, "f"):
-            seen.append(recipes.dequantize)
+            seen.append(fp8.dequantize)
             raise KeyError("a failing request")
-    assert seen[0] is not original and recipes.dequantize is original
+    assert seen[0] is not original and fp8.dequantize is original
     with faults.planted({"f": fault}, None):
-        assert recipes.dequantize is original
+        assert fp8.dequantize is original
     with pytest.raises(ValueError, match=r"unknown fault 'g'; this backend's faults: f"):
         with faults.planted({"f": fault}, "g"):
             pass
@@ -154,7 +158,7 @@ def test_delayed_forward_scale_with_e5m2_max_shows_from_the_second_call(backend)
 def test_the_torch_backend_lists_its_faults_and_refuses_an_unknown_one(backend):
     caps = backend.hello()["capabilities"]
     assert [f["name"] for f in caps["faults"]] == list(torch_faults.FAULTS)
-    assert caps["faults"][0]["target"] == "gradfuzz_adapter.recipes.cast_to_fp8"
+    assert caps["faults"][0]["target"] == "gradfuzz_adapter.torch_backend.fp8.cast_to_fp8"
     with pytest.raises(ValueError, match="unknown fault 'te-fuser-drops-consumer-grads'"):
         run_with(backend, torch_case(HYBRID), "te-fuser-drops-consumer-grads")
 

@@ -7,8 +7,9 @@ import torch
 from helpers import run, spec
 
 from gradfuzz_adapter import catalog, recipes
-from gradfuzz_adapter.torch_backend import TorchBackend
-from gradfuzz_adapter.torch_runtime import BasicOp, Boundary, Sequential
+from gradfuzz_adapter.torch_backend import fp8
+from gradfuzz_adapter.torch_backend.backend import TorchBackend
+from gradfuzz_adapter.torch_backend.runtime import BasicOp, Boundary, Sequential
 
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
@@ -24,31 +25,31 @@ def e4m3(values):
 
 def test_the_cast_saturates_at_each_formats_maximum_and_rounds_to_nearest_even():
     one = torch.ones(())
-    got = recipes.cast_to_fp8(e4m3([448.0, 500.0, -1e9, 464.0, 2.0**-10]), one, "E4M3")
+    got = fp8.cast_to_fp8(e4m3([448.0, 500.0, -1e9, 464.0, 2.0**-10]), one, "E4M3")
     # 464 is halfway between 448 and the (absent) 480: saturates; 2^-10 is half the smallest
     # E4M3 subnormal 2^-9: ties to even, 0.
     assert got.float().tolist() == [448.0, 448.0, -448.0, 448.0, 0.0]
-    got = recipes.cast_to_fp8(e4m3([57344.0, 60000.0, 1e9]), one, "E5M2")
+    got = fp8.cast_to_fp8(e4m3([57344.0, 60000.0, 1e9]), one, "E5M2")
     assert got.float().tolist() == [57344.0, 57344.0, 57344.0]
-    assert torch.isnan(recipes.cast_to_fp8(e4m3([float("nan")]), one, "E4M3").float()).all()
-    assert recipes.FORMATS["E4M3"][1] == E4M3_MAX and recipes.FORMATS["E5M2"][1] == E5M2_MAX
+    assert torch.isnan(fp8.cast_to_fp8(e4m3([float("nan")]), one, "E4M3").float()).all()
+    assert fp8.FORMATS["E4M3"][1] == E4M3_MAX and fp8.FORMATS["E5M2"][1] == E5M2_MAX
 
 
 def test_current_scaling_of_amax_3_5_lands_on_the_scaled_e4m3_grid():
     x = e4m3([3.5, -3.5, 1.0, 0.3, 0.01, 0.0])
     # scale = 448 / 3.5 = 128: 0.3 * 128 = 38.4 -> 40 (E4M3 spacing 4 in [32, 64)),
     # 0.01 * 128 = 1.28 -> 1.25 (spacing 1/8 in [1, 2)).
-    got = recipes.current_scaling_qdq(x, "E4M3")
+    got = fp8.current_scaling_qdq(x, "E4M3")
     assert got.tolist() == [3.5, -3.5, 1.0, 40 / 128, 1.25 / 128, 0.0]
     # E5M2: scale 57344 / 3.5 = 16384: 0.3 -> 4915.2 -> 5120 (spacing 1024 in [4096, 8192)).
-    got = recipes.current_scaling_qdq(x, "E5M2")
+    got = fp8.current_scaling_qdq(x, "E5M2")
     assert got[3].item() == 5120 / 16384
     # Every value is an FP8 number times 1/scale.
     assert torch.equal((got * 16384).to(torch.float8_e5m2).double(), got * 16384)
 
 
 def test_the_scale_follows_tes_compute_scale_from_amax():
-    scale = recipes.compute_scale
+    scale = fp8.compute_scale
     assert scale(torch.tensor(3.5), E4M3_MAX).item() == 128.0
     # 448 / 3 = 149.33: the power of two at or below it.
     assert scale(torch.tensor(3.0), E4M3_MAX, pow2=True).item() == 128.0
@@ -67,15 +68,15 @@ def test_block_scaling_gives_each_128_block_its_own_scale_and_copies_differ():
     x[0, 0] = 3.5  # block (0, 0): amax 3.5, scale 128
     x[0, 128:] = 0.3  # block (0, 1): amax 0.3, scale 448/0.3
     x[1] = 0.3
-    got = recipes.block_scaling_qdq(x, "E4M3", 1, pow2=False)
+    got = fp8.block_scaling_qdq(x, "E4M3", 1, pow2=False)
     assert got[0, 1].item() == 40 / 128  # on the grid of its block's amax 3.5
     assert got[0, 200].item() == pytest.approx(0.3, abs=1e-7)  # its block's max: exact-ish
     # The column-wise copy (blocks along the rows) puts 0.3 of row 1 in a block whose amax
     # is 3.5 for column 0 only.
-    col = recipes.block_scaling_qdq(x, "E4M3", 1, along_rows=True, pow2=False)
+    col = fp8.block_scaling_qdq(x, "E4M3", 1, along_rows=True, pow2=False)
     assert col[1, 0].item() == 40 / 128 and col[1, 1].item() == pytest.approx(0.3, abs=1e-7)
     # 2D: one 128x128 tile; the whole [2, 128] left half shares amax 3.5.
-    tile = recipes.block_scaling_qdq(x, "E4M3", 2, pow2=False)
+    tile = fp8.block_scaling_qdq(x, "E4M3", 2, pow2=False)
     assert tile[1, 0].item() == 40 / 128 and tile[1, 200].item() == pytest.approx(0.3, abs=1e-7)
 
 
@@ -84,7 +85,7 @@ def test_block_scaling_gives_each_128_block_its_own_scale_and_copies_differ():
 
 
 def test_delayed_scaling_scale_after_one_and_two_calls():
-    q = recipes.DelayedQuantizer("E4M3", history_len=2, margin=0, algo="max")
+    q = fp8.DelayedQuantizer("E4M3", history_len=2, margin=0, algo="max")
     # Call 1 quantizes with the initial scale 1: 0.3 -> 0.3125 (spacing 2^-5 near 0.3).
     assert q(e4m3([3.5, 0.3])).data.tolist() == [3.5, 0.3125]
     q.update()
@@ -99,7 +100,7 @@ def test_delayed_scaling_scale_after_one_and_two_calls():
 
 
 def test_delayed_scaling_margin_most_recent_and_an_amax_that_accumulates():
-    q = recipes.DelayedQuantizer("E5M2", history_len=4, margin=1, algo="most_recent")
+    q = fp8.DelayedQuantizer("E5M2", history_len=4, margin=1, algo="most_recent")
     q(e4m3([4.0]))
     q(e4m3([8.0]))  # no update in between (a no_grad call): slot 0 keeps the maximum
     q.update()
@@ -119,7 +120,7 @@ def test_delayed_scaling_history_lives_in_the_ops_across_calls_of_one_sequential
     with torch.no_grad():
         op.params[0].copy_(torch.eye(4) * 0.5)
     op.params[0].requires_grad_(True)
-    op.quantization = recipes.OpQuantization("Linear", {"out": 4}, recipe)
+    op.quantization = fp8.OpQuantization("Linear", {"out": 4}, recipe)
     seq = Sequential(op)
     linear = op.quantization.linear[0]
     scales = []
@@ -128,9 +129,9 @@ def test_delayed_scaling_history_lives_in_the_ops_across_calls_of_one_sequential
         x[0, 0] = amax
         x.requires_grad_(True)
         y = seq(x)
-        recipes.update_after_forward([op.quantization])
+        fp8.update_after_forward([op.quantization])
         y.backward(torch.ones_like(y))
-        recipes.update_after_backward([op.quantization])
+        fp8.update_after_backward([op.quantization])
         scales.append((linear.input.scale.item(), linear.grad_output.scale.item()))
     # After call 1: input amax 3.5 -> 128; grad_output (E5M2 under HYBRID) amax 1 -> 57344.
     # After call 2: the window [3.5, 7] -> 64; grad_output still 1.
@@ -144,18 +145,18 @@ def test_delayed_scaling_history_lives_in_the_ops_across_calls_of_one_sequential
 
 def test_quantized_linear_computes_on_the_quantized_operands():
     recipe = recipes.parse_recipe({"name": "Float8CurrentScaling", "fp8_format": "HYBRID"})
-    quantizers = recipes.LinearQuantizers(recipe)
+    quantizers = fp8.LinearQuantizers(recipe)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(4, 8, generator=gen, dtype=torch.float32, requires_grad=True)
     w = torch.randn(6, 8, generator=gen, dtype=torch.float32, requires_grad=True)
-    y = recipes.quantized_linear(x, w, quantizers)
-    qx = recipes.current_scaling_qdq(x, "E4M3")
-    qw = recipes.current_scaling_qdq(w, "E4M3")
+    y = fp8.quantized_linear(x, w, quantizers)
+    qx = fp8.current_scaling_qdq(x, "E4M3")
+    qw = fp8.current_scaling_qdq(w, "E4M3")
     assert torch.equal(y, (qx @ qw.t()).float())
     assert not torch.allclose(y, x @ w.t(), rtol=1e-4, atol=1e-4)  # the quantization shows
     dy = torch.randn(4, 6, generator=gen)
     dx, dw = torch.autograd.grad(y, (x, w), dy)
-    qdy = recipes.current_scaling_qdq(dy, "E5M2")
+    qdy = fp8.current_scaling_qdq(dy, "E5M2")
     assert torch.equal(dx, (qdy @ qw).float())
     assert torch.equal(dw, (qdy.t() @ qx).float())
 
@@ -172,7 +173,7 @@ def _grouped_then(next_name, recipe, *, boundary=False):
             for p in op.params:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
                 p.requires_grad_(True)
-        op.quantization = recipes.OpQuantization(op.name, op.attrs, recipe)
+        op.quantization = fp8.OpQuantization(op.name, op.attrs, recipe)
     x = torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     scales = torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)
     modules = [grouped, Boundary(), after] if boundary else [grouped, after]
@@ -193,7 +194,7 @@ def test_a_grouped_linears_gradient_arrives_cast_by_the_next_op(boundary):
     y = seq(x, sizes, scales)
     _, _, db, ds = torch.autograd.grad(y, (x, grouped.params[0], grouped.params[1], scales), g)
     one = torch.ones((), dtype=torch.float32)
-    dy = g if boundary else recipes.quantize_dequantize(g, one, "E5M2")
+    dy = g if boundary else fp8.quantize_dequantize(g, one, "E5M2")
     for k, rows in enumerate((slice(0, 3), slice(3, 5))):
         assert torch.allclose(db[k], (dy[rows] * scales[rows, None]).sum(0), rtol=1e-12, atol=0)
         assert torch.allclose(ds[rows], dy[rows] @ grouped.params[1][k], rtol=1e-12, atol=0)
@@ -209,24 +210,24 @@ def test_backward_override_leaves_the_backward_unquantized(override):
     )
     x = torch.linspace(-2, 3, 32, dtype=torch.float64).reshape(4, 8).requires_grad_(True)
     w = torch.linspace(-1, 1, 48, dtype=torch.float64).reshape(6, 8).requires_grad_(True)
-    y = recipes.quantized_linear(x, w, recipes.LinearQuantizers(recipe))
+    y = fp8.quantized_linear(x, w, fp8.LinearQuantizers(recipe))
     dy = torch.linspace(-0.7, 0.9, 24, dtype=torch.float64).reshape(4, 6)
     dx, dw = torch.autograd.grad(y, (x, w), dy)
     if override == "high_precision":
         expected_dx, expected_dw = dy @ w.detach(), dy.t() @ x.detach()
     else:
-        qx = recipes.current_scaling_qdq(x, "E4M3")
-        qw = recipes.current_scaling_qdq(w, "E4M3")
+        qx = fp8.current_scaling_qdq(x, "E4M3")
+        qw = fp8.current_scaling_qdq(w, "E4M3")
         expected_dx, expected_dw = dy @ qw, dy.t() @ qx
     assert torch.equal(dx, expected_dx) and torch.equal(dw, expected_dw)
 
 
 def test_cache_quantized_input_keeps_the_forward_and_quantizes_the_derivatives_point():
     x = torch.tensor([[0.3, -1.7, 2.9, 0.05]], dtype=torch.float32, requires_grad=True)
-    y = recipes.cached_input_activation(catalog.gelu, x)
+    y = fp8.cached_input_activation(catalog.gelu, x)
     assert torch.equal(y, catalog.gelu(x))
     (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
-    xq = recipes.current_scaling_qdq(x, "E4M3").float().requires_grad_(True)
+    xq = fp8.current_scaling_qdq(x, "E4M3").float().requires_grad_(True)
     (expected,) = torch.autograd.grad(catalog.gelu(xq).sum(), xq)
     assert torch.equal(dx, expected)
     (plain,) = torch.autograd.grad(catalog.gelu(x).sum(), x)
@@ -321,8 +322,8 @@ def test_a_recipe_case_runs_quantized_on_the_torch_backend(backend):
     assert got["status"] == "ok"
     x = case.input.float()
     w = case.ops[0].params[0].float()
-    qx = recipes.current_scaling_qdq(x, "E4M3")
-    qw = recipes.current_scaling_qdq(w, "E4M3")
+    qx = fp8.current_scaling_qdq(x, "E4M3")
+    qw = fp8.current_scaling_qdq(w, "E4M3")
     expected = catalog.gelu((qx @ qw.t()).float())
     assert torch.equal(got["outputs"][0].float(), expected)
     assert not torch.equal(got["outputs"][0], want["outputs"][0])

@@ -8,8 +8,8 @@ import torch
 from helpers import judge, run, spec
 
 from gradfuzz_adapter.errors import LockedError, MissingProducerError
-from gradfuzz_adapter.torch_backend import TorchBackend
-from gradfuzz_adapter.torch_runtime import BasicOp, Boundary, Sequential
+from gradfuzz_adapter.torch_backend.backend import TorchBackend
+from gradfuzz_adapter.torch_backend.runtime import BasicOp, Boundary, Sequential
 
 
 @pytest.fixture(scope="module")

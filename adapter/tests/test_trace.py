@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from helpers import run, spec
 
-from gradfuzz_adapter import catalog, ranks, torch_runtime
+from gradfuzz_adapter import catalog, ranks
 from gradfuzz_adapter.case import decode_case
 from gradfuzz_adapter.client import make_request, path_result
 from gradfuzz_adapter.protocol import TensorList
-from gradfuzz_adapter.torch_backend import TorchBackend
+from gradfuzz_adapter.torch_backend import runtime as torch_runtime
+from gradfuzz_adapter.torch_backend.backend import TorchBackend
 
 MLP = [
     {"name": "Linear", "attrs": {"out": 16}},

@@ -221,6 +221,36 @@ TEST(AssignSignatures, ATracedDivergenceSignsEveryValueFindingOfItsPath) {
   EXPECT_NE(result.findings[0].signature, "mismatch|Linear|grad_input");
 }
 
+// With a finding set apart (the in-place write's), the path's recorded divergence becomes the
+// compared tensor that signs its other findings: a report and an upstream test take the tensor
+// the signature names, not the trace's, which may be the other cause's write.
+TEST(AssignSignatures, APathWithAFindingSetApartRecordsTheTensorThatSignsTheOthers) {
+  const CaseSpec spec = three_ops();
+  const CasePlan plan = plan_of(spec);
+  CaseResult result;
+  Finding written;  // the in-place write's consequence
+  written.kind = VerdictKind::kMismatch;
+  written.path_pair = "unfused~reference";
+  written.tensor = "grad_input";
+  written.role = "grad_input";
+  Finding other = written;
+  other.tensor = "grad_param[0].RMSNorm[0]";
+  other.role = "grad_param";
+  result.findings = {written, other};
+  const PathRun run = path("backward[1]");
+  result.divergences = {*first_divergence(spec, plan, reference(), run, tight(), result.findings)};
+  ASSERT_EQ(result.divergences[0].tensor, "trace.backward[1]");
+  assign_signatures(spec, plan, {&run}, result, {0});
+  EXPECT_EQ(result.findings[1].signature, "mismatch|RMSNorm|grad_param");
+  const harness::Divergence* d = result.divergence_of("unfused~reference");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->tensor, "grad_param[0].RMSNorm[0]");
+  EXPECT_EQ(d->role, "grad_param");
+  EXPECT_EQ(d->op_index, 0);
+  EXPECT_EQ(d->op, "RMSNorm");
+  EXPECT_EQ(result.divergences.size(), 1u);
+}
+
 TEST(DivergenceJson, RoundTrips) {
   harness::Divergence d;
   d.path = "fused";

@@ -78,8 +78,8 @@ class TorchDialect(Dialect):
         """The forward delayed-scaling update (recipes.py), as TE's autocast exit makes it."""
         if w.recipe is None:
             return []
-        w.picker.add("recipes.update_after_forward")
-        w.picker.add("recipes.update_after_backward")
+        w.picker.add("torch_backend.fp8.update_after_forward")
+        w.picker.add("torch_backend.fp8.update_after_backward")
         return [f"update_after_forward({QUANTIZATIONS})"]
 
     def after_backward(self, w):
@@ -95,7 +95,7 @@ class TorchDialect(Dialect):
         """build(): the ops with the runtime's BasicOp, parameters copied, quantization set."""
         case = w.case
         for name in ("BasicOp", "Boundary", "Sequential"):
-            w.picker.add(f"torch_runtime.{name}")
+            w.picker.add(f"torch_backend.runtime.{name}")
         lines = w.build_head()
         copies, after = [], []
         for op in case.ops:
@@ -110,7 +110,7 @@ class TorchDialect(Dialect):
                 f"dtype=DTYPE, device=DEVICE{style})"
             )
             if self.quantized(op, w.recipe):
-                w.picker.add("recipes.OpQuantization")
+                w.picker.add("torch_backend.fp8.OpQuantization")
                 w.picker.add("recipes.parse_recipe")
                 lines.append(
                     f'    {var}.quantization = OpQuantization("{op.name}", {attrs!r}, '
@@ -158,7 +158,7 @@ class TorchDialect(Dialect):
         return [
             (
                 "The torch backend's runtime (gradfuzz_adapter/torch_runtime.py)",
-                adapter_module_body("torch_runtime"),
+                adapter_module_body("torch_backend.runtime"),
             )
         ]
 
@@ -229,8 +229,8 @@ class TorchDialect(Dialect):
             "# " + "-" * 88,
             "# The torch backend's runtime and its tensor parallelism",
             "# (gradfuzz_adapter/torch_runtime.py, torch_parallel.py)",
-            adapter_module_body("torch_runtime"),
-            adapter_module_body("torch_parallel"),
+            adapter_module_body("torch_backend.runtime"),
+            adapter_module_body("torch_backend.parallel"),
         ]
 
     def distributed_build_op(self, w, op, i):
@@ -303,7 +303,9 @@ class TorchDialect(Dialect):
                 lines += ["from gradfuzz_adapter.recipes import (", *names, ")"]
             else:
                 lines.append(line)
-        lines.append(f"from gradfuzz_adapter.torch_runtime import {', '.join(sorted(runtime))}")
+        lines.append(
+            f"from gradfuzz_adapter.torch_backend.runtime import {', '.join(sorted(runtime))}"
+        )
         return lines
 
     @staticmethod
@@ -327,7 +329,7 @@ class TorchDialect(Dialect):
 
     def _quantizations(self, w):
         """(op index, whether it quantizes) where the runtime's op gets an OpQuantization."""
-        from ..recipes import OpQuantization
+        from ..torch_backend.fp8 import OpQuantization
 
         return [
             op.index
@@ -415,7 +417,7 @@ class TorchDialect(Dialect):
         return lines
 
     def upstream_sequential(self, w):
-        from ..torch_runtime import FUSIONS
+        from ..torch_backend.runtime import FUSIONS
 
         ops = ", ".join(w.names.ops[op.index] for op in w.case.ops)
         fusions = tuple(f for f in w.path_fusions() if f in FUSIONS)

@@ -145,8 +145,13 @@ class Finding:
         and another than the finding's; None where there is none such."""
         first = self.first_divergence or {}
         tensor = first.get("tensor", "")
+        parts = self.signature.split("|")
+        signed_by = len(parts) >= 3 and (
+            parts[2] == first.get("role") and parts[1] in (first.get("op"), first.get("group"))
+        )
         if (
             self.op.startswith("in_place:")  # signed by the in-place write, not by where it shows
+            or (self.signature and not signed_by)  # a divergence the cluster is not signed by
             or self.kind != "mismatch"
             or first.get("kind") != "mismatch"
             or first.get("path", self.path) != self.path

@@ -21,7 +21,7 @@ as a crash. Where one fires:
 - te-reduce-scatter-wrong-shard, te-column-parallel-dgrad-not-all-reduced,
   te-all-reduce-backward-reduced: tensor parallelism (distributed cases of 2 ranks, one
   GPU each): the ReduceScatter op, a column-parallel BasicLinear's dgrad reduction (without
-  sequence parallelism), the AllReduce op's backward. The same defects as torch_faults.py's
+  sequence parallelism), the AllReduce op's backward. The same defects as torch_backend/faults.py's
   of the same names after the prefix, on TE's code.
 
 Targets are resolved when a fault is planted, so importing this module imports no TE.

@@ -5,7 +5,7 @@ CPU, NCCL on CUDA), so that distributed cases run on the CPU (docs/BACKENDS.md
 
 A rank process (ranks.py) calls init() once its process group exists; the ops then
 communicate over the default group. Every collective is a module-level function, so that a
-planted fault (torch_faults.py) can replace it, and every op raises what te.ops raises for a
+planted fault (faults.py) can replace it, and every op raises what te.ops raises for a
 split that does not divide (InvalidArgumentError with TE's wording). The math, per rank
 (N ranks, slices r = 0..N-1; te.ops's own, basic_linear.py and ops/basic/*.py):
 
@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .errors import InvalidArgumentError
-from .torch_runtime import BasicOp
+from ..errors import InvalidArgumentError
+from .runtime import BasicOp
 
 
 class World:

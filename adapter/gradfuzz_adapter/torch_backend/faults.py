@@ -1,9 +1,9 @@
 """The torch backend's planted faults (docs/BACKENDS.md Protocol 2 `fault`): defects of the
-kinds FP8 kernels have, planted in the recipe emulation (recipes.py) so that `gradfuzz
+kinds FP8 kernels have, planted in the recipe emulation (fp8.py) so that `gradfuzz
 selftest --backend torch` shows on the CPU that the quantization-aware oracle finds them.
 Each is te/faults.py's TE fault of the same name after the prefix, on the emulation.
 
-The distributed ones are planted in the ranks' communication (torch_parallel.py), in every
+The distributed ones are planted in the ranks' communication (parallel.py), in every
 rank process of a case: defects of the kind tensor-parallel code has (a collective that
 hands a rank another rank's slice, a reduction left out or done twice), and two that take a
 rank down (killed, or hanging in a collective) so that the harness shows it turns a lost
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from .faults import Fault, plant_from_environment, wrap
+from ..faults import Fault, plant_from_environment, wrap
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
 # The size of NVIDIA/TransformerEngine#3342's error: gradients scaled down by up to 2^-7.
@@ -109,7 +109,7 @@ def _wrong_shard(original):
     r+1 (mod N): the row blocks are rotated by one block before the reduction."""
 
     def reduce_scatter_rows(x):
-        from .torch_parallel import WORLD
+        from .parallel import WORLD
 
         if WORLD.size > 1 and x.shape[0] % WORLD.size == 0:
             x = torch.roll(x, shifts=-(x.shape[0] // WORLD.size), dims=0)
@@ -123,7 +123,7 @@ def _dgrad_not_reduced(original):
     its own summand of the dgrad (with sequence parallelism, its rows of it)."""
 
     def column_parallel_grad_input(grad_input, sequence_parallel):
-        from .torch_parallel import WORLD
+        from .parallel import WORLD
 
         if not sequence_parallel or WORLD.size == 1:
             return grad_input.clone()
@@ -138,7 +138,7 @@ def _all_reduce_backward_reduced(original):
     reduce_in_backward=True taken at its word): every rank's dx is N times dy."""
 
     def all_reduce_backward(grad_output):
-        from .torch_parallel import all_reduce_sum
+        from .parallel import all_reduce_sum
 
         return all_reduce_sum(original(grad_output))
 
@@ -150,7 +150,7 @@ def _on_rank_one(action):
 
     def make(original):
         def all_gather_rows(x):
-            from .torch_parallel import WORLD
+            from .parallel import WORLD
 
             if WORLD.rank == 1:
                 action()
@@ -177,21 +177,21 @@ FAULTS = {
             "Under HYBRID the backward's E5M2 bytes are read as E4M3 (the same bits in the "
             "other format), so every quantized gradient operand is garbled while the forward "
             "stays right (NVIDIA/TransformerEngine#3342's kind)",
-            "gradfuzz_adapter.recipes.cast_to_fp8",
+            "gradfuzz_adapter.torch_backend.fp8.cast_to_fp8",
             _e5m2_read_as_e4m3,
         ),
         Fault(
             "torch-fp8-scale-inv-applied-twice",
             "Dequantization multiplies by the scale inverse twice, so every quantized operand "
             "is off by a factor 1/scale (amax/448 under current scaling)",
-            "gradfuzz_adapter.recipes.dequantize",
+            "gradfuzz_adapter.torch_backend.fp8.dequantize",
             _scale_inv_twice,
         ),
         Fault(
             "torch-fp8-transposed-copy-read-rowwise",
             "The column-wise (transposed) copy of a quantized operand is read where the "
             "row-wise one belongs, with the row-wise shape",
-            "gradfuzz_adapter.recipes.QuantizedTensor.rowwise",
+            "gradfuzz_adapter.torch_backend.fp8.QuantizedTensor.rowwise",
             _transposed_copy_rowwise,
         ),
         Fault(
@@ -199,7 +199,7 @@ FAULTS = {
             "The quantized Linear's input gradient (the dgrad GEMM's result) comes back "
             "scaled by 2^-7 while its weight gradient and the forward stay right (the size "
             "of NVIDIA/TransformerEngine#3342's error)",
-            "gradfuzz_adapter.recipes.QuantizedLinearFunction.backward",
+            "gradfuzz_adapter.torch_backend.fp8.QuantizedLinearFunction.backward",
             _dgrad_scaled_down,
         ),
         Fault(
@@ -207,7 +207,7 @@ FAULTS = {
             "The fused BackwardLinearScale runs its dgrad and wgrad GEMMs without their alpha "
             "(the ConstantScale's scale), so both gradients of its Linear, and everything "
             "upstream, miss that factor while the forward stays right",
-            "gradfuzz_adapter.recipes.backward_gemm_alpha",
+            "gradfuzz_adapter.torch_backend.fp8.backward_gemm_alpha",
             _alpha_dropped,
         ),
         Fault(
@@ -216,14 +216,14 @@ FAULTS = {
             "dequantized) and runs the fully quantized backward: TE 2.20.2's open defect "
             "te-groupedlinear-ignores-backward-override, planted in the emulation so that it "
             "reproduces TE's values on the CPU",
-            "gradfuzz_adapter.recipes.OpQuantization.__init__",
+            "gradfuzz_adapter.torch_backend.fp8.OpQuantization.__init__",
             _grouped_linear_ignores_override,
         ),
         Fault(
             "torch-delayed-forward-scale-e5m2-max",
             "DelayedScaling's forward scale update uses E5M2's maximum 57344 instead of "
             "E4M3's 448: from the second call on, inputs and weights saturate",
-            "gradfuzz_adapter.recipes.DelayedQuantizer.update",
+            "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.update",
             _forward_scale_with_e5m2_max,
         ),
         Fault(
@@ -231,7 +231,7 @@ FAULTS = {
             "The reduce-scatter sums the ranks' summands but hands rank r the rows of rank "
             "r+1: ReduceScatter's output, a sequence-parallel row Linear's output and "
             "AllGather's input gradient come back as another rank's slice",
-            "gradfuzz_adapter.torch_parallel.reduce_scatter_rows",
+            "gradfuzz_adapter.torch_backend.parallel.reduce_scatter_rows",
             _wrong_shard,
             world_size=2,
         ),
@@ -240,7 +240,7 @@ FAULTS = {
             "A column-parallel Linear's input gradient is not summed over the ranks (the "
             "all-reduce, or with sequence parallelism the reduce-scatter, after the dgrad "
             "GEMM left out): each rank keeps its own summand",
-            "gradfuzz_adapter.torch_parallel.column_parallel_grad_input",
+            "gradfuzz_adapter.torch_backend.parallel.column_parallel_grad_input",
             _dgrad_not_reduced,
             world_size=2,
         ),
@@ -248,7 +248,7 @@ FAULTS = {
             "torch-all-reduce-backward-reduced",
             "AllReduce's backward all-reduces the gradient as well, so its input gradient is "
             "N times too large on every rank",
-            "gradfuzz_adapter.torch_parallel.all_reduce_backward",
+            "gradfuzz_adapter.torch_backend.parallel.all_reduce_backward",
             _all_reduce_backward_reduced,
             world_size=2,
         ),
@@ -256,7 +256,7 @@ FAULTS = {
             "torch-rank-killed",
             "Rank 1 is killed (SIGKILL) in its first all-gather: the case must be a crash "
             "finding with every rank cleaned up",
-            "gradfuzz_adapter.torch_parallel.all_gather_rows",
+            "gradfuzz_adapter.torch_backend.parallel.all_gather_rows",
             _on_rank_one(_kill_self),
             world_size=2,
         ),
@@ -264,14 +264,14 @@ FAULTS = {
             "torch-rank-hangs",
             "Rank 1 sleeps an hour in its first all-gather, the other ranks wait for it in "
             "the collective: the case must be a timeout finding with every rank cleaned up",
-            "gradfuzz_adapter.torch_parallel.all_gather_rows",
+            "gradfuzz_adapter.torch_backend.parallel.all_gather_rows",
             _on_rank_one(_hang),
             world_size=2,
         ),
     )
 }
 
-# GRADFUZZ_FAULT=<name>: one of these planted for the whole process at import (faults.py:
-# plant_from_environment); torch_runtime.py imports this module last, so an exported
+# GRADFUZZ_FAULT=<name>: one of these planted for the whole process at import (the
+# adapter's faults.py: plant_from_environment); runtime.py imports this module last, so an exported
 # upstream test that imports the runtime runs under the fault the variable names.
 PLANTED = plant_from_environment(FAULTS, "torch-")

@@ -1,12 +1,12 @@
-"""The torch backend: every case on torch_runtime (plain PyTorch eager).
+"""The torch backend: every case on its runtime (runtime.py, plain PyTorch eager).
 
 A third, independent implementation of the catalog and of the repaired runtime semantics,
 on the CPU and, where present, CUDA. Its one fusion, BackwardLinearScale, fires only under
 an FP8 recipe (an emulation of TE's fused op, which quantizes the Linear's gradient before
-the ConstantScale's scale: torch_runtime.FUSIONS); elsewhere its fused and unfused paths
+the ConstantScale's scale: runtime.FUSIONS); elsewhere its fused and unfused paths
 are the same computation (the unfused one is skipped when asked to be).
-A case's FP8 recipe (and cache_quantized_input) runs on recipes.py's emulation: the ops it
-quantizes carry a recipes.OpQuantization, and the delayed-scaling histories live in the
+A case's FP8 recipe (and cache_quantized_input) runs on fp8.py's emulation: the ops it
+quantizes carry an fp8.OpQuantization, and the delayed-scaling histories live in the
 ops, so they persist across the calls of one Sequential.
 """
 
@@ -16,11 +16,12 @@ import platform
 
 import torch
 
-from . import catalog, faults, recipes, torch_parallel
-from .driver import Builder, run_paths, torch_writer_scope
-from .errors import GradfuzzError
-from .torch_faults import FAULTS
-from .torch_runtime import FUSIONS, BasicOp, Boundary, Sequential
+from .. import catalog, faults, recipes
+from ..driver import Builder, run_paths, torch_writer_scope
+from ..errors import GradfuzzError
+from . import fp8, parallel
+from .faults import FAULTS
+from .runtime import FUSIONS, BasicOp, Boundary, Sequential
 
 
 class TorchBuilder(Builder):
@@ -46,9 +47,9 @@ class TorchBuilder(Builder):
         return torch.device(case.device)
 
     def create_op(self, op_case, case, device):
-        if torch_parallel.needs_parallel_op(op_case.name, op_case.attrs):
+        if parallel.needs_parallel_op(op_case.name, op_case.attrs):
             # A rank of a distributed case (ranks.py): this rank's slices, its collectives.
-            op = torch_parallel.ParallelOp(
+            op = parallel.ParallelOp(
                 op_case.name,
                 op_case.attrs,
                 op_case.input_shape,
@@ -72,7 +73,7 @@ class TorchBuilder(Builder):
                 p.copy_(value)
         for p, rg in zip(op.params, op_case.param_requires_grad):
             p.requires_grad_(rg)
-        quantization = recipes.OpQuantization(op_case.name, op_case.attrs, self.recipe)
+        quantization = fp8.OpQuantization(op_case.name, op_case.attrs, self.recipe)
         if quantization.active:
             op.quantization = quantization
         return op
@@ -98,11 +99,11 @@ class TorchBuilder(Builder):
     def forward(self, seq, x, extras):
         out = seq(x, *extras)
         # The end of TE's autocast region: the forward delayed-scaling update.
-        recipes.update_after_forward(_quantizations(seq.modules))
+        fp8.update_after_forward(_quantizations(seq.modules))
         return list(out) if isinstance(out, tuple) else [out]
 
     def after_backward(self, ops):
-        recipes.update_after_backward(_quantizations(ops))
+        fp8.update_after_backward(_quantizations(ops))
 
     def param_leaves(self, op, op_case):
         return [p for p in op.params if p.requires_grad]
@@ -158,7 +159,7 @@ def _quantizations(ops):
 
 # Catalog attrs whose values change this backend's math and that the generator should draw
 # (the catalog options added for TE: zero-centred gamma, interleaved SwiGLU,
-# cache_quantized_input, emulated by recipes.cached_input_activation), and the in-place
+# cache_quantized_input, emulated by fp8.cached_input_activation), and the in-place
 # flags (math-neutral here, see catalog.add_extra_input).
 _CACHED_INPUT = {"cache_quantized_input": [0, 1]}
 OPTIONS = {
@@ -204,15 +205,15 @@ class TorchBackend:
                     {
                         "name": name,
                         "pass": pass_name,
-                        "implementation": "gradfuzz_adapter.recipes.quantized_linear",
+                        "implementation": "gradfuzz_adapter.torch_backend.fp8.quantized_linear",
                     }
                     for name, pass_name in FUSIONS.items()
                 ],
                 "deviations": [],
                 "recipes": recipe_capabilities(),
-                # recipes.py casts and scales as the C++ reference does (ops/quantization.cc).
+                # fp8.py casts and scales as the C++ reference does (ops/quantization.cc).
                 "fp8_reference_exact": True,
-                # Distributed cases (ranks.py, torch_parallel.py): gloo ranks on the CPU (NCCL
+                # Distributed cases (ranks.py, parallel.py): gloo ranks on the CPU (NCCL
                 # ranks on CUDA need a GPU each: the coordinator declines more than it sees).
                 "max_world_size": MAX_WORLD_SIZE,
                 "faults": faults.capabilities(FAULTS),
@@ -220,7 +221,7 @@ class TorchBackend:
         }
 
     def run(self, case, paths, tensors, fault=None):
-        """The paths' results; `fault`: one of capabilities.faults (torch_faults.py),
+        """The paths' results; `fault`: one of capabilities.faults (torch_backend/faults.py),
         planted for this request only (an unknown name: ValueError, the request's error)."""
         # A recipe the generator could not have drawn from hello is the request's error
         # (ValueError: ok false); one the emulation lacks makes each path unsupported
