@@ -291,7 +291,7 @@ def quantizing(case_spec):
 
 def with_every_bound(header, tensors):
     """The request with a bound per tensor the oracle compares, as the C++ side sends them
-    (cli.cc: cmd_export) for a low-precision case: an atol, an rtol, a norm bound and a
+    (export_command.cc: cmd_export) for a low-precision case: an atol, an rtol, a norm bound and a
     per-element allowance that is not one constant (a literal or bytes: one line each). A
     float64 case has none (the oracle's low-precision rule does not apply)."""
     case = decode_case(header, tensors)
