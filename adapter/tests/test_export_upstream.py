@@ -480,8 +480,9 @@ def test_the_te_backward_linear_add_test_fails_on_tes_python_for_its_reason(tmp_
 def test_the_test_asserts_on_the_tensor_its_cluster_is_signed_by_where_it_can_read_it():
     """A weight-gradient cluster shown first on the input's gradient: the test asserts on the
     weight's gradient (the first divergence, a tensor the test reads), and says so."""
-    divergence = {"kind": "mismatch", "path": "fused", "tensor": "grad_param[0].Linear[0]", "op": "Linear",
-                  "role": "grad_param", "op_index": 0, "pass": "backward"}  # fmt: skip
+    divergence = {"kind": "mismatch", "path": "fused", "tensor": "grad_param[0].Linear[0]",
+                  "op": "Linear", "role": "grad_param", "op_index": 0,
+                  "pass": "backward"}  # fmt: skip
     found = finding("grad_input", first_divergence=divergence)
     found["signature"] = "mismatch|Linear|grad_param"
     reply = export(fp8_spec(LINEAR, CURRENT), found, verify=False)
