@@ -36,7 +36,7 @@ namespace {
 
 /// The export's paths with the fusions the target runs of theirs, for their quantization
 /// points (runner::judging_expectation): te runs every fusion a case names (the model's fuser
-/// models te.ops'); torch only those of its capabilities (torch_runtime.py: FUSIONS).
+/// models te.ops'); torch only those of its capabilities (adapter torch_backend/runtime.py: FUSIONS).
 std::vector<harness::PathRequest> target_paths(std::vector<harness::PathRequest> paths, const std::string& target,
                                                backends::RemoteBackend& torch) {
   if (target != "torch") return paths;

@@ -98,7 +98,7 @@ TEST_F(Distributed, ATwoRankTorchCampaignOf1000CasesPasses) {
   }
 }
 
-// The planted faults of the ranks' communication (torch_faults.py): each found by the
+// The planted faults of the ranks' communication (adapter torch_backend/faults.py): each found by the
 // default two-rank campaign within 2000 cases, shrunk, failing on replay with the fault and
 // passing without.
 TEST_F(Distributed, SelftestFindsEveryDistributedFault) {

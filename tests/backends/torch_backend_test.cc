@@ -255,7 +255,7 @@ TEST_F(TorchBackend, AnFp8FlipOfACancellingGradientElementIsRounding) {
 }
 
 // A TE defect gradfuzz found on the H200, reproduced on the CPU by the emulation with the
-// defect planted (torch_faults.py): without it the case passes (the reference and the
+// defect planted (adapter torch_backend/faults.py): without it the case passes (the reference and the
 // emulation agree), with it the case fails with the signature TE's run had. That explains a
 // te cluster without a GPU (docs/TE.md "fourth lease") and keeps the explanation checked as
 // the oracle changes. te-groupedlinear-ignores-backward-override (known/te-2.20.2.json):

@@ -621,7 +621,7 @@ class CompactWriter:
         fuser's plans against those of a fresh Sequential. Accumulated gradients are cleared
         before it (driver.py: before_repeat_call) where the script reads them (te/params.py:
         main_grad, delayed weight gradients); autograd.grad fills no other. The torch runtime
-        plans one group per op whatever the call (torch_runtime.py: Fuser.plan), so its
+        plans one group per op whatever the call (torch_backend/runtime.py: Fuser.plan), so its
         scripts compare no plans."""
         plans = self.dialect.compares_plans
         wanted = (
@@ -681,7 +681,7 @@ class CompactWriter:
     def error_test(self):
         """The test of a case the reference rejects: building and running it raises the
         error as the dialect spells it, and a failed construction leaves its ops unlocked
-        where the dialect can tell (te/backend.py, torch_backend.py: left_locked)."""
+        where the dialect can tell (te/backend.py, torch_backend/backend.py: left_locked)."""
         kind = self.expect.get("error_kind", "unrecognized")
         lines = self.test_head(f"test_case_raises_{kind.replace('-', '_')}")
         lines += self.dialect.compact_raises(self, kind)

@@ -1,5 +1,6 @@
-"""The torch dialect: scripts that run a case on the torch backend's runtime (torch_runtime.py,
-gradfuzz's own model of te.ops on PyTorch), the implementation under test there.
+"""The torch dialect: scripts that run a case on the torch backend's runtime
+(torch_backend/runtime.py, gradfuzz's own model of te.ops on PyTorch), the implementation
+under test there.
 
 The compact, full and distributed forms embed the runtime, so the script stands alone; its
 FP8 recipes are recipes.py's emulation, whose delayed-scaling updates the script makes where
@@ -31,16 +32,16 @@ class TorchDialect(Dialect):
     sequential = "Sequential"
     output_to_caller_keyword = ""
     exposes_channel_gradients = True  # the runtime's fusers keep each channel's value
-    fusions_at_construction = True  # Sequential(..., fusions=...): torch_runtime.FUSIONS
+    fusions_at_construction = True  # Sequential(..., fusions=...): torch_backend.runtime.FUSIONS
     validates_at_construction = True  # the runtime builds its fusers in Sequential()
     documents_in_place_writes = False  # the runtime's in_place ops copy (catalog.py)
-    compares_plans = False  # one group per op whatever the call (torch_runtime: Fuser.plan)
+    compares_plans = False  # one group per op whatever the call (torch_backend.runtime: Fuser.plan)
     locked_helper = "locked_torch"
     compact_embedded_title = (
         "The runtime under test: gradfuzz's torch backend (gradfuzz_adapter/"
-        "torch_runtime.py, catalog.py), embedded so that the script stands alone"
+        "torch_backend/runtime.py, catalog.py), embedded so that the script stands alone"
     )
-    # A failed construction must leave its ops unlocked (torch_backend.py: left_locked): the
+    # A failed construction must leave its ops unlocked (torch_backend/backend.py: left_locked): the
     # runtime builds its fusers in the Sequential's constructor. An error after that (a
     # late bind into a locked op) is no failed construction.
     failed_construction = [
@@ -157,7 +158,7 @@ class TorchDialect(Dialect):
     def full_sections(self):
         return [
             (
-                "The torch backend's runtime (gradfuzz_adapter/torch_runtime.py)",
+                "The torch backend's runtime (gradfuzz_adapter/torch_backend/runtime.py)",
                 adapter_module_body("torch_backend.runtime"),
             )
         ]
@@ -224,17 +225,17 @@ class TorchDialect(Dialect):
     # -- the distributed form
 
     def distributed_sections(self):
-        """The runtime and its tensor parallelism (torch_parallel.py), embedded."""
+        """The runtime and its tensor parallelism (torch_backend/parallel.py), embedded."""
         return [
             "# " + "-" * 88,
             "# The torch backend's runtime and its tensor parallelism",
-            "# (gradfuzz_adapter/torch_runtime.py, torch_parallel.py)",
+            "# (gradfuzz_adapter/torch_backend/runtime.py, parallel.py)",
             adapter_module_body("torch_backend.runtime"),
             adapter_module_body("torch_backend.parallel"),
         ]
 
     def distributed_build_op(self, w, op, i):
-        """build()'s lines making op `i` on a rank from its slices `mine`: torch_parallel's
+        """build()'s lines making op `i` on a rank from its slices `mine`: torch_backend.parallel's
         ParallelOp where the emulation communicates or splits the op itself."""
         attrs = dict(op.attrs)
         shape = w.local_shape(i)
@@ -476,7 +477,7 @@ class TorchDialect(Dialect):
 
 
 def _splits(name, attrs):
-    """Whether the torch emulation's op communicates or splits itself (torch_parallel.py:
+    """Whether the torch emulation's op communicates or splits itself (torch_backend/parallel.py:
     needs_parallel_op; not imported here: writing a script runs none of the runtime)."""
     if name in catalog.COLLECTIVES:
         return True
