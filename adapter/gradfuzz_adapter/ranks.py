@@ -52,7 +52,7 @@ def _rank_main(backend_name, rank, world_size, port, conn, device_type, timeout_
         import torch.distributed as dist
 
         from .backends import configure_torch, make_backend
-        from .torch_backend import parallel as torch_parallel
+        from .torch_backend import collectives
 
         configure_torch()
         dist_backend = "gloo"
@@ -67,7 +67,7 @@ def _rank_main(backend_name, rank, world_size, port, conn, device_type, timeout_
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        torch_parallel.init(rank, world_size)
+        collectives.init(rank, world_size)
         # GRADFUZZ_RANK_BACKEND="module:function" makes each rank's backend instead (the te
         # backend over the stubbed extension of tests/te_stub.py, on the CPU).
         factory = os.environ.get("GRADFUZZ_RANK_BACKEND")

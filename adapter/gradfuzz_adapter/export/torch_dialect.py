@@ -229,8 +229,9 @@ class TorchDialect(Dialect):
         return [
             "# " + "-" * 88,
             "# The torch backend's runtime and its tensor parallelism",
-            "# (gradfuzz_adapter/torch_backend/runtime.py, parallel.py)",
+            "# (gradfuzz_adapter/torch_backend/runtime.py, collectives.py, parallel.py)",
             adapter_module_body("torch_backend.runtime"),
+            adapter_module_body("torch_backend.collectives"),
             adapter_module_body("torch_backend.parallel"),
         ]
 

@@ -6,9 +6,11 @@
 - fp8: the FP8 recipes' emulation: quantize-dequantize, the quantizers, the quantized
   Linear, OpQuantization and the delayed-scaling updates (the recipe table is
   gradfuzz_adapter/recipes.py's);
-- parallel: tensor and sequence parallelism with torch.distributed (embedded in
-  distributed scripts);
-- faults: the planted faults, in fp8 and parallel; importing the runtime plants
+- collectives: the ranks' collectives over torch.distributed and their autograd functions
+  (nothing of the runtime: the distributed faults' targets);
+- parallel: tensor and sequence parallelism, te.ops's communication ops and parallel Linear
+  over the collectives (embedded in distributed scripts with them);
+- faults: the planted faults, in fp8 and the collectives; importing the runtime plants
   $GRADFUZZ_FAULT's;
 - backend: the driver hooks (TorchBuilder) and the hello/run answers (TorchBackend).
 

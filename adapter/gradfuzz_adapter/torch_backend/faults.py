@@ -3,7 +3,7 @@ kinds FP8 kernels have, planted in the recipe emulation (fp8.py) so that `gradfu
 selftest --backend torch` shows on the CPU that the quantization-aware oracle finds them.
 Each is te/faults.py's TE fault of the same name after the prefix, on the emulation.
 
-The distributed ones are planted in the ranks' communication (parallel.py), in every
+The distributed ones are planted in the ranks' communication (collectives.py), in every
 rank process of a case: defects of the kind tensor-parallel code has (a collective that
 hands a rank another rank's slice, a reduction left out or done twice), and two that take a
 rank down (killed, or hanging in a collective) so that the harness shows it turns a lost
@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..faults import Fault, plant_from_environment, wrap
+from .collectives import WORLD, all_reduce_sum
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
 # The size of NVIDIA/TransformerEngine#3342's error: gradients scaled down by up to 2^-7.
@@ -109,8 +110,6 @@ def _wrong_shard(original):
     r+1 (mod N): the row blocks are rotated by one block before the reduction."""
 
     def reduce_scatter_rows(x):
-        from .parallel import WORLD
-
         if WORLD.size > 1 and x.shape[0] % WORLD.size == 0:
             x = torch.roll(x, shifts=-(x.shape[0] // WORLD.size), dims=0)
         return original(x)
@@ -123,8 +122,6 @@ def _dgrad_not_reduced(original):
     its own summand of the dgrad (with sequence parallelism, its rows of it)."""
 
     def column_parallel_grad_input(grad_input, sequence_parallel):
-        from .parallel import WORLD
-
         if not sequence_parallel or WORLD.size == 1:
             return grad_input.clone()
         rows = grad_input.shape[0] // WORLD.size
@@ -138,8 +135,6 @@ def _all_reduce_backward_reduced(original):
     reduce_in_backward=True taken at its word): every rank's dx is N times dy."""
 
     def all_reduce_backward(grad_output):
-        from .parallel import all_reduce_sum
-
         return all_reduce_sum(original(grad_output))
 
     return all_reduce_backward
@@ -150,8 +145,6 @@ def _on_rank_one(action):
 
     def make(original):
         def all_gather_rows(x):
-            from .parallel import WORLD
-
             if WORLD.rank == 1:
                 action()
             return original(x)
@@ -231,7 +224,7 @@ FAULTS = {
             "The reduce-scatter sums the ranks' summands but hands rank r the rows of rank "
             "r+1: ReduceScatter's output, a sequence-parallel row Linear's output and "
             "AllGather's input gradient come back as another rank's slice",
-            "gradfuzz_adapter.torch_backend.parallel.reduce_scatter_rows",
+            "gradfuzz_adapter.torch_backend.collectives.reduce_scatter_rows",
             _wrong_shard,
             world_size=2,
         ),
@@ -240,7 +233,7 @@ FAULTS = {
             "A column-parallel Linear's input gradient is not summed over the ranks (the "
             "all-reduce, or with sequence parallelism the reduce-scatter, after the dgrad "
             "GEMM left out): each rank keeps its own summand",
-            "gradfuzz_adapter.torch_backend.parallel.column_parallel_grad_input",
+            "gradfuzz_adapter.torch_backend.collectives.column_parallel_grad_input",
             _dgrad_not_reduced,
             world_size=2,
         ),
@@ -248,7 +241,7 @@ FAULTS = {
             "torch-all-reduce-backward-reduced",
             "AllReduce's backward all-reduces the gradient as well, so its input gradient is "
             "N times too large on every rank",
-            "gradfuzz_adapter.torch_backend.parallel.all_reduce_backward",
+            "gradfuzz_adapter.torch_backend.collectives.all_reduce_backward",
             _all_reduce_backward_reduced,
             world_size=2,
         ),
@@ -256,7 +249,7 @@ FAULTS = {
             "torch-rank-killed",
             "Rank 1 is killed (SIGKILL) in its first all-gather: the case must be a crash "
             "finding with every rank cleaned up",
-            "gradfuzz_adapter.torch_backend.parallel.all_gather_rows",
+            "gradfuzz_adapter.torch_backend.collectives.all_gather_rows",
             _on_rank_one(_kill_self),
             world_size=2,
         ),
@@ -264,7 +257,7 @@ FAULTS = {
             "torch-rank-hangs",
             "Rank 1 sleeps an hour in its first all-gather, the other ranks wait for it in "
             "the collective: the case must be a timeout finding with every rank cleaned up",
-            "gradfuzz_adapter.torch_backend.parallel.all_gather_rows",
+            "gradfuzz_adapter.torch_backend.collectives.all_gather_rows",
             _on_rank_one(_hang),
             world_size=2,
         ),
