@@ -180,11 +180,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_campaign_flags(*fuzz, f);
   fuzz->add_option("--fault", f.fault, "switch one known defect on (see `gradfuzz list faults`)");
   fuzz->add_option("--corpus", f.corpus, "corpus directory (default gradfuzz-out/corpus)");
-  fuzz->add_option("--report", f.report, "write the JSON report here");
+  fuzz->add_option("--report", f.report, "write the JSON report here")->check(empty_name_error, "FILE");
   fuzz->add_flag("--quiet", f.quiet, "print nothing but errors");
   add_backend_flags(*fuzz, f);
   fuzz->add_option("--max-shrink-calls", f.max_shrink_calls_text, "cap on the runs one shrink may make (default 2000)");
-  fuzz->add_option("--case-log", f.case_log, "write one JSON line per case (number, verdict, signature, spec)");
+  fuzz->add_option("--case-log", f.case_log, "write one JSON line per case (number, verdict, signature, spec)")
+      ->check(empty_name_error, "FILE");
   fuzz->add_option("--generate-as", f.generate_as,
                    "generate the cases a campaign on this backend would run (te: compare the model on TE's cases)");
   fuzz->add_option("--shard", f.shard, "run shard i of N of the campaign (i/N, 1-based): shards never repeat cases");
@@ -199,14 +200,14 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   replay->add_flag("--confirm", f.confirm,
                    "confirm each new finding by its alternative runs (diagnosis; for `report upstream`)");
   add_known_flags(*replay, f);
-  replay->add_option("--report", f.report, "write the JSON report here");
+  replay->add_option("--report", f.report, "write the JSON report here")->check(empty_name_error, "FILE");
   add_ci_output_flags(*replay, f.ci);
   add_backend_flags(*replay, f);
 
   CLI::App* selftest = app.add_subcommand("selftest", "check that the default campaign finds every known fault");
   selftest->add_option("--faults", f.faults, "comma-separated fault names or 'all'")->default_str("all");
   selftest->add_option("--cases", f.cases_text, "case budget per fault (default 2000)");
-  selftest->add_option("--report", f.report, "write the JSON report here");
+  selftest->add_option("--report", f.report, "write the JSON report here")->check(empty_name_error, "FILE");
   add_ci_output_flags(*selftest, f.ci);
   add_campaign_flags(*selftest, f);
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");

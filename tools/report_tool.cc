@@ -63,10 +63,6 @@ void check_path_writable(const std::string& path, const std::string& flag) {
   ::unlink(tmp.c_str());
 }
 
-std::string empty_name_error(const std::string& value) {
-  return value.empty() ? std::string("expected a file name, got an empty one") : std::string();
-}
-
 Json load(const std::string& path) {
   try {
     return reports::load_report(path);
@@ -190,6 +186,10 @@ void apply_known(Json& report, const campaign::KnownIssues& known) {
   summary["known_findings"] = known_count;
   summary["new_findings"] = static_cast<int64_t>(report["findings"].size()) - known_count;
   report["campaign"]["known_file"] = known.path.string();
+}
+
+std::string empty_name_error(const std::string& value) {
+  return value.empty() ? std::string("expected a file name, got an empty one") : std::string();
 }
 
 void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs) {

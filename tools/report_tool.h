@@ -38,6 +38,10 @@ struct CiOutputs {
   void write(const nlohmann::ordered_json& report) const;
 };
 
+/// A CLI11 check: an empty file name is a usage error ("expected a file name, got an empty
+/// one"); any other passes.
+std::string empty_name_error(const std::string& value);
+
 /// Registers --junit FILE and --html FILE on `sub` (an empty name is a usage error).
 void add_ci_output_flags(CLI::App& sub, CiOutputs& outputs);
 

@@ -306,6 +306,16 @@ TEST_F(ReportToolTest, RunCommandsRefuseAnUnwritableOutputBeforeRunning) {
   r = run({"replay", "corpus/regression", "--junit", ""});
   EXPECT_EQ(r.exit, 2);
   EXPECT_THAT(r.err, HasSubstr("expected a file name, got an empty one"));
+  // An empty report or case-log name is refused too (it ran without a report before).
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"fuzz", "--cases", "1", "--report", ""},
+        std::vector<std::string>{"fuzz", "--cases", "1", "--case-log", ""},
+        std::vector<std::string>{"replay", "corpus/regression", "--report", ""},
+        std::vector<std::string>{"selftest", "--faults", "slot-order", "--report", ""}}) {
+    r = run(args);
+    EXPECT_EQ(r.exit, 2) << args[0] << " " << args[args.size() - 2];
+    EXPECT_THAT(r.err, HasSubstr("expected a file name, got an empty one")) << args[args.size() - 2];
+  }
 }
 
 // report merge/diff --known on case-level entries (docs/KNOWN.md): a cluster is matched on
