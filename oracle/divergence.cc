@@ -15,20 +15,6 @@ using harness::PlanGroup;
 using harness::TraceEntry;
 using harness::VerdictKind;
 
-int64_t index_in(const std::string& s, const std::string& prefix) {
-  // "grad_param[12].Linear[0]" -> 12 for prefix "grad_param["
-  if (s.rfind(prefix, 0) != 0) return -1;
-  const size_t end = s.find(']', prefix.size());
-  if (end == std::string::npos) return -1;
-  try {
-    return std::stoll(s.substr(prefix.size(), end - prefix.size()));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
-int64_t last_op(const CaseSpec& spec) { return spec.ops.empty() ? 0 : static_cast<int64_t>(spec.ops.size()) - 1; }
-
 /// One place the path's values may first diverge.
 struct Candidate {
   TensorPosition pos;
@@ -68,6 +54,19 @@ const TraceEntry* traced_group(const PathRun& run, bool forward, int64_t op) {
 }
 
 }  // namespace
+
+int64_t index_in(const std::string& s, const std::string& prefix) {
+  if (s.rfind(prefix, 0) != 0) return -1;
+  const size_t end = s.find(']', prefix.size());
+  if (end == std::string::npos) return -1;
+  try {
+    return std::stoll(s.substr(prefix.size(), end - prefix.size()));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+int64_t last_op(const CaseSpec& spec) { return spec.ops.empty() ? 0 : static_cast<int64_t>(spec.ops.size()) - 1; }
 
 std::optional<TensorPosition> tensor_position(const std::string& tensor, const CaseSpec& spec, const CasePlan& plan) {
   if (tensor == "output") return TensorPosition{true, last_op(spec)};

@@ -22,6 +22,13 @@ struct TensorPosition {
   int64_t op = 0;
 };
 
+/// The number in brackets after `prefix` at the start of tensor name `s` ("grad_param[12].Linear[0]"
+/// -> 12 for "grad_param["), or -1 where `s` does not start so or holds no number there.
+int64_t index_in(const std::string& s, const std::string& prefix);
+
+/// The index of `spec`'s last op (0 for a case without ops).
+int64_t last_op(const harness::CaseSpec& spec);
+
 /// Where compared tensor `tensor` ("output", "grad_param[2].Linear[0]", "grad_channel[c]",
 /// "trace.backward[3]") is computed in `spec` (a channel's gradient at its producer, an extra
 /// input's at its consumer, the main output at the last op); nullopt for a name that is

@@ -23,20 +23,6 @@ using harness::PathRun;
 using harness::PlanGroup;
 using harness::VerdictKind;
 
-int64_t index_in(const std::string& s, const std::string& prefix) {
-  // "extra_input[2]" -> 2 for prefix "extra_input["
-  if (s.rfind(prefix, 0) != 0) return -1;
-  size_t end = s.find(']', prefix.size());
-  if (end == std::string::npos) return -1;
-  try {
-    return std::stoll(s.substr(prefix.size(), end - prefix.size()));
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
-int64_t last_op(const CaseSpec& spec) { return spec.ops.empty() ? 0 : static_cast<int64_t>(spec.ops.size()) - 1; }
-
 /// The path a finding's path pair names first ("fused" of "fused~unfused").
 std::string path_of(const Finding& f) { return f.path_pair.substr(0, f.path_pair.find('~')); }
 

@@ -185,6 +185,16 @@ TEST(FirstDivergence, AFusedGroupIsNamedByItsGroupAndItsBoundaryOps) {
   EXPECT_EQ(d->method, "fuser_forward");
 }
 
+TEST(TensorNames, IndexInReadsTheBracketedNumberAfterItsPrefix) {
+  EXPECT_EQ(index_in("grad_param[12].Linear[0]", "grad_param["), 12);
+  EXPECT_EQ(index_in("extra_input[2]", "extra_input["), 2);
+  EXPECT_EQ(index_in("grad_extra_input[2]", "extra_input["), -1);
+  EXPECT_EQ(index_in("extra_input[x]", "extra_input["), -1);
+  EXPECT_EQ(index_in("extra_input[3", "extra_input["), -1);
+  EXPECT_EQ(last_op(three_ops()), 2);
+  EXPECT_EQ(last_op(CaseSpec{}), 0);
+}
+
 TEST(TensorPosition, PlacesTraceAndComparedTensors) {
   const CaseSpec spec = three_ops();
   const CasePlan plan = plan_of(spec);

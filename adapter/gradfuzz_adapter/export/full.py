@@ -89,6 +89,21 @@ class FullWriter:
             for index, slot, channel in self.case.late_binds
         ]
 
+    def assembly(self, refs):
+        """What follows the ops' construction in build(), for every dialect: the standalone
+        calls, the bindings, the Sequential, the late binds, the input and extra inputs, and
+        `ops` (the (variable, op name) items `refs`)."""
+        modules = ", ".join(f"op{op.index}" for op in self.case.ops)
+        return [
+            *self.call_then_bind(),
+            *self.bindings(),
+            f"model = {self.dialect.sequential}({modules})",
+            *self.late_binds(),
+            "x = on_device(INPUT, DTYPE, DEVICE, INPUT_REQUIRES_GRAD)",
+            self.EXTRAS_LINE,
+            f"ops = [{', '.join(refs)}]",
+        ]
+
 
 def _docstring(case, dialect, paths, expect, case_file):
     ops = " -> ".join(op.name for op in case.ops)

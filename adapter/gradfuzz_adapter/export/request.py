@@ -63,7 +63,9 @@ class ExportRequest:
         )
         out.allowances = allowances(expect, tensors)
         if form == "distributed":
-            out.expected = [_tensors_by_name(expect.get("expected") or {}, tensors, "expect")]
+            out.expected = [
+                _tensors_by_name(expect.get("expected") or {}, tensors, "expect.expected")
+            ]
         else:
             out.expected = shipped_expectation(expect, tensors)
             out.own = path_expectations(expect, tensors)
@@ -87,13 +89,13 @@ class ExportRequest:
 
 
 def _tensors_by_name(refs, tensors, where):
-    """{name: tensor} of {name: frame index}."""
+    """{name: tensor} of {name: frame index} (the request's field `where`)."""
     if not isinstance(refs, dict):
-        raise ValueError(f"{where}.expected: expected an object of tensor names")
+        raise ValueError(f"{where}: expected an object of tensor names")
     out = {}
     for name, index in refs.items():  # frame indices, as the allowances'
         if not isinstance(index, int) or not 0 <= index < len(tensors):
-            raise ValueError(f"{where}.expected[{name!r}]: no tensor {index!r}")
+            raise ValueError(f"{where}[{name!r}]: no tensor {index!r}")
         out[name] = tensors[index]
     return out
 
@@ -106,14 +108,7 @@ def shipped_expectation(expect, tensors, where="expect"):
         return None
 
     def one(refs, where):
-        if not isinstance(refs, dict):
-            raise ValueError(f"{where}: expected an object of tensor names")
-        out = {}
-        for name, index in refs.items():  # frame indices, as the allowances'
-            if not isinstance(index, int) or not 0 <= index < len(tensors):
-                raise ValueError(f"{where}[{name!r}]: no tensor {index!r}")
-            out[name] = tensors[index]
-        return out
+        return _tensors_by_name(refs, tensors, where)
 
     calls = [one(expect["expected"], f"{where}.expected")]
     repeats = expect.get("repeat_expected") or []

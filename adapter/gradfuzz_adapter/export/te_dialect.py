@@ -395,15 +395,8 @@ class TEDialect(Dialect):
                 if float(op.attrs.get("accumulate_into_main_grad", 0)) == 1.0:
                     body.append(f'attach_main_grads({var}, "{op.name}")')
             refs.append(f'({var}, "{op.name}")')
-        body += w.call_then_bind()
-        body += w.bindings()
-        modules = ", ".join(f"op{op.index}" for op in case.ops)
-        body.append(f"model = {self.sequential}({modules})")
-        body += w.late_binds()
+        body += w.assembly(refs)
         body += [
-            "x = on_device(INPUT, DTYPE, DEVICE, INPUT_REQUIRES_GRAD)",
-            w.EXTRAS_LINE,
-            f"ops = [{', '.join(refs)}]",
             "",
             "def after_backward():",
             "    for entry in ops:",

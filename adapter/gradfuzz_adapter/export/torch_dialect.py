@@ -189,15 +189,8 @@ class TorchDialect(Dialect):
                     "    p.requires_grad_(rg)",
                 ]
             refs.append(f'({var}, "{op.name}")')
-        body += w.call_then_bind()
-        body += w.bindings()
-        modules = ", ".join(f"op{op.index}" for op in case.ops)
-        body.append(f"model = {self.sequential}({modules})")
-        body += w.late_binds()
+        body += w.assembly(refs)
         body += [
-            "x = on_device(INPUT, DTYPE, DEVICE, INPUT_REQUIRES_GRAD)",
-            w.EXTRAS_LINE,
-            f"ops = [{', '.join(refs)}]",
             "return forward_backward(",
             "    model, x, extras, COTANGENTS, ops, torch_param_leaves, torch_param_grads",
             ")",
