@@ -109,6 +109,24 @@ json case_request_json(const CaseSpec& spec, const CasePlan& plan, const CaseTen
     calls.push_back({{"input", wire::add_tensor(out, wire_value(call.input))}, {"extra_inputs", call_extras}});
   }
   values["call_inputs"] = std::move(calls);
+  if (std::any_of(tensors.step_params.begin(), tensors.step_params.end(), [](const auto& s) { return !s.empty(); })) {
+    // Per repeat call: null, or per op the parameters its optimizer step writes (RepeatCall::update).
+    json steps = json::array();
+    for (const auto& step : tensors.step_params) {
+      if (step.empty()) {
+        steps.push_back(nullptr);
+        continue;
+      }
+      json per_op = json::array();
+      for (const auto& op_params : step) {
+        json refs = json::array();
+        for (const auto& p : op_params) refs.push_back(wire::add_tensor(out, wire_value(p)));
+        per_op.push_back(std::move(refs));
+      }
+      steps.push_back(std::move(per_op));
+    }
+    values["step_params"] = std::move(steps);
+  }
 
   return json{{"spec", spec},
               {"plan", {{"ops", plan_ops}, {"public_inputs", public_inputs}, {"public_outputs", public_outputs}}},

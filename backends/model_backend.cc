@@ -283,6 +283,16 @@ PathRun run_model_path(const PathRequest& request, const CaseSpec& spec, const C
     PathRun repeat;
     repeat.name = run.name + ".call[" + std::to_string(k + 1) + "]";
     run_guarded(repeat, [&] {
+      if (call.update) {
+        // The optimizer step: every parameter written in place with the step's values.
+        at::NoGradGuard no_grad;
+        const auto& stepped = tensors.step_params.at(k);
+        for (size_t i = 0; i < built.ops.size() && i < stepped.size(); ++i) {
+          if (!built.ops[i]) continue;
+          const auto params = built.ops[i]->parameters();
+          for (size_t j = 0; j < params.size() && j < stepped[i].size(); ++j) params[j].copy_(stepped[i][j]);
+        }
+      }
       CallerTensors caller;
       run_call(*built.sequential, built, spec, tensors, build, call, repeat, caller);
       repeat.modified = caller.modified();

@@ -130,6 +130,7 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
     for (const auto& r : j["repeats"]) run.repeats.push_back(path_from(r, frame));
   }
   if (j.contains("left_locked")) run.left_locked = j["left_locked"].get<std::vector<int64_t>>();
+  if (j.contains("graph_outputs")) run.graph_outputs = j["graph_outputs"].get<std::vector<int64_t>>();
   return run;
 }
 

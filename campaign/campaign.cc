@@ -108,6 +108,7 @@ generators::GenOptions campaign_gen_options(const CampaignOptions& options,
   gen.set_max_tensor_elements(options.max_tensor_elements);
   gen.set_feature_weights(campaign_feature_weights(options, options.backend));
   gen.set_recipe(options.recipe);
+  gen.set_usage(options.usage);
   gen.set_world_size(options.world_size);
   return gen;
 }
@@ -279,6 +280,8 @@ CampaignOutcome run_campaign(const CampaignOptions& options, CaseRunner& runner,
     record.regime = c.regime.empty() ? "leftover" : c.regime;
     recorder.mark(record.result, c.spec);
     record.recipe = c.spec.recipe ? c.spec.recipe->name : reports::kNoRecipe;
+    record.usage = c.spec.usage_coverage();
+    record.calls = 1 + static_cast<int64_t>(c.spec.repeat_calls.size());
     ++outcome.cases_run;
     if (record.result.passed()) {
       ++outcome.passed;

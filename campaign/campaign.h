@@ -70,6 +70,8 @@ struct CampaignOptions {
   std::map<std::string, double> feature_weights;
   /// generators::GenOptions::recipe: "any", "none" or a recipe's name.
   std::string recipe = "any";
+  /// generators::GenOptions::usage: whether cases draw the usage script's elements.
+  bool usage = true;
   /// generators::GenOptions::world_size: distributed cases of this many ranks (nullopt:
   /// one-process cases).
   std::optional<int64_t> world_size;

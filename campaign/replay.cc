@@ -81,6 +81,8 @@ ReplayOutcome replay_cases(const std::vector<LoadedCase>& cases, const std::opti
       if (traced.failed()) record.result = std::move(traced);
     }
     record.recipe = spec.recipe ? spec.recipe->name : reports::kNoRecipe;
+    record.usage = spec.usage_coverage();
+    record.calls = 1 + static_cast<int64_t>(spec.repeat_calls.size());
     ++outcome.cases_run;
     if (record.result.failed()) {
       ++outcome.failed;

@@ -65,7 +65,12 @@
 // - steering (GenOptions::feature_weights, drawn first when given): a case may draw
 //   generator styles, call-then-bind steps or in_place=1 only with its feature's weight;
 // - with chance 1/4, one or two repeat calls (where the backend runs them): no_grad with
-//   chance 1/3, the input requiring grad with chance 1/2.
+//   chance 1/3, the input requiring grad with chance 1/2;
+// - last, the usage script (the elements the backend's capabilities.usage lists): with chance
+//   1/8 one to six more calls (a training loop of up to eight); per call an optimizer step
+//   before it (1/2), a no_grad call under inference_mode (1/2), a checkpoint round trip
+//   (1/4), recompute where it runs backward and the recipe is not DelayedScaling (1/4); per
+//   case the held outputs read after each backward (1/4).
 
 namespace gradfuzz::generators {
 namespace {
@@ -750,6 +755,33 @@ void draw_case_settings(harness::CaseSpec& spec, const GenOptions& options) {
       spec.repeat_calls.push_back(call);
     }
   }
+  draw_usage_script(spec, options);
+}
+
+void draw_usage_script(harness::CaseSpec& spec, const GenOptions& options) {
+  // Drawn after everything else, so a backend without usage elements (and every case drawn
+  // before them) draws the same cases as before.
+  const auto runs = [&](const char* element) {
+    return options.capabilities != nullptr && options.capabilities->runs_usage(element);
+  };
+  if (spec.world_size != 1 || !options.usage) return;
+  if (!spec.repeat_calls.empty()) {
+    // Delayed scaling's recomputed forward records its amaxes a second time (TE asks for its
+    // own checkpoint there): recompute under the other recipes only.
+    const bool delayed = spec.recipe && spec.recipe->name == "DelayedScaling";
+    if (runs("update") && chance(1, 8)) {
+      // A longer training loop: up to eight calls.
+      const int64_t more = pick(1, 6);
+      for (int64_t k = 0; k < more; ++k) spec.repeat_calls.emplace_back();
+    }
+    for (auto& call : spec.repeat_calls) {
+      if (runs("update")) call.update = chance(1, 2);
+      if (call.no_grad && runs("inference_mode")) call.inference_mode = chance(1, 2);
+      if (runs("checkpoint")) call.checkpoint = chance(1, 4);
+      if (!call.no_grad && !delayed && runs("recompute")) call.recompute = chance(1, 4);
+    }
+  }
+  if (runs("read_after_backward")) spec.read_after_backward = chance(1, 4);
 }
 
 }  // namespace detail

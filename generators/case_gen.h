@@ -56,6 +56,9 @@ struct GenOptions {
   /// before distributed cases existed. 1 draws the same chains on one rank (te.ops turns the
   /// modes off there and its collectives are identities).
   std::optional<int64_t> world_size;
+  /// Draw the usage script's elements the backend runs (capabilities.usage); false: none,
+  /// the cases as before them (a benchmark's "usage off").
+  bool usage = true;
 
   /// Fluent setters, one per field.
   GenOptions& set_max_ops(int v) {
@@ -88,6 +91,10 @@ struct GenOptions {
   }
   GenOptions& set_recipe(std::string v) {
     recipe = std::move(v);
+    return *this;
+  }
+  GenOptions& set_usage(bool v) {
+    usage = v;
     return *this;
   }
   GenOptions& set_world_size(std::optional<int64_t> v) {

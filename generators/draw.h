@@ -31,4 +31,8 @@ T pick_of(const std::vector<T>& v) {
 /// device, the value seed, and repeat calls where the backend runs them.
 void draw_case_settings(harness::CaseSpec& spec, const GenOptions& options);
 
+/// The case's usage script (the last draws of draw_case_settings): what a training loop does
+/// around its calls, for the elements options.capabilities lists (none without them).
+void draw_usage_script(harness::CaseSpec& spec, const GenOptions& options);
+
 }  // namespace gradfuzz::generators::detail

@@ -206,6 +206,21 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
     c.repeat_calls.erase(c.repeat_calls.begin() + static_cast<long>(k));
     raw.push_back(std::move(c));
   }
+  // Each step of the usage script shrinks away where the finding stays without it.
+  for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
+    for (bool harness::RepeatCall::*flag : {&harness::RepeatCall::update, &harness::RepeatCall::inference_mode,
+                                            &harness::RepeatCall::checkpoint, &harness::RepeatCall::recompute}) {
+      if (!(spec.repeat_calls[k].*flag)) continue;
+      CaseSpec c = spec;
+      c.repeat_calls[k].*flag = false;
+      raw.push_back(std::move(c));
+    }
+  }
+  if (spec.read_after_backward) {
+    CaseSpec c = spec;
+    c.read_after_backward = false;
+    raw.push_back(std::move(c));
+  }
   if (spec.recipe) {
     // A finding that stays without the recipe is not the recipe's.
     CaseSpec c = spec;

@@ -231,7 +231,41 @@ CaseTensors draw_case_tensors(const CaseSpec& spec, const CasePlan& plan, const 
     }
     t.call_inputs.push_back(std::move(call));
   }
+  // The optimizer steps' parameters: derived from the drawn ones, nothing more drawn.
+  const std::vector<std::vector<at::Tensor>>* current = &t.params;
+  t.step_params.reserve(spec.repeat_calls.size());
+  for (const auto& call : spec.repeat_calls) {
+    std::vector<std::vector<at::Tensor>> stepped;
+    if (call.update) {
+      for (const auto& op_params : *current) {
+        std::vector<at::Tensor> next;
+        for (const auto& p : op_params) next.push_back(step_param(p, dtype));
+        stepped.push_back(std::move(next));
+      }
+    }
+    t.step_params.push_back(std::move(stepped));
+    if (call.update) current = &t.step_params.back();
+  }
   return t;
+}
+
+at::Tensor step_param(const at::Tensor& previous, at::ScalarType dtype) {
+  if (!previous.defined() || !previous.is_floating_point()) return previous;
+  at::Tensor rolled = previous.reshape({-1}).roll(1).reshape(previous.sizes());
+  return round_to(rolled * 0.5, dtype);
+}
+
+const std::vector<std::vector<at::Tensor>>& CaseTensors::params_of_call(size_t k) const {
+  for (size_t j = std::min(k + 1, step_params.size()); j-- > 0;) {
+    if (!step_params[j].empty()) return step_params[j];
+  }
+  return params;
+}
+
+CaseTensors CaseTensors::for_call(size_t k) const {
+  CaseTensors out = *this;
+  out.params = params_of_call(k);
+  return out;
 }
 
 std::vector<at::Tensor> to_path(const std::vector<at::Tensor>& tensors, const std::vector<bool>& requires_grad,

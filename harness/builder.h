@@ -76,7 +76,22 @@ struct CaseTensors {
   std::vector<at::Tensor> cotangents;
   /// Per call_then_bind step.
   std::vector<CallInputs> call_inputs;
+  /// Per repeat call: the parameters it runs with where it or an earlier call updates them
+  /// (RepeatCall::update; step_params), else empty (the first call's `params`).
+  std::vector<std::vector<std::vector<at::Tensor>>> step_params;
+
+  /// The parameters repeat call `k` runs with (its step's, or the first call's).
+  const std::vector<std::vector<at::Tensor>>& params_of_call(size_t k) const;
+  /// These values as repeat call `k` sees them (its parameters in `params`).
+  CaseTensors for_call(size_t k) const;
 };
+
+/// An optimizer step's parameters from `previous` (one parameter tensor), in `dtype`: the
+/// values rolled by one element in their flattened order and halved. Every element moves (a
+/// cache of the old values gives other outputs); magnitudes shrink, so the first call's
+/// rounding allowances still cover the call; every amax halves (delayed scaling's histories
+/// and scales move with the steps). Exact in every dtype short of underflow.
+at::Tensor step_param(const at::Tensor& previous, at::ScalarType dtype);
 
 /// Parameter shapes of built ops: per spec op (empty for Boundary), per parameter.
 using ParamShapes = std::vector<std::vector<std::vector<int64_t>>>;

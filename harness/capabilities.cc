@@ -127,6 +127,7 @@ void to_json(json& j, const BackendCapabilities& caps) {
            {"fusions", fusions},        {"deviations", caps.deviations},
            {"versions", caps.versions}, {"device_name", caps.device_name}};
   if (caps.repeat_calls) j["repeat_calls"] = true;
+  if (!caps.usage.empty()) j["usage"] = caps.usage;
   j["exposes_all_channels"] = caps.exposes_all_channels;
   j["fp8_reference_exact"] = caps.fp8_reference_exact;
   if (caps.fp8_gemm_accumulation) {
@@ -181,6 +182,7 @@ void from_json(const json& j, BackendCapabilities& caps) {
   if (j.contains("versions")) caps.versions = j["versions"].get<std::map<std::string, std::string>>();
   if (j.contains("device_name") && j["device_name"].is_string()) caps.device_name = j["device_name"].get<std::string>();
   caps.repeat_calls = j.value("repeat_calls", false);
+  if (j.contains("usage")) caps.usage = j["usage"].get<std::vector<std::string>>();
   caps.exposes_all_channels = j.value("exposes_all_channels", true);
   caps.fp8_reference_exact = j.value("fp8_reference_exact", false);
   if (j.contains("fp8_gemm_accumulation") && !j["fp8_gemm_accumulation"].is_null()) {
@@ -211,6 +213,10 @@ void from_json(const json& j, BackendCapabilities& caps) {
   }
 }
 
+bool BackendCapabilities::runs_usage(const std::string& element) const {
+  return std::find(usage.begin(), usage.end(), element) != usage.end();
+}
+
 BackendCapabilities model_capabilities() {
   BackendCapabilities caps;
   caps.backend = "model";
@@ -220,6 +226,8 @@ BackendCapabilities model_capabilities() {
   if (at::hasCUDA()) caps.devices.push_back("cuda");
   caps.dtypes = {"float64", "float32", "bfloat16", "float16"};
   caps.repeat_calls = true;
+  // An optimizer step between calls: the model's ops read their parameters at every call.
+  caps.usage = {"update"};
   for (ops::Fault f : ops::all_faults()) caps.faults.push_back({ops::fault_name(f), ops::fault_description(f), "ops/"});
   const auto& registry = ops::OpRegistry::catalog();
   for (const auto& name : registry.names()) {

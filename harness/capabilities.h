@@ -81,6 +81,11 @@ struct BackendCapabilities {
   /// Whether the backend runs a case's repeat_calls (further calls of the same Sequential
   /// with their plans); the generator draws them only then.
   bool repeat_calls = false;
+  /// The usage elements of a case's script of steps the backend runs (harness/case_spec.h:
+  /// RepeatCall's "update", "inference_mode", "checkpoint", "recompute"; CaseSpec's
+  /// "read_after_backward"); the generator draws only these, the runner declines others.
+  std::vector<std::string> usage;
+  bool runs_usage(const std::string& element) const;
   /// Whether the backend reports the gradient of every channel (te: only where the
   /// producer's backward group holds none of the channel's consumers); the oracle judges
   /// the channels a backend does not expose only when it says it exposes all.

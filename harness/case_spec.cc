@@ -23,7 +23,41 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
          input_requires_grad == o.input_requires_grad && input_shape == o.input_shape && dtype == o.dtype &&
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
          corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls &&
-         recipe == o.recipe && world_size == o.world_size && input_layout == o.input_layout;
+         recipe == o.recipe && world_size == o.world_size && input_layout == o.input_layout &&
+         read_after_backward == o.read_after_backward;
+}
+
+std::vector<std::string> CaseSpec::usage_elements() const {
+  std::vector<std::string> out;
+  auto any = [&](bool RepeatCall::*flag) {
+    return std::any_of(repeat_calls.begin(), repeat_calls.end(), [&](const RepeatCall& c) { return c.*flag; });
+  };
+  if (any(&RepeatCall::update)) out.emplace_back("update");
+  if (any(&RepeatCall::inference_mode)) out.emplace_back("inference_mode");
+  if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint");
+  if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
+  if (read_after_backward) out.emplace_back("read_after_backward");
+  return out;
+}
+
+const std::vector<std::string>& usage_coverage_names() {
+  static const std::vector<std::string> kNames{"training_steps",       "eval_pass", "inference_mode",
+                                               "checkpoint_roundtrip", "recompute", "read_after_backward"};
+  return kNames;
+}
+
+std::vector<std::string> CaseSpec::usage_coverage() const {
+  std::vector<std::string> out;
+  const auto any = [&](bool RepeatCall::*flag) {
+    return std::any_of(repeat_calls.begin(), repeat_calls.end(), [&](const RepeatCall& c) { return c.*flag; });
+  };
+  if (any(&RepeatCall::update)) out.emplace_back("training_steps");
+  if (any(&RepeatCall::no_grad)) out.emplace_back("eval_pass");
+  if (any(&RepeatCall::inference_mode)) out.emplace_back("inference_mode");
+  if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint_roundtrip");
+  if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
+  if (read_after_backward) out.emplace_back("read_after_backward");
+  return out;
 }
 
 bool is_known_input_layout(const std::string& layout) {
@@ -108,7 +142,13 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
   if (!spec.repeat_calls.empty()) {
     nlohmann::json calls = nlohmann::json::array();
     for (const auto& call : spec.repeat_calls) {
-      calls.push_back({{"no_grad", call.no_grad}, {"input_requires_grad", call.input_requires_grad}});
+      nlohmann::json c = {{"no_grad", call.no_grad}, {"input_requires_grad", call.input_requires_grad}};
+      // The steps' flags only where set: older case files and their hashes stay as they were.
+      if (call.update) c["update"] = true;
+      if (call.inference_mode) c["inference_mode"] = true;
+      if (call.checkpoint) c["checkpoint"] = true;
+      if (call.recompute) c["recompute"] = true;
+      calls.push_back(std::move(c));
     }
     j["repeat_calls"] = std::move(calls);
   }
@@ -120,6 +160,7 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
   // hashes) stay as they were.
   if (spec.world_size != 1) j["world_size"] = spec.world_size;
   if (spec.input_layout != "replicated") j["input_layout"] = spec.input_layout;
+  if (spec.read_after_backward) j["read_after_backward"] = true;
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
   if (!spec.late_binds.empty()) {
@@ -333,7 +374,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
   r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
                    "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe",
-                   "world_size", "input_layout"});
+                   "world_size", "input_layout", "read_after_backward"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -389,10 +430,20 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   out.seed = r.required("seed").unsigned_integer();
   if (r.has("repeat_calls")) {
     for (const Reader& entry : r.child("repeat_calls").elements()) {
-      entry.expect_object({"no_grad", "input_requires_grad"});
+      entry.expect_object({"no_grad", "input_requires_grad", "update", "inference_mode", "checkpoint", "recompute"});
       RepeatCall call;
       if (entry.has("no_grad")) call.no_grad = entry.child("no_grad").boolean();
       if (entry.has("input_requires_grad")) call.input_requires_grad = entry.child("input_requires_grad").boolean();
+      if (entry.has("update")) call.update = entry.child("update").boolean();
+      if (entry.has("inference_mode")) call.inference_mode = entry.child("inference_mode").boolean();
+      if (entry.has("checkpoint")) call.checkpoint = entry.child("checkpoint").boolean();
+      if (entry.has("recompute")) call.recompute = entry.child("recompute").boolean();
+      if (call.inference_mode && !call.no_grad) {
+        entry.child("inference_mode").fail("inference_mode is an evaluation pass: it needs no_grad true");
+      }
+      if (call.recompute && call.no_grad) {
+        entry.child("recompute").fail("recompute recomputes for a backward: it needs no_grad false");
+      }
       out.repeat_calls.push_back(call);
     }
   }
@@ -425,6 +476,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
                  std::to_string(out.world_size));
     }
   }
+  if (r.has("read_after_backward")) out.read_after_backward = r.child("read_after_backward").boolean();
   if (r.has("input_layout")) {
     const Reader layout = r.child("input_layout");
     out.input_layout = layout.string();

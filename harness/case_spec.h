@@ -73,8 +73,28 @@ struct RepeatCall {
   bool no_grad = false;
   /// Whether the main input requires grad in this call.
   bool input_requires_grad = true;
+
+  // What a training loop does around this call (issue "usage surface", the per-case script
+  // of steps; docs/BACKENDS.md "Steps"). Each is false in every case written before them.
+  /// Before the call, an optimizer step: every parameter written in place (under no_grad)
+  /// with the step's values (harness::step_params: the previous values rolled by one
+  /// element and halved), which every cache of a weight must follow.
+  bool update = false;
+  /// With no_grad: the evaluation pass under torch.inference_mode rather than no_grad.
+  bool inference_mode = false;
+  /// Before the call (after its update), a checkpoint round trip: the ops' state saved,
+  /// fresh ops made (their parameters scrambled) and the state loaded into them, the
+  /// Sequential rebuilt; the run goes on exactly as the uninterrupted one.
+  bool checkpoint = false;
+  /// The forward under activation recompute (torch.utils.checkpoint, non-reentrant): the
+  /// backward runs the forward again. Not with no_grad.
+  bool recompute = false;
+
+  /// Whether the call does anything beyond a plain repeat call.
+  bool uses_steps() const { return update || inference_mode || checkpoint || recompute; }
   bool operator==(const RepeatCall& o) const {
-    return no_grad == o.no_grad && input_requires_grad == o.input_requires_grad;
+    return no_grad == o.no_grad && input_requires_grad == o.input_requires_grad && update == o.update &&
+           inference_mode == o.inference_mode && checkpoint == o.checkpoint && recompute == o.recompute;
   }
 };
 
@@ -108,6 +128,9 @@ struct CaseSpec {
   std::vector<RepeatCall> repeat_calls;
   /// The quantization recipe (nullopt: none, the paths run in `dtype`).
   std::optional<RecipeSpec> recipe;
+  /// The caller holds every call's outputs and reads them again after the call's backward
+  /// and after the case's later calls (nothing may change them unless documented).
+  bool read_after_backward = false;
   /// Ranks the case runs on (harness/sharding.h): 1 is one process, as every case before
   /// distributed cases; N > 1 runs the same Sequential on N processes, each on its slice of
   /// the same values. At most kMaxWorldSize.
@@ -126,11 +149,21 @@ struct CaseSpec {
 
   bool operator==(const CaseSpec& o) const;
   bool operator!=(const CaseSpec& o) const { return !(*this == o); }
+  /// The usage elements the case's script of steps uses, by capability name (capabilities.h:
+  /// BackendCapabilities::usage), each once, in a fixed order.
+  std::vector<std::string> usage_elements() const;
+  /// The report's coverage.usage names the case counts in (fuzzer.md "Coverage"):
+  /// "training_steps" (an optimizer step between calls), "eval_pass" (a no_grad call),
+  /// "inference_mode", "checkpoint_roundtrip", "recompute", "read_after_backward".
+  std::vector<std::string> usage_coverage() const;
   /// Number of catalog ops (Boundary modules not counted).
   int64_t num_ops() const;
 };
 
 std::ostream& operator<<(std::ostream& os, const CaseSpec& spec);
+
+/// Every coverage.usage name (CaseSpec::usage_coverage), in the report's order.
+const std::vector<std::string>& usage_coverage_names();
 
 void to_json(nlohmann::json& j, const CaseSpec& spec);
 /// Throws SpecError naming the JSON path of the first problem ("/ops/2/name").

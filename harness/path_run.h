@@ -95,6 +95,9 @@ struct PathRun {
   std::string error_origin;
   /// Spec op indices that a failed construction left locked.
   std::vector<int64_t> left_locked;
+  /// An evaluation pass (a no_grad or inference_mode repeat call): the outputs, by index
+  /// (0 the main output), that carry an autograd graph (requires_grad or a grad_fn).
+  std::vector<int64_t> graph_outputs;
 
   /// Main output, then the public extra outputs.
   std::vector<at::Tensor> outputs;

@@ -317,6 +317,21 @@ void compare_plans(const PathRun& repeat, std::vector<Finding>& findings) {
   }
 }
 
+void check_eval_graph(const PathRun& repeat, std::vector<Finding>& findings) {
+  for (int64_t k : repeat.graph_outputs) {
+    Finding d;
+    d.kind = VerdictKind::kMismatch;
+    d.path_pair = repeat.name + "~eval_pass";
+    d.tensor = k == 0 ? "output" : "extra_output[" + std::to_string(k - 1) + "]";
+    d.role = "eval_graph";
+    d.max_abs_err = std::numeric_limits<double>::infinity();
+    d.max_rel_err = std::numeric_limits<double>::infinity();
+    d.note = "an evaluation pass (no_grad or inference_mode) returned " + d.tensor +
+             " with an autograd graph (requires_grad or a grad_fn): the caller's eval output keeps the graph alive";
+    findings.push_back(std::move(d));
+  }
+}
+
 bool all_finite(const PathRun& run) {
   auto finite = [](const at::Tensor& t) { return !t.defined() || t.isfinite().all().item<bool>(); };
   bool ok = std::all_of(run.outputs.begin(), run.outputs.end(), finite) && finite(run.grad_input) &&

@@ -113,6 +113,9 @@ PathRun expected_for_call(const PathRun& reference, const at::Tensor& grad_input
 /// Records a finding (role "plan") for each fuser whose plan in a repeat call differs from
 /// the plan a fresh Sequential built for that call, with both plans in its note.
 void compare_plans(const PathRun& repeat, std::vector<Finding>& findings);
+/// Records a finding (role "eval_graph") for each output of an evaluation pass (`repeat`, a
+/// no_grad or inference_mode call) that carries an autograd graph (PathRun::graph_outputs).
+void check_eval_graph(const PathRun& repeat, std::vector<Finding>& findings);
 
 /// Whether every output and gradient of a path is finite.
 bool all_finite(const PathRun& run);

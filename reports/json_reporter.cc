@@ -170,6 +170,13 @@ void JsonReporter::report_case(const CaseRecord& record) {
   count_all(fusion_counts_, record.result.fusions_fired);
   count_all(feature_counts_, record.result.features);
   count_all(fused_compared_counts_, record.result.fused_compared);
+  count_all(usage_counts_, record.usage);
+  if (!record.recipe.empty()) {
+    auto& per_recipe = usage_by_recipe_[record.recipe];
+    count_all(per_recipe, record.usage);
+    per_recipe["cases"] += 1;
+    per_recipe["calls"] += record.calls;
+  }
   kink_elements_ += record.result.kink_elements;
   cancellation_tensors_ += record.result.cancellation_tensors;
   if (record.result.failed() && !record.result.has_new_findings()) ++known_failed_;
@@ -240,7 +247,11 @@ Json JsonReporter::document(const RunSummary& summary) const {
            {"fused_ops", Json{{"forward", counts_json({}, fused_forward_counts_)},
                               {"backward", counts_json({}, fused_backward_counts_)},
                               {"compared", counts_json({}, fused_compared_counts_)}}},
-           {"low_precision", Json{{"kink_elements", kink_elements_}, {"cancellation_tensors", cancellation_tensors_}}}};
+           {"low_precision", Json{{"kink_elements", kink_elements_}, {"cancellation_tensors", cancellation_tensors_}}},
+           {"usage", counts_json(harness::usage_coverage_names(), usage_counts_)}};
+  Json by_recipe = Json::object();
+  for (const auto& [recipe, counts] : usage_by_recipe_) by_recipe[recipe] = counts_json({}, counts);
+  doc["coverage"]["usage_by_recipe"] = std::move(by_recipe);
   if (!regimes_.empty()) {
     Json regimes = Json::object();
     for (const auto& [name, cs] : regimes_) {

@@ -219,6 +219,29 @@ class Merger {
       }
     }
     if (any_kernels) c["kernels"] = std::move(kernels);
+    // Usage counts (reports written before them have none).
+    const bool any_usage = std::any_of(inputs_.begin(), inputs_.end(),
+                                       [](const auto& in) { return in.doc["coverage"].contains("usage"); });
+    if (any_usage) {
+      Json usage = Json::object();
+      Json by_recipe = Json::object();
+      for (const auto& in : inputs_) {
+        const Json& cov = in.doc["coverage"];
+        for (const auto& [name, value] : cov.value("usage", Json::object()).items()) {
+          usage[name] = add(usage.value(name, int64_t{0}), value.get<int64_t>(), in, "/coverage/usage/" + name);
+        }
+        for (const auto& [recipe, counts] : cov.value("usage_by_recipe", Json::object()).items()) {
+          for (const auto& [name, value] : counts.items()) {
+            Json& r = by_recipe[recipe];
+            if (!r.is_object()) r = Json::object();
+            r[name] = add(r.value(name, int64_t{0}), value.get<int64_t>(), in,
+                          "/coverage/usage_by_recipe/" + recipe + "/" + name);
+          }
+        }
+      }
+      c["usage"] = std::move(usage);
+      c["usage_by_recipe"] = std::move(by_recipe);
+    }
     return c;
   }
 

@@ -185,6 +185,9 @@ struct CaseRecord {
   /// The case's recipe name, kNoRecipe without one; empty when not known. Counted per
   /// cluster (a finding's `recipes`).
   std::string recipe;
+  /// The case's usage elements (CaseSpec::usage_coverage) and its number of calls.
+  std::vector<std::string> usage;
+  int64_t calls = 1;
 };
 
 /// Per-fault outcome of `gradfuzz selftest` (fuzzer.md "Faults").

@@ -20,6 +20,7 @@ using harness::CasePlan;
 using harness::CaseSpec;
 using harness::CaseTensors;
 using harness::PathRun;
+using harness::PathStatus;
 using harness::RepeatCall;
 
 namespace {
@@ -243,14 +244,28 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
   call_quantization_ = fresh_quantization({});
   reference_ = evaluate_call({spec, prepared_ops, call_quantization_.get()}, values, at::kDouble, {}, &reference_kinks_,
                              {}, case_.trace);
-  if (reference_.ok() && case_.recipe && case_.recipe->kind == ops::RecipeKind::kDelayedScaling) {
+  const bool delayed = case_.recipe && case_.recipe->kind == ops::RecipeKind::kDelayedScaling;
+  bool stepped = false;
+  if (reference_.ok() && (delayed || std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
+                                                 [](const RepeatCall& c) { return c.update; }))) {
     // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
     // histories, so each repeat call has a reference of its own, in order, on one state.
-    for (const RepeatCall& call : spec.repeat_calls) {
+    // After an optimizer step (RepeatCall::update) a call runs on the step's parameters: a
+    // reference of its own on those values.
+    for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
+      const RepeatCall& call = spec.repeat_calls[k];
+      stepped = stepped || call.update;
+      if (!delayed && !stepped) {
+        PathRun none;
+        none.status = PathStatus::kSkipped;  // the first call's reference stands for it
+        repeat_references_.push_back(std::move(none));
+        continue;
+      }
       CaseSpec call_spec = spec;
       call_spec.input_requires_grad = call.input_requires_grad;
-      repeat_references_.push_back(evaluate_call({call_spec, nullptr, call_quantization_.get(), call.no_grad}, values,
-                                                 at::kDouble, {}, nullptr, {}, Trace::kOff));
+      repeat_references_.push_back(
+          evaluate_call({call_spec, nullptr, delayed ? call_quantization_.get() : nullptr, call.no_grad},
+                        stepped ? values.for_call(k) : values, at::kDouble, {}, nullptr, {}, Trace::kOff));
     }
   }
   // A repeat call whose input requires grad when the first call's does not: the input's

@@ -70,6 +70,10 @@ std::optional<std::string> unsupported_by(Backend& backend, const CaseSpec& spec
   if (!spec.repeat_calls.empty() && !caps.repeat_calls) {
     return "the " + backend.name() + " backend does not run repeat_calls";
   }
+  for (const std::string& element : spec.usage_elements()) {
+    if (!caps.runs_usage(element)) return "the " + backend.name() + " backend does not run the usage step " + element;
+    if (spec.world_size > 1) return "the usage step " + element + " runs on one rank; the case has ranks";
+  }
   if (spec.recipe) {
     const auto recipes = caps.available_recipes();
     const bool runs = std::any_of(recipes.begin(), recipes.end(),
@@ -531,12 +535,18 @@ class CaseRun {
       const oracle::CaseBounds repeat_bounds = b.repeats                   ? *b.repeats
                                                : reference_case_.quantizes ? uniform_allowance(b.bounds)
                                                                            : b.bounds;
+      // After an optimizer step the call runs on other values than the evidence's: each
+      // element gets the largest allowance of its tensor (the step halves every parameter).
+      const oracle::CaseBounds stepped_bounds = uniform_allowance(repeat_bounds);
+      bool stepped = false;
       for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];
+        stepped = stepped || spec_.repeat_calls[k].update;
         if (!repeat.ok()) continue;
-        compare_paths(repeat.name + "~reference", spec_, refs.expected_for_call(k), repeat, repeat_bounds, comparer,
-                      all_channels());
+        compare_paths(repeat.name + "~reference", spec_, refs.expected_for_call(k), repeat,
+                      stepped ? stepped_bounds : repeat_bounds, comparer, all_channels());
         compare_plans(repeat, findings);
+        if (spec_.repeat_calls[k].no_grad) oracle::check_eval_graph(repeat, findings);
       }
     }
     const PathRun* fused = paths_.named("fused");
@@ -719,6 +729,12 @@ class CaseRun {
         });
         const RepeatCall& call = spec_.repeat_calls[k];
         if (!fails || call.no_grad) continue;
+        // A call after a step of the script (an update, a round trip, a recompute) is not
+        // its case's first call on other values: its finding's own tensor signs it.
+        const auto stepped = [](const RepeatCall& c) { return c.uses_steps(); };
+        if (std::any_of(spec_.repeat_calls.begin(), spec_.repeat_calls.begin() + static_cast<long>(k) + 1, stepped)) {
+          continue;
+        }
         CaseSpec as_first = spec_;
         as_first.input_requires_grad = call.input_requires_grad;
         as_first.repeat_calls.clear();

@@ -19,6 +19,8 @@
 #             tput delayed quick            call C: throughput (issue 15), DelayedScaling
 #                                           repeat calls, the README's TE quick start
 #             selftest                      the plain planted TE faults (no recipe)
+#             usage                         issue 30: the te-usage-* faults, a fresh campaign
+#                                           with its coverage.usage, cases/s usage on and off
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
 #                                           of findings not yet explained), when present
 #             upstream defects quick        issue 25: three fresh campaigns on unseen seeds
@@ -99,6 +101,10 @@ print(f"cases {s['cases_run']} failed {s['failed']} known_failed {s.get('known_f
 known = ", ".join(f"{k['id']} {k['cases']}/{k['signatures']}" for k in r.get("known", []))
 if known:
     print(f"    known (cases/signatures): {known}")
+usage = r.get("coverage", {}).get("usage")
+if usage:
+    print(f"    usage (cases): {usage}")
+    print(f"    usage per recipe: {r['coverage'].get('usage_by_recipe')}")
 compared = r.get("coverage", {}).get("fused_ops", {}).get("compared", {})
 fired = r.get("coverage", {}).get("fusions", {})
 if compared or fired:
@@ -274,6 +280,23 @@ for name in sorted(n[:-5] for n in os.listdir(os.path.join(work, "export")) if n
         print(f"  {name}: replay {'fails' if fails_replay else 'passes'}, script {'fails' if fails_script else 'passes'}")
 print(f"export: {agree} scripts agree with replay, {disagree} disagree")
 PY
+fi
+if has usage; then
+  # Issue 30: the usage script's planted TE faults (te-usage-*), a fresh campaign on an unseen
+  # seed with the known file (its coverage.usage counts, no new false positive), and one te
+  # worker's (and 12 workers') cases/s with the usage script on and off.
+  selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage' | paste -sd, -)" \
+    --cases 2000 --dtypes float32,bfloat16 --recipe any
+  campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
+    --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
+  for w in ${USAGE_TPUT_WORKERS:-1 12}; do
+    for u in on off; do
+      stage "tput-usage-$u-w$w" $((${TPUT_S:-20} + 25)) "$gf" fuzz --backend "$backend" --device "$device" \
+        --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes tiny --workers "$w" --max-shrink-calls 0 \
+        --usage "$u" --known "$known" --corpus "$work/tput-usage-$u-w$w" --report "$work/tput-usage-$u-w$w.json" --quiet
+      say "  tput-usage-$u-w$w: $(report_line "$work/tput-usage-$u-w$w.json")"
+    done
+  done
 fi
 if has selftest; then
   # The high-precision faults without recipes.

@@ -244,6 +244,8 @@ CampaignOptions campaign_options(const Flags& f, const CLI::App& sub) {
   if (!f.fault.empty()) o.fault = f.fault;
   o.known = load_known(f);
   o.recipe = f.recipe;
+  if (f.usage != "on" && f.usage != "off") throw InputError("--usage: expected on or off, got '" + f.usage + "'");
+  o.usage = f.usage == "on";
   if (f.world_size > 0) o.world_size = f.world_size;
   if (sub.get_option_no_throw("--corpus") && sub.count("--corpus")) {
     if (f.corpus.empty()) throw InputError("--corpus: expected a directory, got an empty name");
@@ -301,6 +303,10 @@ void add_campaign_flags(CLI::App& sub, Flags& f) {
          "--recipe", f.recipe,
          "FP8 recipes where the backend has them: any (half the cases), none, or one recipe's name (every case)")
       ->default_str("any");
+  sub.add_option("--usage", f.usage,
+                 "on: cases draw the usage script (optimizer steps, eval passes, checkpoint round trips, recompute, "
+                 "held outputs) where the backend runs it; off: none")
+      ->default_str("on");
 }
 
 void add_known_flags(CLI::App& sub, Flags& f) {

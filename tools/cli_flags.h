@@ -75,6 +75,8 @@ struct Flags {
   /// export --upstream --signature.
   std::string signature;
   std::string recipe = "any";
+  /// --usage on|off: the usage script's elements drawn or not.
+  std::string usage = "on";
   // Distributed cases: ranks per case (0: one-process cases) and, for a worker, the device
   // its rank processes run on (empty: the campaign's).
   std::string world_size_text;

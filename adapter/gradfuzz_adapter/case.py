@@ -75,6 +75,12 @@ class Case:
     writers: bool | str = True
     # Ranks of a distributed case (harness/sharding.h); this process is one of them.
     world_size: int = 1
+    # Per repeat call: None, or per spec op the parameter values its optimizer step writes
+    # (spec.repeat_calls[k].update; harness/builder.h: step_param).
+    step_params: list = field(default_factory=list)
+    # The caller holds every call's outputs and reads them again after the backward and
+    # after the later calls (spec.read_after_backward).
+    read_after_backward: bool = False
 
     @property
     def catalog_ops(self):
@@ -220,7 +226,31 @@ def decode_case(request, tensors):
         public_outputs=[tuple(p) for p in plan.get("public_outputs") or []],
         writers=_writers_mode(request.get("modified_by", True)),
         world_size=int(spec.get("world_size", 1)),
+        step_params=_step_params(values, spec, tensors),
+        read_after_backward=bool(spec.get("read_after_backward", False)),
     )
+
+
+def _step_params(values, spec, tensors):
+    """values.step_params: per repeat call None or per op [tensor] (an update's values)."""
+    steps = values.get("step_params") or []
+    calls = spec.get("repeat_calls") or []
+    if steps and len(steps) != len(calls):
+        raise ValueError(f"{len(steps)} step_params for {len(calls)} repeat calls")
+    out = []
+    for k, step in enumerate(steps):
+        if step is None:
+            out.append(None)
+            continue
+        if not calls[k].get("update", False):
+            raise ValueError(f"step_params[{k}] given for a repeat call without an update")
+        out.append([[_tensor(tensors, r) for r in refs] for refs in step])
+    for k, call in enumerate(calls):
+        if call.get("update", False) and (k >= len(out) or out[k] is None):
+            raise ValueError(
+                f"repeat call {k + 1} updates the parameters but values.step_params has none"
+            )
+    return out
 
 
 def reference_ops(case):

@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import io
 import os
 import sys
 import sysconfig
@@ -23,6 +24,7 @@ import time
 import types
 
 import torch
+import torch.utils.checkpoint
 
 PHASE_CREATE = "op creation"
 PHASE_CALL = "call-then-bind call"
@@ -31,6 +33,8 @@ PHASE_CONSTRUCT = "Sequential construction"
 PHASE_LATE_BIND = "late binding"
 PHASE_FORWARD = "forward"
 PHASE_BACKWARD = "backward"
+PHASE_UPDATE = "optimizer step"
+PHASE_CHECKPOINT = "checkpoint round trip"
 
 PROTOCOL = 2
 
@@ -122,6 +126,27 @@ class Builder:
     def recorded_channel_grads(self, case):
         """Per fuser {channel: gradient} observed by the backend, or None."""
         return None
+
+    # -- the usage script's steps (docs/BACKENDS.md "Steps")
+
+    def set_params(self, op, op_case, values):
+        """An optimizer step's write: the model-layout `values` (on the op's device, in the
+        case dtype) copied in place into the op's parameters, under no_grad."""
+        with torch.no_grad():
+            for t, value in zip(self.param_tensors(op, op_case), values):
+                t.copy_(value)
+
+    def param_tensors(self, op, op_case):
+        """The op's parameters in the model's layout, one per spec parameter."""
+        raise NotImplementedError
+
+    def save_state(self, op):
+        """What a checkpoint saves of one op (its state_dict)."""
+        return op.state_dict()
+
+    def load_state(self, op, state):
+        """A checkpoint's state loaded into a fresh op."""
+        op.load_state_dict(state)
 
     def plans(self, seq, case, ops):
         """Per fuser {"forward": [...], "backward": [...]} in spec op indices."""
@@ -1353,10 +1378,33 @@ def _build(builder, case, device, values, built):
         builder.bind_input(ops[index], slot, channel)
 
 
+def _carries_graph(out, given):
+    """Whether an evaluation pass's output hands the caller an autograd graph: a grad_fn, or
+    requires_grad on anything but a tensor the caller passed in (an identity op may return
+    the caller's own leaf, or a view of it)."""
+    if out.grad_fn is not None:
+        return True
+    if not out.requires_grad:
+        return False
+    storage = out.untyped_storage().data_ptr()
+    return not any(
+        t is not None and (t is out or t.untyped_storage().data_ptr() == storage) for t in given
+    )
+
+
+def _grad_mode(no_grad, inference):
+    if no_grad and inference:
+        return torch.inference_mode()
+    return torch.set_grad_enabled(not no_grad)
+
+
 class _Call:
     """One call of the Sequential: its outputs, gradients and changed caller tensors."""
 
-    def __init__(self):
+    def __init__(self, index=0):
+        # 0 the path's first call, k its k-th repeat call.
+        self.index = index
+        self.graph_outputs = []
         self.outputs = []
         self.grads = {}
         self.modified = []
@@ -1378,12 +1426,18 @@ def _run_call(
     first=True,
     tracker_scope=None,
     record_plans=False,
+    inference=False,
+    recompute=False,
+    held=None,
 ):
     """Forward (and, unless `no_grad`, one autograd.grad of sum_k <output_k, cotangent_k>)
     of built.seq on fresh copies of the case's values; fills `call`. `first`: the path's
     first call (observers, channel gradients). `tracker_scope(caller)`: a context manager
     entered around forward and backward (the writer instrumentation). `record_plans`: keep
-    the plans as the forward made them (call.forward_plans)."""
+    the plans as the forward made them (call.forward_plans). The usage script's steps:
+    `inference` (with no_grad: under torch.inference_mode), `recompute` (the forward under
+    torch.utils.checkpoint), `held` (with case.read_after_backward: [(name, tensor)] the
+    caller holds from earlier calls; this call's outputs are appended)."""
     ops, seq = built.ops, built.seq
     built.phase = PHASE_FORWARD
     caller = call.caller
@@ -1395,14 +1449,35 @@ def _run_call(
     caller.add("input", x)
     for k, e in enumerate(extras):
         caller.add(f"extra_input[{k}]", e)
+    for name, t in held or []:
+        caller.add(name, t)
     scope = tracker_scope(caller) if tracker_scope is not None else contextlib.nullcontext()
     with scope:
-        with torch.set_grad_enabled(not no_grad):
-            outputs = builder.forward(seq, x, extras)
+        with _grad_mode(no_grad, inference):
+            if recompute:
+                outputs = list(
+                    torch.utils.checkpoint.checkpoint(
+                        lambda x_, *e_: tuple(builder.forward(seq, x_, list(e_))),
+                        x,
+                        *extras,
+                        use_reentrant=False,
+                    )
+                )
+            else:
+                outputs = builder.forward(seq, x, extras)
         for k, out in enumerate(outputs):
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"output {k} of the Sequential is a {type(out).__name__}")
         call.outputs = outputs
+        if no_grad:
+            # An evaluation pass hands the caller no autograd graph.
+            call.graph_outputs = [
+                k for k, out in enumerate(outputs) if _carries_graph(out, [x, *extras])
+            ]
+        if held is not None and case.read_after_backward:
+            for k, out in enumerate(outputs):
+                caller.add(f"held_output[{k}]", out)
+                held.append((f"held_output[{k}].call[{call.index}]", out))
         if record_plans:
             try:
                 call.forward_plans = builder.plans(seq, case, ops)
@@ -1544,13 +1619,21 @@ def _fresh_plans(builder, case, device, values, repeat_call):
     return builder.plans(built.seq, case, built.ops)
 
 
+_STEPS = ("update", "inference_mode", "checkpoint", "recompute")
+# capabilities.usage of a backend whose Builder has the steps' methods (set_params, save_state,
+# load_state): every element the driver runs (harness/capabilities.h: usage).
+USAGE = (*_STEPS, "read_after_backward")
+
+
 def repeat_calls(case):
-    """spec.repeat_calls as [{"no_grad", "input_requires_grad"}] (harness/case_spec.h:
-    RepeatCall's defaults: false, true)."""
+    """spec.repeat_calls as [{"no_grad", "input_requires_grad", "update", "inference_mode",
+    "checkpoint", "recompute"}] (harness/case_spec.h: RepeatCall's defaults: false, true, and
+    false for the usage script's steps)."""
     return [
         {
             "no_grad": bool(c.get("no_grad", False)),
             "input_requires_grad": bool(c.get("input_requires_grad", True)),
+            **{step: bool(c.get(step, False)) for step in _STEPS},
         }
         for c in case.spec.get("repeat_calls") or []
     ]
@@ -1582,6 +1665,8 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
     built = _Built(case)
     call = _Call()
     repeats = []
+    # The outputs the caller holds (case.read_after_backward), compared after each call.
+    held = []
     watch = (
         _Watch(builder, case, built, writers=writers is True, traced=traced)
         if writers is True or traced
@@ -1606,6 +1691,7 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
                     record_plans=isinstance(fresh, dict)
                     and bool(fusions)
                     and bool(repeat_calls(case)),
+                    held=held,
                 )
             if call.forward_plans is not None:
                 fresh[
@@ -1628,7 +1714,7 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
         if result["status"] == "ok":
             for k, repeat_call in enumerate(repeat_calls(case), start=1):
                 repeat = _run_repeat(
-                    builder, case, built, values, device, fusions, repeat_call, fresh
+                    builder, case, built, values, device, fusions, repeat_call, fresh, k, held
                 )
                 repeat["name"] = f"{path['name']}.call[{k}]"
                 _emit_repeat(repeat, tensors)
@@ -1679,16 +1765,25 @@ def _pattern(repeat_call):
     return (repeat_call["no_grad"], repeat_call["input_requires_grad"])
 
 
-def _run_repeat(builder, case, built, values, device, fusions, repeat_call, fresh):
-    """One repeat call of built.seq (same Sequential, same values) and the plans a fresh
+def _run_repeat(
+    builder, case, built, values, device, fusions, repeat_call, fresh, index=1, held=None
+):
+    """Repeat call `index` of built.seq (same Sequential, same values but for its optimizer
+    step's parameters) with the steps of the usage script before it, and the plans a fresh
     Sequential makes for it. `fresh`: the plans already made per requires-grad pattern (a
     dict, filled here), "per_call" (a fresh Sequential for this call whatever was made
-    before) or False (no expected plans)."""
+    before) or False (no expected plans). `held`: run_path's held outputs."""
     repeat = {"status": "ok"}
-    call = _Call()
+    call = _Call(index)
     try:
         with _cost("repeat_calls"):
             builder.before_repeat_call(built.ops, case)
+            if repeat_call["update"]:
+                built.phase = PHASE_UPDATE
+                _optimizer_step(builder, case, built, values, index)
+            if repeat_call["checkpoint"]:
+                built.phase = PHASE_CHECKPOINT
+                _checkpoint_round_trip(builder, case, built, values, device)
             _run_call(
                 builder,
                 case,
@@ -1698,11 +1793,16 @@ def _run_repeat(builder, case, built, values, device, fusions, repeat_call, fres
                 input_requires_grad=repeat_call["input_requires_grad"],
                 no_grad=repeat_call["no_grad"],
                 first=False,
+                inference=repeat_call["inference_mode"],
+                recompute=repeat_call["recompute"],
+                held=held,
             )
     except Exception as exc:  # noqa: BLE001 - the call's error is the repeat's result
         _fail(builder, repeat, exc, built.phase)
     repeat["plans"] = _safe_plans(builder, built.seq, case, built.ops)
     repeat["modified"] = call.modified if repeat["status"] == "ok" else []
+    if call.graph_outputs:
+        repeat["graph_outputs"] = call.graph_outputs
     repeat["call"] = call
     if not fusions or fresh is False:
         # No fusion registered: nothing to cache wrongly (the model checks none either).
@@ -1721,6 +1821,47 @@ def _run_repeat(builder, case, built, values, device, fusions, repeat_call, fres
         if repeat["status"] == "ok":
             _fail(builder, repeat, exc, "the plan check")
     return repeat
+
+
+def _optimizer_step(builder, case, built, values, index):
+    """What an optimizer's step does before repeat call `index`: every parameter written in
+    place with the step's values (case.step_params, in the case dtype on the device)."""
+    stepped = case.step_params[index - 1]
+    for op_case in case.catalog_ops:
+        new = [
+            values.fresh(("step", index, op_case.index, j), t)
+            for j, t in enumerate(stepped[op_case.index])
+        ]
+        builder.set_params(built.ops[op_case.index], op_case, [t.detach() for t in new])
+
+
+def _checkpoint_round_trip(builder, case, built, values, device):
+    """A checkpoint saved (every op's state through torch.save), fresh ops built as the path
+    built its own (bindings, Sequential) with their parameters scrambled, the checkpoint
+    loaded into them: the path goes on with the fresh ops and Sequential."""
+    blob = io.BytesIO()
+    torch.save(
+        {
+            op_case.index: builder.save_state(built.ops[op_case.index])
+            for op_case in case.catalog_ops
+        },
+        blob,
+    )
+    fresh = _Built(case)
+    _build(builder, case, device, values, fresh)
+    for op_case in case.catalog_ops:
+        # What a fresh model holds before its checkpoint loads: other values than the run's.
+        scrambled = [
+            -2.0 * values.fresh(("param", op_case.index, j), p).detach() + 0.5
+            for j, p in enumerate(op_case.params)
+        ]
+        builder.set_params(fresh.ops[op_case.index], op_case, scrambled)
+    blob.seek(0)
+    states = torch.load(blob, weights_only=False)
+    for op_case in case.catalog_ops:
+        builder.load_state(fresh.ops[op_case.index], states[op_case.index])
+    built.ops, built.seq = fresh.ops, fresh.seq
+    built.phase = PHASE_CHECKPOINT
 
 
 def _emit_repeat(repeat, tensors):

@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -110,3 +112,55 @@ def plant_from_environment(faults, prefix, variable=FAULT_VARIABLE):
     stack.enter_context(planted(faults, name))  # never exited: the process keeps it
     _PLANTED_FROM_ENVIRONMENT[name] = stack
     return name
+
+
+# ----------------------------------------------------------------------------------------
+# Defects of the calls around a Sequential (the usage script's steps, issue "usage surface"):
+# wrappers around a Sequential's call, `original(self, x, *extra_inputs, **kwargs)`, shared by the
+# torch backend's faults and te/faults.py (each backend's own Sequential).
+
+
+def eval_pass_keeps_graph(original):
+    """Runs an evaluation pass (grad mode off, not inference mode) with grad mode on: the
+    caller's eval outputs carry an autograd graph."""
+
+    def call(self, x, *extra_inputs, **kwargs):
+        if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return original(self, x, *extra_inputs, **kwargs)
+        with torch.enable_grad():
+            return original(self, x, *extra_inputs, **kwargs)
+
+    return call
+
+
+def output_buffer_reused(original):
+    """Hands out the main output's values by writing them into the tensor the previous call
+    returned too (a reused output buffer): what the caller holds from that call changes."""
+
+    def call(self, x, *extra_inputs, **kwargs):
+        out = original(self, x, *extra_inputs, **kwargs)
+        main = out[0] if isinstance(out, tuple) else out
+        if torch.is_inference_mode_enabled() or main.is_inference():
+            return out
+        last = getattr(self, "_gradfuzz_fault_last_output", None)
+        if last is not None and last.shape == main.shape and not last.is_inference():
+            with torch.no_grad():
+                last.copy_(main.detach())
+        self._gradfuzz_fault_last_output = main
+        return out
+
+    return call
+
+
+def recompute_as_eval_pass(original):
+    """A forward run inside a backward (activation recompute) is taken for an evaluation
+    pass and runs with grad mode off, as code whose recompute-phase test is mis-wired may:
+    it saves nothing for backward, which the recompute must restore."""
+
+    def call(self, x, *extra_inputs, **kwargs):
+        if torch._C._current_graph_task_id() != -1:
+            with torch.no_grad():
+                return original(self, x, *extra_inputs, **kwargs)
+        return original(self, x, *extra_inputs, **kwargs)
+
+    return call

@@ -14,7 +14,7 @@ import types
 import torch
 
 from .. import faults, recipes
-from ..driver import Builder, run_paths, te_writer_scope
+from ..driver import USAGE, Builder, run_paths, te_writer_scope
 from . import recipes as te_recipes
 from .classify import classify
 from .faults import FAULTS
@@ -28,6 +28,9 @@ from .params import (
     param_leaves,
     set_param_requires_grad,
 )
+
+# TE reads this opt-in before it unpickles an op's extra state (_extra_state.py).
+_UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
 
 class TEBuilder(Builder):
@@ -215,6 +218,23 @@ class TEBuilder(Builder):
     def param_leaves(self, op, op_case):
         return param_leaves(op, op_case.name)
 
+    def set_params(self, op, op_case, values):
+        # An optimizer step writes TE's parameters in place (their layout: te/params.py).
+        copy_param_values(op, op_case.name, values)
+
+    def load_state(self, op, state):
+        # The checkpoint is the one this process saved a moment before: loading it opts in to
+        # unpickling a DelayedScaling op's extra state (TE's _extra_state.py), as its user does.
+        saved = os.environ.get(_UNSAFE_PICKLE)
+        os.environ[_UNSAFE_PICKLE] = "1"
+        try:
+            op.load_state_dict(state)
+        finally:
+            if saved is None:
+                del os.environ[_UNSAFE_PICKLE]
+            else:
+                os.environ[_UNSAFE_PICKLE] = saved
+
     def param_grads(self, op, op_case, leaf_grads):
         leaves = param_leaves(op, op_case.name)
         return model_param_grads(op, op_case.name, {id(t): g for t, g in zip(leaves, leaf_grads)})
@@ -380,6 +400,8 @@ class TEBackend:
                 # Distributed cases: one rank per visible GPU, NCCL (ranks.py); on the CPU
                 # (TE's Python over a stubbed extension, tests/te_stub.py) gloo ranks.
                 "max_world_size": self.max_world_size(),
+                # The usage script's steps (driver.py runs them through the builder).
+                "usage": list(USAGE),
             },
         }
 

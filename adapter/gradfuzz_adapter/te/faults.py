@@ -29,7 +29,13 @@ Targets are resolved when a fault is planted, so importing this module imports n
 
 import torch
 
-from ..faults import Fault, wrap
+from ..faults import (
+    Fault,
+    eval_pass_keeps_graph,
+    output_buffer_reused,
+    recompute_as_eval_pass,
+    wrap,
+)
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
 
@@ -273,6 +279,42 @@ def _all_reduce_backward_reduced(original):
     return op_backward
 
 
+# ----------------------------------------------------------------------------------------
+# The usage script's faults (issue "usage surface"): each reachable through one step.
+
+
+def _linear_weight_of_first_call(original):
+    """BasicLinear.op_forward computing with the weight values of its first call (the
+    Parameter keeps its own values and gets its gradient): stale after an optimizer step."""
+
+    def op_forward(self, ctx, input_, *args, **kwargs):
+        cache = getattr(self, "_gradfuzz_fault_first_weight", None)
+        if cache is None:
+            self._gradfuzz_fault_first_weight = self.weight.detach().clone()
+            return original(self, ctx, input_, *args, **kwargs)
+        live = self.weight.data
+        self.weight.data = cache
+        try:
+            return original(self, ctx, input_, *args, **kwargs)
+        finally:
+            self.weight.data = live
+
+    return op_forward
+
+
+def _parameters_not_loaded(original):
+    """BasicOperation._load_from_state_dict that loads the extra state (FP8 metadata) and
+    returns without the base class's load: the fresh op keeps its own parameter values."""
+
+    def load(self, *args, **kwargs):
+        state_dict, prefix = args[0], args[1]
+        key = prefix + torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX
+        if key in state_dict:
+            self.set_extra_state(state_dict[key])
+
+    return load
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -370,6 +412,42 @@ FAULTS = {
             "transformer_engine.pytorch.quantization.FP8GlobalStateManager."
             "reduce_and_update_fp8_tensors",
             _delayed_forward_scale_e5m2_max,
+        ),
+        Fault(
+            "te-usage-stale-weights-after-step",
+            "BasicLinear computes with the weight values of its first call (the Parameter "
+            "keeps its own and gets its gradient): after an optimizer step writes the weight "
+            "in place, the op's forward uses the old one",
+            f"{_OPS}.basic.basic_linear.BasicLinear.op_forward",
+            _linear_weight_of_first_call,
+        ),
+        Fault(
+            "te-usage-checkpoint-params-not-loaded",
+            "BasicOperation._load_from_state_dict loads the extra state and returns without "
+            "the base class's load: a checkpoint's parameters never reach the fresh ops",
+            f"{_OPS}.op.BasicOperation._load_from_state_dict",
+            _parameters_not_loaded,
+        ),
+        Fault(
+            "te-usage-eval-pass-keeps-graph",
+            "te.ops.Sequential called with grad mode off runs with grad mode on: the "
+            "evaluation pass hands the caller outputs with an autograd graph",
+            f"{_OPS}.sequential.Sequential.forward",
+            eval_pass_keeps_graph,
+        ),
+        Fault(
+            "te-usage-output-buffer-reused",
+            "te.ops.Sequential writes each call's main output into the tensor it returned at "
+            "the previous call (a reused output buffer): what the caller holds changes",
+            f"{_OPS}.sequential.Sequential.forward",
+            output_buffer_reused,
+        ),
+        Fault(
+            "te-usage-recompute-as-eval-pass",
+            "The forward that activation recompute runs inside the backward runs with grad "
+            "mode off (taken for an evaluation pass): it saves nothing for backward",
+            f"{_OPS}.sequential.Sequential.forward",
+            recompute_as_eval_pass,
         ),
         Fault(
             "te-reduce-scatter-wrong-shard",

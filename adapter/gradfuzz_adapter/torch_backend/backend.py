@@ -17,7 +17,7 @@ import platform
 import torch
 
 from .. import catalog, faults, recipes
-from ..driver import Builder, run_paths, torch_writer_scope
+from ..driver import USAGE, Builder, run_paths, torch_writer_scope
 from ..errors import GradfuzzError
 from . import fp8, parallel
 from .faults import FAULTS
@@ -107,6 +107,9 @@ class TorchBuilder(Builder):
 
     def param_leaves(self, op, op_case):
         return [p for p in op.params if p.requires_grad]
+
+    def param_tensors(self, op, op_case):
+        return op.params
 
     def param_grads(self, op, op_case, leaf_grads):
         grads = iter(leaf_grads)
@@ -216,6 +219,8 @@ class TorchBackend:
                 # Distributed cases (ranks.py, parallel.py): gloo ranks on the CPU (NCCL
                 # ranks on CUDA need a GPU each: the coordinator declines more than it sees).
                 "max_world_size": MAX_WORLD_SIZE,
+                # The usage script's steps (driver.py runs them through the builder).
+                "usage": list(USAGE),
                 "faults": faults.capabilities(FAULTS),
             },
         }

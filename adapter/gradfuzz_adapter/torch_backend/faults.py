@@ -16,7 +16,14 @@ import time
 
 import torch
 
-from ..faults import Fault, plant_from_environment, wrap
+from ..faults import (
+    Fault,
+    eval_pass_keeps_graph,
+    output_buffer_reused,
+    plant_from_environment,
+    recompute_as_eval_pass,
+    wrap,
+)
 from .collectives import WORLD, all_reduce_sum
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
@@ -162,6 +169,65 @@ def _hang():
     time.sleep(3600)
 
 
+# ----------------------------------------------------------------------------------------
+# The usage script's faults (issue "usage surface"): each reachable through one step.
+
+
+def _weights_cached_at_first_call(original):
+    """BasicOp.forward with the parameter values of its first call in a Sequential kept and
+    used from then on (gradients still reach the parameters): stale after an optimizer step."""
+
+    def forward(self, x, extra_inputs):
+        if not self.locked or not self.params:
+            return original(self, x, extra_inputs)
+        cache = getattr(self, "_fault_first_values", None)
+        if cache is None:
+            cache = self._fault_first_values = [p.detach().clone() for p in self.params]
+        live = self.params
+        self.params = [c + (p - p.detach()) for c, p in zip(cache, live)]
+        try:
+            return original(self, x, extra_inputs)
+        finally:
+            self.params = live
+
+    return forward
+
+
+def _last_param_not_loaded(original):
+    """BasicOp.load_state_dict that leaves the op's last parameter (a bias, a beta) as the
+    fresh op holds it, where the op has more than one."""
+
+    def load_state_dict(self, state):
+        kept = self.params[-1].detach().clone() if len(self.params) > 1 else None
+        original(self, state)
+        if kept is not None:
+            with torch.no_grad():
+                self.params[-1].copy_(kept)
+
+    return load_state_dict
+
+
+def _inference_copy_reused(original):
+    """BasicOp.forward that, in an inference_mode pass, keeps a copy of its parameters and
+    computes every later call with that copy (an inference tensor autograd cannot save)."""
+
+    def forward(self, x, extra_inputs):
+        if torch.is_inference_mode_enabled() and self.params:
+            self._fault_inference_copy = [p.detach().clone() for p in self.params]
+            return original(self, x, extra_inputs)
+        copy = getattr(self, "_fault_inference_copy", None)
+        if copy is None:
+            return original(self, x, extra_inputs)
+        live = self.params
+        self.params = copy
+        try:
+            return original(self, x, extra_inputs)
+        finally:
+            self.params = live
+
+    return forward
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -218,6 +284,51 @@ FAULTS = {
             "E4M3's 448: from the second call on, inputs and weights saturate",
             "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.update",
             _forward_scale_with_e5m2_max,
+        ),
+        Fault(
+            "torch-usage-stale-weights-after-step",
+            "Each op computes with the parameter values of its first call in a Sequential "
+            "(gradients still reach the parameters): after an optimizer step writes them in "
+            "place, its outputs are those of the old values",
+            "gradfuzz_adapter.torch_backend.runtime.BasicOp.forward",
+            _weights_cached_at_first_call,
+        ),
+        Fault(
+            "torch-usage-checkpoint-drops-last-param",
+            "Loading a checkpoint leaves each op's last parameter (a bias, a beta) as the "
+            "fresh op holds it, where the op has more than one",
+            "gradfuzz_adapter.torch_backend.runtime.BasicOp.load_state_dict",
+            _last_param_not_loaded,
+        ),
+        Fault(
+            "torch-usage-eval-pass-keeps-graph",
+            "A Sequential called with grad mode off runs its ops with grad mode on: the "
+            "evaluation pass hands the caller outputs with an autograd graph",
+            "gradfuzz_adapter.torch_backend.runtime.Sequential.__call__",
+            eval_pass_keeps_graph,
+        ),
+        Fault(
+            "torch-usage-inference-copy-reused",
+            "An op keeps the copy of its parameters made in an inference_mode pass and "
+            "computes every later call with it: a training call after an inference pass "
+            "cannot save it for backward, and its parameters get no gradient",
+            "gradfuzz_adapter.torch_backend.runtime.BasicOp.forward",
+            _inference_copy_reused,
+        ),
+        Fault(
+            "torch-usage-output-buffer-reused",
+            "The Sequential writes each call's main output into the tensor it returned at the "
+            "previous call (a reused output buffer): what the caller holds from that call "
+            "changes",
+            "gradfuzz_adapter.torch_backend.runtime.Sequential.__call__",
+            output_buffer_reused,
+        ),
+        Fault(
+            "torch-usage-recompute-as-eval-pass",
+            "The forward that activation recompute runs inside the backward runs with grad "
+            "mode off (taken for an evaluation pass): it saves nothing for backward",
+            "gradfuzz_adapter.torch_backend.runtime.Sequential.__call__",
+            recompute_as_eval_pass,
         ),
         Fault(
             "torch-reduce-scatter-wrong-shard",

@@ -205,6 +205,13 @@ class DelayedQuantizer:
         data = quantize_dequantize(x.detach(), self.scale, self.fmt)
         return QuantizedTensor(data, data.t().contiguous())
 
+    def state(self):
+        return {"scale": self.scale.clone(), "history": self.history.clone()}
+
+    def load_state(self, state):
+        self.scale = state["scale"].clone()
+        self.history = state["history"].clone()
+
     def update(self):
         """FP8GlobalStateManager.reduce_and_update_fp8_tensors for this quantizer
         (quantization.py: _default_get_amax_and_update_history, _default_sf_compute)."""
@@ -408,6 +415,20 @@ class OpQuantization:
         alone.backward_alpha = None
         alone.gradient_cast_by_next = False
         return alone
+
+    def state(self):
+        """The delayed-scaling state of every quantizer (what a checkpoint saves): per
+        Linear (GroupedLinear group) the input, weight and grad-output quantizers'."""
+        return [
+            [q.state() if q.delayed else None for q in (lq.input, lq.weight, lq.grad_output)]
+            for lq in self.linear
+        ]
+
+    def load_state(self, state):
+        for lq, saved in zip(self.linear, state):
+            for q, s in zip((lq.input, lq.weight, lq.grad_output), saved):
+                if q.delayed and s is not None:
+                    q.load_state(s)
 
     def quantizers(self, backward):
         """Every delayed-scaling quantizer of the op for one pass."""

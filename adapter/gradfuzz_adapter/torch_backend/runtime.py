@@ -70,6 +70,24 @@ class BasicOp:
         # passed through unchanged.
         self.gradient_passthrough = False
 
+    # -- a checkpoint (the usage script's round trip, docs/BACKENDS.md "Steps")
+
+    def state_dict(self):
+        """What a checkpoint saves of the op: its parameters' values and its quantizers'
+        delayed-scaling state (TE's ops save theirs as extra state)."""
+        state = {f"param{j}": p.detach().clone() for j, p in enumerate(self.params)}
+        if self.quantization is not None:
+            state["quantization"] = self.quantization.state()
+        return state
+
+    def load_state_dict(self, state):
+        """A checkpoint's state into this op (parameters in place, the quantizers' state)."""
+        with torch.no_grad():
+            for j, p in enumerate(self.params):
+                p.copy_(state[f"param{j}"])
+        if self.quantization is not None and "quantization" in state:
+            self.quantization.load_state(state["quantization"])
+
     # -- runtime.md section 1: the op's math
 
     def forward(self, x, extra_inputs):
