@@ -40,6 +40,31 @@ Drawn draw(const CaseSpec& spec) {
   return d;
 }
 
+// An optimizer step's parameters: the previous ones rolled by one element and halved (every
+// element moves, amaxes halve), held per call from the step on, nothing more drawn.
+TEST(Builder, StepParamsRollAndHalveFromTheirStepOn) {
+  CaseSpec spec = moe_spec();
+  spec.repeat_calls.resize(3);
+  spec.repeat_calls[1].update = true;
+  spec.repeat_calls[2].update = true;
+  CaseSpec plain = spec;
+  for (auto& c : plain.repeat_calls) c.update = false;
+  const Drawn d = draw(spec);
+  EXPECT_TRUE(d.tensors.input.equal(draw(plain).tensors.input));
+  ASSERT_EQ(d.tensors.step_params.size(), 3u);
+  EXPECT_TRUE(d.tensors.step_params[0].empty());
+  for (size_t i = 0; i < d.tensors.params.size(); ++i) {
+    for (size_t j = 0; j < d.tensors.params[i].size(); ++j) {
+      const at::Tensor& p = d.tensors.params[i][j];
+      const at::Tensor once = p.reshape({-1}).roll(1).reshape(p.sizes()) * 0.5;
+      EXPECT_TRUE(d.tensors.step_params[1][i][j].equal(once));
+      EXPECT_TRUE(d.tensors.params_of_call(0)[i][j].equal(p));
+      EXPECT_TRUE(d.tensors.params_of_call(1)[i][j].equal(once));
+      EXPECT_TRUE(d.tensors.for_call(2).params[i][j].equal(step_param(once, at::kDouble)));
+    }
+  }
+}
+
 TEST(Builder, PlanPropagatesShapesAndOrdersPublicSlots) {
   const CasePlan plan = plan_case(moe_spec());
   ASSERT_EQ(plan.ops.size(), 5u);

@@ -280,6 +280,48 @@ TEST(CaseSpecJson, RepeatCallsAreObjectsOfTwoFlags) {
   }
 }
 
+// The usage script's steps: written only where set (older case files and their hashes stay),
+// read back, checked against the call's grad mode, named by usage_elements/usage_coverage.
+TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
+  CaseSpec spec;
+  spec.repeat_calls.resize(3);
+  spec.repeat_calls[0].update = true;
+  spec.repeat_calls[0].checkpoint = true;
+  spec.repeat_calls[1].no_grad = true;
+  spec.repeat_calls[1].inference_mode = true;
+  spec.repeat_calls[2].recompute = true;
+  spec.read_after_backward = true;
+  nlohmann::json j;
+  to_json(j, spec);
+  EXPECT_EQ(j.at("repeat_calls")[2],
+            nlohmann::json::parse(R"({"no_grad":false,"input_requires_grad":true,"recompute":true})"));
+  EXPECT_TRUE(j.at("read_after_backward").get<bool>());
+  EXPECT_EQ(j.get<CaseSpec>(), spec);
+  EXPECT_EQ(spec.usage_elements(),
+            (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute", "read_after_backward"}));
+  EXPECT_EQ(spec.usage_coverage(),
+            (std::vector<std::string>{"training_steps", "eval_pass", "inference_mode", "checkpoint_roundtrip",
+                                      "recompute", "read_after_backward"}));
+  nlohmann::json plain;
+  to_json(plain, CaseSpec{});
+  EXPECT_FALSE(plain.contains("read_after_backward"));
+  j["repeat_calls"][1]["no_grad"] = false;
+  try {
+    j.get<CaseSpec>();
+    FAIL() << "inference_mode on a call with grad was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), "/repeat_calls/1/inference_mode");
+  }
+  j["repeat_calls"][1]["no_grad"] = true;
+  j["repeat_calls"][2]["no_grad"] = true;
+  try {
+    j.get<CaseSpec>();
+    FAIL() << "recompute on a no_grad call was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), "/repeat_calls/2/recompute");
+  }
+}
+
 TEST(CaseSpecJson, WorldSizeAndInputLayoutAreWrittenOnlyForDistributedCases) {
   CaseSpec spec = linear_bias_relu();
   EXPECT_FALSE(spec_json(spec).contains("world_size"));  // one-process case files stay as they were

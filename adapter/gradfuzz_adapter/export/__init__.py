@@ -40,10 +40,29 @@ def dialect(backend):
     return found
 
 
+def usage_steps(case):
+    """The usage script's elements `case` uses (harness/case_spec.h: usage_elements)."""
+    calls = case.spec.get("repeat_calls") or []
+    steps = [
+        s
+        for s in ("update", "inference_mode", "checkpoint", "recompute")
+        if any(c.get(s) for c in calls)
+    ]
+    return steps + (["read_after_backward"] if case.read_after_backward else [])
+
+
 def export_reply(case, request, default_backend, tensors=()):
     """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"} and
     "data_file" where values went to the request's `data_file` (values.py), which it writes."""
     decoded = ExportRequest.decode(request, tensors, default_backend)
+    steps = usage_steps(case)
+    if steps:
+        # Not written yet: a script without them would pass where the case fails.
+        return {
+            "ok": False,
+            "error": f"the case's usage script ({', '.join(steps)}) is not written into exported "
+            'tests yet; `gradfuzz replay` runs it (docs/BACKENDS.md "Steps")',
+        }
     chosen = dialect(decoded.backend)
     if decoded.form == "distributed":
         return distributed_export(case, decoded, chosen)
