@@ -131,6 +131,14 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
   }
   if (j.contains("left_locked")) run.left_locked = j["left_locked"].get<std::vector<int64_t>>();
   if (j.contains("graph_outputs")) run.graph_outputs = j["graph_outputs"].get<std::vector<int64_t>>();
+  if (j.contains("fp8_state") && j["fp8_state"].is_object()) {
+    const json& s = j["fp8_state"];
+    run.fp8_states_checked = s.value("checked", int64_t{0});
+    for (const auto& v : s.value("violations", json::array())) {
+      run.fp8_state_violations.push_back({v.value("op", int64_t{-1}), v.value("quantizer", std::string()),
+                                          v.value("what", std::string()), v.value("note", std::string())});
+    }
+  }
   return run;
 }
 

@@ -69,8 +69,8 @@
 // - last, the usage script (the elements the backend's capabilities.usage lists): with chance
 //   1/8 one to six more calls (a training loop of up to eight); per call an optimizer step
 //   before it (1/2), a no_grad call under inference_mode (1/2), a checkpoint round trip
-//   (1/4), recompute where it runs backward and the recipe is not DelayedScaling (1/4); per
-//   case the held outputs read after each backward (1/4).
+//   (1/4), recompute where it runs backward and the recipe is not DelayedScaling (1/4), the
+//   ops in a second Sequential (1/6); per case the held outputs read after each backward (1/4).
 
 namespace gradfuzz::generators {
 namespace {
@@ -779,6 +779,7 @@ void draw_usage_script(harness::CaseSpec& spec, const GenOptions& options) {
       if (call.no_grad && runs("inference_mode")) call.inference_mode = chance(1, 2);
       if (runs("checkpoint")) call.checkpoint = chance(1, 4);
       if (!call.no_grad && !delayed && runs("recompute")) call.recompute = chance(1, 4);
+      if (runs("second_sequential")) call.second_sequential = chance(1, 6);
     }
   }
   if (runs("read_after_backward")) spec.read_after_backward = chance(1, 4);

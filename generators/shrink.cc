@@ -208,8 +208,9 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
   }
   // Each step of the usage script shrinks away where the finding stays without it.
   for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
-    for (bool harness::RepeatCall::*flag : {&harness::RepeatCall::update, &harness::RepeatCall::inference_mode,
-                                            &harness::RepeatCall::checkpoint, &harness::RepeatCall::recompute}) {
+    for (bool harness::RepeatCall::*flag :
+         {&harness::RepeatCall::update, &harness::RepeatCall::inference_mode, &harness::RepeatCall::checkpoint,
+          &harness::RepeatCall::recompute, &harness::RepeatCall::second_sequential}) {
       if (!(spec.repeat_calls[k].*flag)) continue;
       CaseSpec c = spec;
       c.repeat_calls[k].*flag = false;

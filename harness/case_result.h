@@ -159,6 +159,9 @@ struct CaseResult {
   /// widened because they are a small difference of large terms.
   int64_t kink_elements = 0;
   int64_t cancellation_tensors = 0;
+  /// Delayed-scaling quantizer states the backend judged by TE's rule, over the case's paths
+  /// and calls (PathRun::fp8_states_checked).
+  int64_t fp8_states_checked = 0;
   /// Per failing path of a traced run (runner::RunOptions::trace): where its values first
   /// diverge. Empty when the run was not traced or no value diverged.
   std::vector<Divergence> divergences;

@@ -36,13 +36,15 @@ std::vector<std::string> CaseSpec::usage_elements() const {
   if (any(&RepeatCall::inference_mode)) out.emplace_back("inference_mode");
   if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint");
   if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
+  if (any(&RepeatCall::second_sequential)) out.emplace_back("second_sequential");
   if (read_after_backward) out.emplace_back("read_after_backward");
   return out;
 }
 
 const std::vector<std::string>& usage_coverage_names() {
   static const std::vector<std::string> kNames{"training_steps",       "eval_pass", "inference_mode",
-                                               "checkpoint_roundtrip", "recompute", "read_after_backward"};
+                                               "checkpoint_roundtrip", "recompute", "read_after_backward",
+                                               "op_in_two_fusers"};
   return kNames;
 }
 
@@ -57,6 +59,7 @@ std::vector<std::string> CaseSpec::usage_coverage() const {
   if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint_roundtrip");
   if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
   if (read_after_backward) out.emplace_back("read_after_backward");
+  if (any(&RepeatCall::second_sequential)) out.emplace_back("op_in_two_fusers");
   return out;
 }
 
@@ -148,6 +151,7 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
       if (call.inference_mode) c["inference_mode"] = true;
       if (call.checkpoint) c["checkpoint"] = true;
       if (call.recompute) c["recompute"] = true;
+      if (call.second_sequential) c["second_sequential"] = true;
       calls.push_back(std::move(c));
     }
     j["repeat_calls"] = std::move(calls);
@@ -430,7 +434,8 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   out.seed = r.required("seed").unsigned_integer();
   if (r.has("repeat_calls")) {
     for (const Reader& entry : r.child("repeat_calls").elements()) {
-      entry.expect_object({"no_grad", "input_requires_grad", "update", "inference_mode", "checkpoint", "recompute"});
+      entry.expect_object({"no_grad", "input_requires_grad", "update", "inference_mode", "checkpoint", "recompute",
+                           "second_sequential"});
       RepeatCall call;
       if (entry.has("no_grad")) call.no_grad = entry.child("no_grad").boolean();
       if (entry.has("input_requires_grad")) call.input_requires_grad = entry.child("input_requires_grad").boolean();
@@ -438,6 +443,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       if (entry.has("inference_mode")) call.inference_mode = entry.child("inference_mode").boolean();
       if (entry.has("checkpoint")) call.checkpoint = entry.child("checkpoint").boolean();
       if (entry.has("recompute")) call.recompute = entry.child("recompute").boolean();
+      if (entry.has("second_sequential")) call.second_sequential = entry.child("second_sequential").boolean();
       if (call.inference_mode && !call.no_grad) {
         entry.child("inference_mode").fail("inference_mode is an evaluation pass: it needs no_grad true");
       }

@@ -89,12 +89,16 @@ struct RepeatCall {
   /// The forward under activation recompute (torch.utils.checkpoint, non-reentrant): the
   /// backward runs the forward again. Not with no_grad.
   bool recompute = false;
+  /// Before the call, the same op objects put into a second Sequential (a fuser of their
+  /// own), which runs this call and the ones after it.
+  bool second_sequential = false;
 
   /// Whether the call does anything beyond a plain repeat call.
-  bool uses_steps() const { return update || inference_mode || checkpoint || recompute; }
+  bool uses_steps() const { return update || inference_mode || checkpoint || recompute || second_sequential; }
   bool operator==(const RepeatCall& o) const {
     return no_grad == o.no_grad && input_requires_grad == o.input_requires_grad && update == o.update &&
-           inference_mode == o.inference_mode && checkpoint == o.checkpoint && recompute == o.recompute;
+           inference_mode == o.inference_mode && checkpoint == o.checkpoint && recompute == o.recompute &&
+           second_sequential == o.second_sequential;
   }
 };
 

@@ -95,6 +95,18 @@ struct PathRun {
   std::string error_origin;
   /// Spec op indices that a failed construction left locked.
   std::vector<int64_t> left_locked;
+  /// Delayed scaling's quantizer states the backend judged after this call by the rule TE
+  /// documents (adapter fp8_state.py), and what broke it.
+  struct Fp8StateViolation {
+    int64_t op = -1;
+    /// "input[0]", "weight[1]", "grad_output[0]": the quantizer's role and group.
+    std::string quantizer;
+    /// "update" (an amax left unconsumed), "rule", "amax", "checkpoint", "history".
+    std::string what;
+    std::string note;
+  };
+  int64_t fp8_states_checked = 0;
+  std::vector<Fp8StateViolation> fp8_state_violations;
   /// An evaluation pass (a no_grad or inference_mode repeat call): the outputs, by index
   /// (0 the main output), that carry an autograd graph (requires_grad or a grad_fn).
   std::vector<int64_t> graph_outputs;

@@ -115,7 +115,11 @@ PathRun expected_for_call(const PathRun& reference, const at::Tensor& grad_input
 void compare_plans(const PathRun& repeat, std::vector<Finding>& findings);
 /// Records a finding (role "eval_graph") for each output of an evaluation pass (`repeat`, a
 /// no_grad or inference_mode call) that carries an autograd graph (PathRun::graph_outputs).
-void check_eval_graph(const PathRun& repeat, std::vector<Finding>& findings);
+void check_eval_graph(const CaseSpec& spec, const PathRun& repeat, std::vector<Finding>& findings);
+/// Records a finding (role "fp8_state") for each violation of delayed scaling's documented
+/// rule the backend judged in `run` (PathRun::fp8_state_violations), signed by its op's name,
+/// the quantizer's pass and the rule's part ("forward.rule", "backward.update", "checkpoint").
+void check_fp8_state(const CaseSpec& spec, const PathRun& run, std::vector<Finding>& findings);
 
 /// Whether every output and gradient of a path is finite.
 bool all_finite(const PathRun& run);

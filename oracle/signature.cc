@@ -280,6 +280,12 @@ void assign_signatures(const CaseSpec& spec, const CasePlan& plan, const std::ve
       f.signature = kind + "|" + f.op + "|" + f.phase + "|" + f.error_kind + "|" + normalize_message(f.message);
       continue;
     }
+    if (f.role == "fp8_state" || f.role == "eval_graph") {
+      // Checks of their own (delayed scaling's rule, an eval pass's graph): signed by the op
+      // they name and what broke (fp8_state: the quantizer's role and the rule's part).
+      f.signature = kind + "|" + f.op + "|" + f.role + (f.option.empty() ? "" : "|" + f.option);
+      continue;
+    }
     if (f.role == "plan") {
       if (f.op.empty()) {
         // The fused ops of the plan the call ran, in order.

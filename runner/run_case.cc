@@ -528,6 +528,7 @@ class CaseRun {
       if (run->ok()) {
         compare_paths(run->name + "~reference", spec_, refs.reference(), *run, b.bounds, comparer, all_channels());
       }
+      oracle::check_fp8_state(spec_, *run, findings);
       // A repeat call of a quantizing case rounds other values than call 1, whose evidence the
       // bounds hold, near other FP8 rounding boundaries: its elements get the largest allowance
       // of their tensor, and with evidence the repeat bounds hold the coarse FP8 estimate
@@ -546,7 +547,8 @@ class CaseRun {
         compare_paths(repeat.name + "~reference", spec_, refs.expected_for_call(k), repeat,
                       stepped ? stepped_bounds : repeat_bounds, comparer, all_channels());
         compare_plans(repeat, findings);
-        if (spec_.repeat_calls[k].no_grad) oracle::check_eval_graph(repeat, findings);
+        if (spec_.repeat_calls[k].no_grad) oracle::check_eval_graph(spec_, repeat, findings);
+        oracle::check_fp8_state(spec_, repeat, findings);
       }
     }
     const PathRun* fused = paths_.named("fused");
@@ -763,6 +765,10 @@ class CaseRun {
 
   CaseResult finish() {
     std::vector<const PathRun*> runs = paths_.active();
+    for (const PathRun* run : runs) {
+      result_.fp8_states_checked += run->fp8_states_checked;
+      for (const auto& repeat : run->repeats) result_.fp8_states_checked += repeat.fp8_states_checked;
+    }
     // The findings the ablation puts down to writing in place are set apart: the others are
     // signed by their own first divergence (a weight gradient 3.6x off with the write and one
     // FP8 rounding off without it was signed by the in-place op's tensor, H200 2026-12-02d).

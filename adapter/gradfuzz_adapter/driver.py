@@ -26,6 +26,8 @@ import types
 import torch
 import torch.utils.checkpoint
 
+from .fp8_state import StateCheck
+
 PHASE_CREATE = "op creation"
 PHASE_CALL = "call-then-bind call"
 PHASE_BIND = "binding"
@@ -147,6 +149,11 @@ class Builder:
     def load_state(self, op, state):
         """A checkpoint's state loaded into a fresh op."""
         op.load_state_dict(state)
+
+    def delayed_states(self, ops, case):
+        """{key: fp8_state.state_entry(...)} of every delayed-scaling quantizer of the ops
+        (issue "FP8 state"); {} where the backend has none to show."""
+        return {}
 
     def plans(self, seq, case, ops):
         """Per fuser {"forward": [...], "backward": [...]} in spec op indices."""
@@ -1392,6 +1399,62 @@ def _carries_graph(out, given):
     )
 
 
+class _States:
+    """One path's delayed-scaling state check (fp8_state.StateCheck) with what it needs: the
+    weights each call runs with (an optimizer step changes them) and the states a checkpoint
+    saved. Only under DelayedScaling, where the builder lists states."""
+
+    def __init__(self, builder, case):
+        self.builder, self.case = builder, case
+        self.check = StateCheck()
+        self.weights = _weights(case, [op.params for op in case.ops])
+        self.saved = None
+
+    @staticmethod
+    def of(builder, case):
+        recipe = case.spec.get("recipe") or {}
+        return _States(builder, case) if recipe.get("name") == "DelayedScaling" else None
+
+    def states(self, ops):
+        return self.builder.delayed_states(ops, self.case)
+
+    def before_call(self, ops):
+        self.check.before(self.states(ops), checkpointed=self.saved)
+        self.saved = None
+
+    def after_call(self, ops, trained):
+        self.check.after(
+            self.states(ops),
+            forward_trained=trained,
+            backward_trained=trained,
+            weights=self.weights,
+        )
+        return self.check.take()
+
+    def stepped(self, params):
+        """An optimizer step wrote `params` (per spec op, model layout)."""
+        self.weights = _weights(self.case, params)
+
+    def saving(self, ops):
+        """A checkpoint is saved from `ops`: the fresh ops must come back with these states."""
+        self.saved = self.states(ops)
+
+
+def _weights(case, params):
+    """{(op, group): weight} of the case's Linear and GroupedLinear ops, model layout."""
+    out = {}
+    for op_case, values in zip(case.ops, params):
+        if op_case.boundary or not values or op_case.name not in ("Linear", "GroupedLinear"):
+            continue
+        w = values[0]
+        if op_case.name == "Linear":
+            out[(op_case.index, 0)] = w
+        else:
+            for g in range(w.shape[0]):
+                out[(op_case.index, g)] = w[g]
+    return out
+
+
 def _grad_mode(no_grad, inference):
     if no_grad and inference:
         return torch.inference_mode()
@@ -1404,6 +1467,8 @@ class _Call:
     def __init__(self, index=0):
         # 0 the path's first call, k its k-th repeat call.
         self.index = index
+        # The delayed-scaling state check's verdict of the call (fp8_state.StateCheck.take).
+        self.fp8_state = None
         self.graph_outputs = []
         self.outputs = []
         self.grads = {}
@@ -1429,6 +1494,7 @@ def _run_call(
     inference=False,
     recompute=False,
     held=None,
+    states=None,
 ):
     """Forward (and, unless `no_grad`, one autograd.grad of sum_k <output_k, cotangent_k>)
     of built.seq on fresh copies of the case's values; fills `call`. `first`: the path's
@@ -1437,7 +1503,8 @@ def _run_call(
     the plans as the forward made them (call.forward_plans). The usage script's steps:
     `inference` (with no_grad: under torch.inference_mode), `recompute` (the forward under
     torch.utils.checkpoint), `held` (with case.read_after_backward: [(name, tensor)] the
-    caller holds from earlier calls; this call's outputs are appended)."""
+    caller holds from earlier calls; this call's outputs are appended). `states`: the path's
+    _States (delayed scaling's state judged before and after the call)."""
     ops, seq = built.ops, built.seq
     built.phase = PHASE_FORWARD
     caller = call.caller
@@ -1451,6 +1518,8 @@ def _run_call(
         caller.add(f"extra_input[{k}]", e)
     for name, t in held or []:
         caller.add(name, t)
+    if states is not None:
+        states.before_call(ops)
     scope = tracker_scope(caller) if tracker_scope is not None else contextlib.nullcontext()
     with scope:
         with _grad_mode(no_grad, inference):
@@ -1487,6 +1556,8 @@ def _run_call(
             builder.after_forward(seq, case, ops, outputs)
         if no_grad:
             call.modified = caller.modified()
+            if states is not None:
+                call.fp8_state = states.after_call(ops, trained=False)
             return
 
         built.phase = PHASE_BACKWARD
@@ -1552,6 +1623,8 @@ def _run_call(
         del grads["channel"]
     call.grads = grads
     call.modified = caller.modified()
+    if states is not None:
+        call.fp8_state = states.after_call(ops, trained=True)
 
 
 def _fail(builder, result, exc, phase):
@@ -1619,7 +1692,7 @@ def _fresh_plans(builder, case, device, values, repeat_call):
     return builder.plans(built.seq, case, built.ops)
 
 
-_STEPS = ("update", "inference_mode", "checkpoint", "recompute")
+_STEPS = ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")
 # capabilities.usage of a backend whose Builder has the steps' methods (set_params, save_state,
 # load_state): every element the driver runs (harness/capabilities.h: usage).
 USAGE = (*_STEPS, "read_after_backward")
@@ -1667,6 +1740,8 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
     repeats = []
     # The outputs the caller holds (case.read_after_backward), compared after each call.
     held = []
+    # Delayed scaling's state judged across the path's calls (DelayedScaling cases).
+    states = _States.of(builder, case)
     watch = (
         _Watch(builder, case, built, writers=writers is True, traced=traced)
         if writers is True or traced
@@ -1692,6 +1767,7 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
                     and bool(fusions)
                     and bool(repeat_calls(case)),
                     held=held,
+                    states=states,
                 )
             if call.forward_plans is not None:
                 fresh[
@@ -1707,6 +1783,8 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
             )
         result["plans"] = _safe_plans(builder, built.seq, case, built.ops)
         _emit(result, call, tensors, built.phase)
+        if call.fp8_state is not None:
+            result["fp8_state"] = call.fp8_state
         if traced:
             result["trace"] = watch.trace.emit(tensors)
         result["modified"] = call.modified if result["status"] == "ok" else []
@@ -1714,7 +1792,17 @@ def run_path(builder, case, path, tensors, values=None, writers=True):
         if result["status"] == "ok":
             for k, repeat_call in enumerate(repeat_calls(case), start=1):
                 repeat = _run_repeat(
-                    builder, case, built, values, device, fusions, repeat_call, fresh, k, held
+                    builder,
+                    case,
+                    built,
+                    values,
+                    device,
+                    fusions,
+                    repeat_call,
+                    fresh,
+                    k,
+                    held,
+                    states,
                 )
                 repeat["name"] = f"{path['name']}.call[{k}]"
                 _emit_repeat(repeat, tensors)
@@ -1766,7 +1854,17 @@ def _pattern(repeat_call):
 
 
 def _run_repeat(
-    builder, case, built, values, device, fusions, repeat_call, fresh, index=1, held=None
+    builder,
+    case,
+    built,
+    values,
+    device,
+    fusions,
+    repeat_call,
+    fresh,
+    index=1,
+    held=None,
+    states=None,
 ):
     """Repeat call `index` of built.seq (same Sequential, same values but for its optimizer
     step's parameters) with the steps of the usage script before it, and the plans a fresh
@@ -1781,9 +1879,17 @@ def _run_repeat(
             if repeat_call["update"]:
                 built.phase = PHASE_UPDATE
                 _optimizer_step(builder, case, built, values, index)
+                if states is not None:
+                    states.stepped(case.step_params[index - 1])
             if repeat_call["checkpoint"]:
                 built.phase = PHASE_CHECKPOINT
+                if states is not None:
+                    states.saving(built.ops)
                 _checkpoint_round_trip(builder, case, built, values, device)
+            if repeat_call["second_sequential"]:
+                # The same op objects in a fuser of their own: it runs this call and the next.
+                built.phase = PHASE_CONSTRUCT
+                built.seq = builder.make_sequential(built.ops)
             _run_call(
                 builder,
                 case,
@@ -1796,6 +1902,7 @@ def _run_repeat(
                 inference=repeat_call["inference_mode"],
                 recompute=repeat_call["recompute"],
                 held=held,
+                states=states,
             )
     except Exception as exc:  # noqa: BLE001 - the call's error is the repeat's result
         _fail(builder, repeat, exc, built.phase)
@@ -1803,6 +1910,8 @@ def _run_repeat(
     repeat["modified"] = call.modified if repeat["status"] == "ok" else []
     if call.graph_outputs:
         repeat["graph_outputs"] = call.graph_outputs
+    if call.fp8_state is not None:
+        repeat["fp8_state"] = call.fp8_state
     repeat["call"] = call
     if not fusions or fresh is False:
         # No fusion registered: nothing to cache wrongly (the model checks none either).

@@ -290,18 +290,20 @@ TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
   spec.repeat_calls[1].no_grad = true;
   spec.repeat_calls[1].inference_mode = true;
   spec.repeat_calls[2].recompute = true;
+  spec.repeat_calls[2].second_sequential = true;
   spec.read_after_backward = true;
   nlohmann::json j;
   to_json(j, spec);
   EXPECT_EQ(j.at("repeat_calls")[2],
-            nlohmann::json::parse(R"({"no_grad":false,"input_requires_grad":true,"recompute":true})"));
+            nlohmann::json::parse(
+                R"({"no_grad":false,"input_requires_grad":true,"recompute":true,"second_sequential":true})"));
   EXPECT_TRUE(j.at("read_after_backward").get<bool>());
   EXPECT_EQ(j.get<CaseSpec>(), spec);
-  EXPECT_EQ(spec.usage_elements(),
-            (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute", "read_after_backward"}));
+  EXPECT_EQ(spec.usage_elements(), (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute",
+                                                             "second_sequential", "read_after_backward"}));
   EXPECT_EQ(spec.usage_coverage(),
             (std::vector<std::string>{"training_steps", "eval_pass", "inference_mode", "checkpoint_roundtrip",
-                                      "recompute", "read_after_backward"}));
+                                      "recompute", "read_after_backward", "op_in_two_fusers"}));
   nlohmann::json plain;
   to_json(plain, CaseSpec{});
   EXPECT_FALSE(plain.contains("read_after_backward"));

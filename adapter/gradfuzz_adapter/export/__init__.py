@@ -45,7 +45,7 @@ def usage_steps(case):
     calls = case.spec.get("repeat_calls") or []
     steps = [
         s
-        for s in ("update", "inference_mode", "checkpoint", "recompute")
+        for s in ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")
         if any(c.get(s) for c in calls)
     ]
     return steps + (["read_after_backward"] if case.read_after_backward else [])

@@ -611,6 +611,20 @@ class TEDialect(Dialect):
             return f"torch.stack([{', '.join(tensors)}])"
         return tensors[0]
 
+    def upstream_delayed_state(self, w, i, role, group):
+        """(history, scale) expressions of op i's delayed-scaling quantizer: op.py's
+        _fp8_metas, forward quantizers (input, weight) per group, backward grad_output."""
+        mode, key = (
+            ("backward", "scaling_bwd") if role == "grad_output" else ("forward", "scaling_fwd")
+        )
+        k = group if role == "grad_output" else 2 * group + (role == "weight")
+        meta = f'{w.names.ops[i]}._fp8_metas["{mode}"]["{key}"]'
+        return f"{meta}.amax_history[:, {k}]", f"{meta}.scale[{k}]"
+
+    def upstream_weight(self, w, i, group):
+        tensors = self.param_tensors(w.case.ops[i], 0, w.names.ops[i])
+        return tensors[group] if len(tensors) > 1 else tensors[0]
+
     def upstream_after_forward(self, w):
         return []  # te.autocast updates the recipe's state
 

@@ -289,7 +289,7 @@ class TorchDialect(Dialect):
             recipes = ["parse_recipe"] if w.recipe is not None else ["OpQuantization"]
         if self._current_scaling(w) and any(v.representable for v in w.values):
             recipes.append("current_scaling_qdq")
-        if recipes and w.finding.call:
+        if recipes and self._updates(w):
             recipes += ["update_after_backward", "update_after_forward"]
         if recipes:
             line = f"from gradfuzz_adapter.recipes import {', '.join(sorted(recipes))}"
@@ -439,11 +439,20 @@ class TorchDialect(Dialect):
     def upstream_param_grad(self, w, op, var, j):
         return f"{var}.params[{j}].grad"
 
+    def upstream_delayed_state(self, w, i, role, group):
+        """(history, scale) expressions of op i's delayed-scaling quantizer (fp8.py)."""
+        q = f"{w.names.ops[i]}.quantization.linear[{group}].{role}"
+        return f"{q}.history", f"{q}.scale"
+
+    def upstream_weight(self, w, i, group):
+        weight = f"{w.names.ops[i]}.params[0]"
+        return f"{weight}[{group}]" if w.case.ops[i].name == "GroupedLinear" else weight
+
     def _updates(self, w):
         quantized = self._quantizations(w)
         return (
             bool(quantized)
-            and w.finding.call
+            and (w.finding.call or w.is_state)
             and w.recipe is not None
             and w.recipe.name == "DelayedScaling"
         )

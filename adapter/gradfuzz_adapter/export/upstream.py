@@ -44,6 +44,8 @@ PUBLIC_TENSOR = re.compile(
 )
 # Marks the first line of the test's one assertion while the test is written (script()).
 ASSERTION = "\0assertion"
+# The formats' largest values (fp8_state.py's, TE's get_fp8_max).
+FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 
 FINDING_KINDS = (
     "mismatch",
@@ -322,8 +324,31 @@ class UpstreamWriter:
 
     @property
     def gradient(self):
-        """Whether the finding's tensor is a gradient (so the test runs backward)."""
-        return self.finding.tensor.startswith("grad") or self.finding.kind == "missing_gradient"
+        """Whether the finding's tensor is a gradient (so the test runs backward); a
+        delayed-scaling state is judged after a whole training step."""
+        return (
+            self.finding.tensor.startswith("grad")
+            or self.finding.kind == "missing_gradient"
+            or self.is_state
+        )
+
+    @property
+    def is_state(self):
+        """Whether the finding is a delayed-scaling state against TE's rule (fp8_state.py)."""
+        return self.finding.tensor.startswith("fp8_state[")
+
+    def state(self):
+        """(op, role, group, part) of an fp8_state finding's tensor."""
+        match = re.fullmatch(r"fp8_state\[(\d+)\]\.(\w+)\[(\d+)\]\.(\w+)", self.finding.tensor)
+        if not match:
+            raise ValueError(f"export --upstream: no delayed-scaling state {self.finding.tensor!r}")
+        op, role, group, part = match.groups()
+        if part == "checkpoint":
+            raise ValueError(
+                "export --upstream: a state lost in a checkpoint round trip needs the usage "
+                "script's steps, which exported tests do not write yet (replay runs it)"
+            )
+        return int(op), role, int(group), part
 
     @property
     def runs_backward(self):
@@ -646,7 +671,13 @@ class UpstreamWriter:
             lines += self.error_comment()
         if self.finding.kind == "modified_input":
             lines += self.pristine_lines()
+        if self.is_state and calls:
+            i, role, group, _ = self.state()
+            history, _ = dialect.upstream_delayed_state(self, i, role, group)
+            lines.append(f"history_before = {history}.clone()")
         lines += forward
+        if self.is_state:
+            lines += dialect.upstream_after_forward(self)
         if self.runs_backward:
             lines += self.backward_lines(outputs)
             lines += dialect.upstream_after_backward(self)
@@ -721,8 +752,46 @@ class UpstreamWriter:
 
     # -- the reference and the one assertion
 
+    def state_lines(self):
+        """The finding's delayed-scaling quantizer after the step against TE's documented rule
+        (quantization.py: _default_get_amax_and_update_history, _default_sf_compute)."""
+        i, role, group, part = self.state()
+        history, scale = self.dialect.upstream_delayed_state(self, i, role, group)
+        lines = [f"history, scale = {history}, {scale}  # the {role} quantizer's delayed scaling"]
+        if part == "update":
+            return lines + [
+                "# The update at the end of the pass consumes the amax the step recorded (slot 0)",
+                f"{ASSERTION}assert history[0] == 0, history",
+            ]
+        recipe = self.recipe
+        options = recipe.options
+        fp8_max = FP8_MAX[recipe.format_for(role == "grad_output")]
+        before = "history_before" if self.finding.call else "torch.zeros_like(history)"
+        if int(options["amax_history_len"]) > 1:
+            recorded = "history[-1]  # the amax this step recorded, rolled to the last slot"
+        elif role == "weight":
+            weight = self.dialect.upstream_weight(self, i, group)
+            recorded = f"{weight}.detach().abs().max().float()  # what the step recorded"
+        else:
+            raise ValueError(
+                "export --upstream: a one-slot amax history keeps no trace of the amax it consumed"
+            )
+        amax = "pre.max()" if options["amax_compute_algo"] == "max" else "pre[0]"
+        margin = int(options["margin"])
+        cpu = ".cpu()" if self.dialect.upstream_has_device(self) else ""
+        return lines + [
+            f"pre = {before}.clone()",
+            f"pre[0] = {recorded}",
+            f"expected = (torch.tensor({fp8_max!r}, device=pre.device) / {amax}) / 2**{margin}",
+            "# TE's rule: scale = fp8_max / amax / 2**margin, amax from the history",
+            f"{ASSERTION}torch.testing.assert_close(scale.float(){cpu}.reshape(()), "
+            f"expected.float(){cpu}, rtol=0, atol=0)",
+        ]
+
     def check_lines(self):
         finding = self.finding
+        if self.is_state:
+            return self.state_lines()
         if finding.kind == "modified_input":
             return [
                 f"# the finding: {self.finding.tensor or 'the input'} unchanged by the call",

@@ -15,6 +15,7 @@ import torch
 
 from .. import faults, recipes
 from ..driver import USAGE, Builder, run_paths, te_writer_scope
+from ..fp8_state import FP8_MAX, state_entry
 from . import recipes as te_recipes
 from .classify import classify
 from .faults import FAULTS
@@ -221,6 +222,39 @@ class TEBuilder(Builder):
     def set_params(self, op, op_case, values):
         # An optimizer step writes TE's parameters in place (their layout: te/params.py).
         copy_param_values(op, op_case.name, values)
+
+    def delayed_states(self, ops, case):
+        # op.py: BasicOperation._fp8_metas[mode]["scaling_fwd" | "scaling_bwd"], a
+        # DelayedScalingRecipeState: scale [n], amax_history [len, n]; BasicLinear's forward
+        # quantizers are (input, weight), GroupedLinear's (input, weight) per group, the
+        # backward ones grad_output (per group).
+        recipe = recipes.parse_recipe(case.spec.get("recipe"))
+        if recipe is None or recipe.name != "DelayedScaling":
+            return {}
+        options = recipe.options
+        out = {}
+        for op_case in case.catalog_ops:
+            metas = getattr(ops[op_case.index], "_fp8_metas", None) or {}
+            for pass_, key in (("forward", "scaling_fwd"), ("backward", "scaling_bwd")):
+                meta = metas.get(pass_) or {}
+                state = meta.get(key)
+                if state is None or not hasattr(state, "amax_history"):
+                    continue
+                roles = ("input", "weight") if pass_ == "forward" else ("grad_output",)
+                for k in range(state.scale.numel()):
+                    role, group = roles[k % len(roles)], k // len(roles)
+                    out[(op_case.index, pass_, role, group)] = state_entry(
+                        op_case.index,
+                        pass_,
+                        role,
+                        group,
+                        state.amax_history[:, k],
+                        state.scale[k],
+                        fp8_max=FP8_MAX[recipe.format_for(pass_ == "backward")],
+                        margin=options["margin"],
+                        algo=options["amax_compute_algo"],
+                    )
+        return out
 
     def load_state(self, op, state):
         # The checkpoint is the one this process saved a moment before: loading it opts in to

@@ -315,6 +315,30 @@ def _parameters_not_loaded(original):
     return load
 
 
+def _backward_update_skipped(original):
+    """FP8GlobalStateManager.reduce_and_update_fp8_tensors that skips the backward update:
+    grad-output quantizers keep their scale and their amaxes pile up in history slot 0."""
+
+    def make(update):
+        def reduce_and_update_fp8_tensors(cls, forward=True):
+            if forward:
+                update(cls, forward)
+
+        return reduce_and_update_fp8_tensors
+
+    return wrap(original, make)
+
+
+def _extra_state_not_loaded(original):
+    """BasicOperation.set_extra_state that loads nothing: a checkpoint's FP8 metadata (scales,
+    amax histories) never reaches the fresh op."""
+
+    def set_extra_state(self, state):
+        return None
+
+    return set_extra_state
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -412,6 +436,22 @@ FAULTS = {
             "transformer_engine.pytorch.quantization.FP8GlobalStateManager."
             "reduce_and_update_fp8_tensors",
             _delayed_forward_scale_e5m2_max,
+        ),
+        Fault(
+            "te-fp8-backward-update-skipped",
+            "DelayedScaling's backward amax and scale update never runs "
+            "(FP8GlobalStateManager.reduce_and_update_fp8_tensors(forward=False) returns): "
+            "grad-output scales stay put, their amaxes pile up in history slot 0",
+            "transformer_engine.pytorch.quantization.FP8GlobalStateManager."
+            "reduce_and_update_fp8_tensors",
+            _backward_update_skipped,
+        ),
+        Fault(
+            "te-usage-checkpoint-drops-fp8-state",
+            "BasicOperation.set_extra_state loads nothing: after a checkpoint round trip the "
+            "ops' delayed-scaling scales and amax histories are fresh ones",
+            f"{_OPS}.op.BasicOperation.set_extra_state",
+            _extra_state_not_loaded,
         ),
         Fault(
             "te-usage-stale-weights-after-step",

@@ -19,6 +19,7 @@ import torch
 from .. import catalog, faults, recipes
 from ..driver import USAGE, Builder, run_paths, torch_writer_scope
 from ..errors import GradfuzzError
+from ..fp8_state import FP8_MAX, state_entry
 from . import fp8, parallel
 from .faults import FAULTS
 from .runtime import FUSIONS, BasicOp, Boundary, Sequential
@@ -110,6 +111,31 @@ class TorchBuilder(Builder):
 
     def param_tensors(self, op, op_case):
         return op.params
+
+    def delayed_states(self, ops, case):
+        out = {}
+        for op_case in case.catalog_ops:
+            quantization = getattr(ops[op_case.index], "quantization", None)
+            for group, lq in enumerate(quantization.linear if quantization is not None else []):
+                for pass_, role, q in (
+                    ("forward", "input", lq.input),
+                    ("forward", "weight", lq.weight),
+                    ("backward", "grad_output", lq.grad_output),
+                ):
+                    if not q.delayed:
+                        continue
+                    out[(op_case.index, pass_, role, group)] = state_entry(
+                        op_case.index,
+                        pass_,
+                        role,
+                        group,
+                        q.history,
+                        q.scale,
+                        fp8_max=FP8_MAX[q.fmt],
+                        margin=q.margin,
+                        algo=q.algo,
+                    )
+        return out
 
     def param_grads(self, op, op_case, leaf_grads):
         grads = iter(leaf_grads)

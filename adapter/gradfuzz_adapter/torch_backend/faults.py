@@ -228,6 +228,51 @@ def _inference_copy_reused(original):
     return forward
 
 
+# ----------------------------------------------------------------------------------------
+# Delayed scaling's state (issue "FP8 state"): faults that keep every value within FP8's
+# error, which only the state check (fp8_state.py) sees.
+
+
+def _backward_update_skipped(original):
+    """DelayedQuantizer.update that does nothing for a grad-output quantizer: the backward
+    update never happens, the scale stays 1 and the recorded amaxes pile up in slot 0."""
+
+    def make(update):
+        def faulty(self):
+            if self.role != "grad_output":
+                update(self)
+
+        return faulty
+
+    return wrap(original, make)
+
+
+def _scale_from_older_amaxes(original):
+    """DelayedQuantizer.update whose scale comes from the history without slot 0 (the amax
+    this step recorded), an off-by-one slot: the scale lags a step behind the tensors."""
+
+    def make(update):
+        def faulty(self):
+            recorded = self.history[0].clone()
+            self.history[0] = 0.0
+            update(self)
+            self.history[-1] = recorded
+
+        return faulty
+
+    return wrap(original, make)
+
+
+def _delayed_state_not_loaded(original):
+    """OpQuantization.load_state that loads nothing: after a checkpoint round trip the ops
+    quantize with fresh delayed-scaling state (scale 1, an empty history)."""
+
+    def load_state(self, state):
+        return None
+
+    return load_state
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -284,6 +329,27 @@ FAULTS = {
             "E4M3's 448: from the second call on, inputs and weights saturate",
             "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.update",
             _forward_scale_with_e5m2_max,
+        ),
+        Fault(
+            "torch-fp8-backward-update-skipped",
+            "DelayedScaling's backward update never runs: grad-output quantizers keep scale 1 "
+            "and their amaxes pile up in history slot 0 (values stay within FP8's error)",
+            "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.update",
+            _backward_update_skipped,
+        ),
+        Fault(
+            "torch-fp8-scale-from-older-amaxes",
+            "DelayedScaling's update computes the scale from the history without slot 0, the "
+            "amax the step just recorded: the scale lags a step behind its tensors",
+            "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.update",
+            _scale_from_older_amaxes,
+        ),
+        Fault(
+            "torch-usage-checkpoint-drops-delayed-state",
+            "Loading a checkpoint restores the parameters but not the quantizers' delayed-"
+            "scaling state: the fresh ops go on with scale 1 and an empty amax history",
+            "gradfuzz_adapter.torch_backend.fp8.OpQuantization.load_state",
+            _delayed_state_not_loaded,
         ),
         Fault(
             "torch-usage-stale-weights-after-step",

@@ -1,0 +1,188 @@
+"""Delayed scaling's state judged by the rule TE documents (issue "FP8 state" item 1).
+
+A backend's Builder lists its delayed-scaling quantizers (Builder.delayed_states): per op, per
+pass (forward: input and weight; backward: grad_output), per GroupedLinear group, the amax
+history [len] and scale, as float32 CPU copies. The driver snapshots them right before each
+call's forward (after the call's optimizer step and checkpoint round trip) and after its
+backward, and judges the change here, exactly (no tolerance), with this module's own copy of
+TE's rule (transformer_engine/pytorch/quantization.py: _default_get_amax_and_update_history,
+_default_sf_compute; docs/BACKENDS.md "Recipes"):
+
+- the update at the end of a pass takes amax = max(history) ("max") or history[0]
+  ("most_recent"), rolls the history by -1 (slot 0 to the end) and zeroes slot 0, and sets
+  scale = (fp8_max / amax) / 2^margin where 0 < amax < inf (else the old scale; an infinite
+  scale becomes float32's max);
+- so after a call whose pass ran with grad (a training call: forward at autocast exit,
+  backward at its end) slot 0 is 0 again: an amax recorded and left there is an update missed;
+- where an update ran, the history before it was the old one with slot 0 holding what the call
+  recorded, which the update rolled to the last slot: the new state must be the rule applied to
+  that history;
+- where none ran (an evaluation pass, a pass that quantized nothing), scale and history are the
+  old ones but for slot 0, which may only grow (a max);
+- a weight's recorded amax is max|W| of the weight the call used, in float32;
+- a checkpoint round trip hands the fresh ops the state the old ones had.
+"""
+
+import torch
+
+FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+def rule_update(history, scale, *, fp8_max, margin, algo):
+    """(history, scale) after TE's documented update of one quantizer's float32 state."""
+    history = history.to(torch.float32)
+    amax = history.max() if algo == "max" else history[0].clone()
+    rolled = torch.roll(history, -1, 0)
+    rolled[0] = 0.0
+    new = (torch.tensor(fp8_max, dtype=torch.float32) / amax) / (2.0**margin)
+    if not (bool(amax > 0) and bool(torch.isfinite(amax))):
+        new = scale.to(torch.float32).clone()
+    elif bool(torch.isinf(new)):
+        new = torch.tensor(_FP32_MAX, dtype=torch.float32)
+    return rolled, new.reshape(())
+
+
+def _same(a, b):
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _text(t):
+    return "[" + ", ".join(f"{v:.9g}" for v in t.reshape(-1).tolist()) + "]"
+
+
+class StateCheck:
+    """One path's delayed-scaling states across its calls: `before(states)` right before a
+    call, `after(states, trained, weights)` after it; `violations` and `checked` accumulate
+    for the call that `take()` hands out."""
+
+    def __init__(self):
+        self.previous = None
+        self.violations = []
+        self.checked = 0
+
+    def before(self, states, checkpointed=None):
+        """`states` before the call's forward; `checkpointed`: the states the ops had when the
+        checkpoint this call's ops were loaded from was saved (a round trip must keep them)."""
+        if checkpointed is not None:
+            for key, saved in checkpointed.items():
+                loaded = states.get(key)
+                if loaded is None or not (
+                    _same(loaded["history"], saved["history"])
+                    and _same(loaded["scale"], saved["scale"])
+                ):
+                    self._violate(
+                        saved,
+                        "checkpoint",
+                        f"the checkpoint held scale {_text(saved['scale'])} and amax history "
+                        f"{_text(saved['history'])}; the loaded op has "
+                        + (
+                            "no such quantizer"
+                            if loaded is None
+                            else f"scale {_text(loaded['scale'])} and history "
+                            f"{_text(loaded['history'])}"
+                        ),
+                    )
+        self.previous = states
+
+    def after(self, states, *, forward_trained, backward_trained, weights):
+        """Judges `states` after the call against the states before it. `forward_trained`:
+        the forward ran with grad (its update at autocast exit is due); `backward_trained`: a
+        backward ran. `weights`: {(op, group): weight tensor the call used}."""
+        before = self.previous or {}
+        for key, s1 in states.items():
+            # A state this call made (TE builds an op's lazily, at its first forward) started
+            # as every recipe state starts: scale 1, an empty history.
+            s0 = before.get(key) or dict(
+                s1, history=torch.zeros_like(s1["history"]), scale=torch.ones_like(s1["scale"])
+            )
+            self.checked += 1
+            trained = forward_trained if s1["pass"] == "forward" else backward_trained
+            self._judge(s0, s1, trained, weights)
+        self.previous = states
+
+    def _judge(self, s0, s1, trained, weights):
+        h0, h1 = s0["history"], s1["history"]
+        if h0.shape != h1.shape:
+            self._violate(
+                s1, "history", f"the amax history changed length: {h0.numel()} -> {h1.numel()}"
+            )
+            return
+        unchanged = (
+            _same(s1["scale"], s0["scale"]) and _same(h1[1:], h0[1:]) and bool(h1[0] >= h0[0])
+        )
+        if trained and bool(h1[0] != 0):
+            self._violate(
+                s1,
+                "update",
+                f"after a call whose {s1['pass']} pass ran with grad, amax history slot 0 still "
+                f"holds {float(h1[0]):.9g}: the recorded amax was not consumed by the "
+                f"{s1['pass']} update "
+                f"(scale {_text(s1['scale'])}, before the call {_text(s0['scale'])})",
+            )
+            return
+        if unchanged:
+            return
+        w = weights.get((s1["op"], s1["group"])) if s1["role"] == "weight" else None
+        w_amax = None if w is None else w.detach().abs().max().to(torch.float32).cpu()
+        if h1.numel() > 1:
+            recorded = h1[-1].clone()
+        elif w_amax is not None and bool(h0[0] == 0):
+            recorded = w_amax.clone()
+        else:
+            return  # a one-slot history keeps no trace of the amax it consumed
+        pre = h0.clone()
+        pre[0] = recorded
+        want_h, want_s = rule_update(
+            pre, s0["scale"], fp8_max=s1["fp8_max"], margin=s1["margin"], algo=s1["algo"]
+        )
+        if not (_same(h1, want_h) and _same(s1["scale"].reshape(()), want_s)):
+            self._violate(
+                s1,
+                "rule",
+                f"the update gave scale {_text(s1['scale'])} and history {_text(h1)}; from the "
+                f"history "
+                f"{_text(pre)} (slot 0 the amax the call recorded) the rule gives scale "
+                f"{_text(want_s)} and history {_text(want_h)}",
+            )
+            return
+        if w_amax is not None and bool(h0[0] == 0):
+            amax = w_amax
+            if not bool(recorded == amax):
+                self._violate(
+                    s1,
+                    "amax",
+                    f"the weight's recorded amax is {float(recorded):.9g}; max|W| of the weight "
+                    f"the call used is {float(amax):.9g}",
+                )
+
+    def _violate(self, s, what, note):
+        self.violations.append(
+            {
+                "op": s["op"],
+                "quantizer": f"{s['role']}[{s['group']}]",
+                "what": what,
+                "note": note,
+            }
+        )
+
+    def take(self):
+        """The call's verdict ({"checked", "violations"}), and a fresh tally for the next."""
+        out = {"checked": self.checked, "violations": self.violations}
+        self.checked, self.violations = 0, []
+        return out
+
+
+def state_entry(op, pass_, role, group, history, scale, *, fp8_max, margin, algo):
+    """One quantizer's state as Builder.delayed_states lists it (float32 CPU copies)."""
+    return {
+        "op": op,
+        "pass": pass_,
+        "role": role,
+        "group": group,
+        "history": history.detach().to(device="cpu", dtype=torch.float32).clone().reshape(-1),
+        "scale": scale.detach().to(device="cpu", dtype=torch.float32).clone().reshape(-1),
+        "fp8_max": fp8_max,
+        "margin": margin,
+        "algo": algo,
+    }
