@@ -173,6 +173,16 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
     raw.push_back(std::move(c));
   };
 
+  if (!spec.usage_elements().empty()) {
+    // First, the whole usage script at once: a finding that stays without it is not the
+    // script's, and its case exports (exported tests do not write the steps).
+    CaseSpec c = spec;
+    for (auto& call : c.repeat_calls) {
+      call.update = call.inference_mode = call.checkpoint = call.recompute = call.second_sequential = false;
+    }
+    c.read_after_backward = false;
+    raw.push_back(std::move(c));
+  }
   if (spec.world_size > 1) {
     // A finding that stays on one rank is not the ranks' (the same chain, every split off).
     CaseSpec c = spec;

@@ -225,13 +225,22 @@ class Merger {
     if (any_usage) {
       Json usage = Json::object();
       Json by_recipe = Json::object();
+      Json checked = Json::object();
       for (const auto& in : inputs_) {
         const Json& cov = in.doc["coverage"];
-        for (const auto& [name, value] : cov.value("usage", Json::object()).items()) {
+        // Held for the loops (items() of a temporary would dangle).
+        const Json counts = cov.value("usage", Json::object());
+        const Json recipes = cov.value("usage_by_recipe", Json::object());
+        const Json states = cov.value("fp8_states_checked", Json::object());
+        for (const auto& [recipe, value] : states.items()) {
+          checked[recipe] = add(checked.value(recipe, int64_t{0}), value.get<int64_t>(), in,
+                                "/coverage/fp8_states_checked/" + recipe);
+        }
+        for (const auto& [name, value] : counts.items()) {
           usage[name] = add(usage.value(name, int64_t{0}), value.get<int64_t>(), in, "/coverage/usage/" + name);
         }
-        for (const auto& [recipe, counts] : cov.value("usage_by_recipe", Json::object()).items()) {
-          for (const auto& [name, value] : counts.items()) {
+        for (const auto& [recipe, per_recipe] : recipes.items()) {
+          for (const auto& [name, value] : per_recipe.items()) {
             Json& r = by_recipe[recipe];
             if (!r.is_object()) r = Json::object();
             r[name] = add(r.value(name, int64_t{0}), value.get<int64_t>(), in,
@@ -241,6 +250,7 @@ class Merger {
       }
       c["usage"] = std::move(usage);
       c["usage_by_recipe"] = std::move(by_recipe);
+      c["fp8_states_checked"] = std::move(checked);
     }
     return c;
   }

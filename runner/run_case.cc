@@ -731,12 +731,9 @@ class CaseRun {
         });
         const RepeatCall& call = spec_.repeat_calls[k];
         if (!fails || call.no_grad) continue;
-        // A call after a step of the script (an update, a round trip, a recompute) is not
-        // its case's first call on other values: its finding's own tensor signs it.
-        const auto stepped = [](const RepeatCall& c) { return c.uses_steps(); };
-        if (std::any_of(spec_.repeat_calls.begin(), spec_.repeat_calls.begin() + static_cast<long>(k) + 1, stepped)) {
-          continue;
-        }
+        // A call after a step of the usage script is run as a first call without the steps
+        // (the case's own values): where its defect needs a step, that run passes and the
+        // finding's own tensor signs it.
         CaseSpec as_first = spec_;
         as_first.input_requires_grad = call.input_requires_grad;
         as_first.repeat_calls.clear();

@@ -471,16 +471,19 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
 
 }  // namespace
 
-// Issue 30's CPU acceptance: every planted usage fault of the torch backend is found by the
-// default selftest as new, shrunk, failing on replay with the fault and passing without; a
-// 2000-case --recipe any campaign counts every usage element at least 20 times and finds
-// nothing without a fault.
+// Issues 30 and 26's CPU acceptance: every planted usage fault of the torch backend, and the
+// delayed-scaling state faults only the state check sees, are found by the default selftest
+// as new, shrunk, failing on replay with the fault and passing without; a 2000-case --recipe
+// any campaign counts every usage element at least 20 times, judges delayed-scaling states
+// and finds nothing without a fault.
 TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryElement) {
   const std::string report = (dir_ / "selftest-usage.json").string();
   const CliRun r = cli({"selftest", "--backend", "torch", "--device", "cpu", "--faults",
                         "torch-usage-stale-weights-after-step,torch-usage-checkpoint-drops-last-param,"
                         "torch-usage-eval-pass-keeps-graph,torch-usage-inference-copy-reused,"
-                        "torch-usage-output-buffer-reused,torch-usage-recompute-as-eval-pass",
+                        "torch-usage-output-buffer-reused,torch-usage-recompute-as-eval-pass,"
+                        "torch-usage-checkpoint-drops-delayed-state,torch-fp8-backward-update-skipped,"
+                        "torch-fp8-scale-from-older-amaxes",
                         "--cases", "2000", "--recipe", "any", "--seed", "5", "--corpus", (dir_ / "c-usage").string(),
                         "--report", report});
   ASSERT_EQ(r.exit, 0) << r.out << r.err;
@@ -491,7 +494,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
     ++faults;
     EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
   }
-  EXPECT_EQ(faults, 6);
+  EXPECT_EQ(faults, 9);
 
   const std::string clean = (dir_ / "clean.json").string();
   const CliRun c = cli({"fuzz", "--backend", "torch", "--device", "cpu", "--cases", "2000", "--recipe", "any", "--seed",
@@ -503,6 +506,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
   for (const auto& element : harness::usage_coverage_names()) {
     EXPECT_GE(k["coverage"]["usage"].value(element, int64_t{0}), 20) << element;
   }
+  EXPECT_GT(k["coverage"]["fp8_states_checked"].value("DelayedScaling", int64_t{0}), 0) << k["coverage"].dump();
 }
 
 }  // namespace gradfuzz::tools
