@@ -105,6 +105,9 @@ usage = r.get("coverage", {}).get("usage")
 if usage:
     print(f"    usage (cases): {usage}")
     print(f"    usage per recipe: {r['coverage'].get('usage_by_recipe')}")
+states = r.get("coverage", {}).get("fp8_states_checked")
+if states:
+    print(f"    delayed-scaling states judged: {states}")
 compared = r.get("coverage", {}).get("fused_ops", {}).get("compared", {})
 fired = r.get("coverage", {}).get("fusions", {})
 if compared or fired:
@@ -285,7 +288,7 @@ if has usage; then
   # Issue 30: the usage script's planted TE faults (te-usage-*), a fresh campaign on an unseen
   # seed with the known file (its coverage.usage counts, no new false positive), and one te
   # worker's (and 12 workers') cases/s with the usage script on and off.
-  selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage' | paste -sd, -)" \
+  selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)" \
     --cases 2000 --dtypes float32,bfloat16 --recipe any
   campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
     --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
