@@ -9,6 +9,9 @@ import pytest
 import torch
 from helpers import judge, run, spec
 
+from gradfuzz_adapter.case import decode_case
+from gradfuzz_adapter.client import make_request, path_result
+from gradfuzz_adapter.protocol import TensorList
 from gradfuzz_adapter.te import op_table, params
 from gradfuzz_adapter.te.backend import TEBackend
 from gradfuzz_adapter.te.classify import classify
@@ -640,3 +643,43 @@ def test_linear_into_linear_under_current_scaling_raises_in_te(backend, fp8_supp
         error["message"]
         == "Attempting to generate quantized output tensor with unsupported quantizer"
     )
+
+
+# The usage script's steps on TE's own Python (docs/BACKENDS.md "Steps"): ops the stub runs.
+USAGE_OPS = [
+    {"name": "Bias"},
+    {"name": "ConstantScale", "attrs": {"scale": 0.5}},
+    {"name": "Bias"},
+]
+USAGE_CALLS = [
+    {"checkpoint": True},
+    {"no_grad": True, "inference_mode": True},
+    {"recompute": True, "second_sequential": True},
+    {"no_grad": True},
+]
+
+
+def _usage_run(backend, fault=None):
+    case_spec = spec(USAGE_OPS, dtype="float32", repeat_calls=USAGE_CALLS, read_after_backward=True)
+    header, tensors = make_request(case_spec, paths=[{"name": "unfused", "fusions": []}])
+    case = decode_case(header, tensors)
+    out = TensorList()
+    result = backend.run(case, header["paths"], out, fault=fault)[0]
+    return path_result(result, out.tensors)
+
+
+def test_the_usage_steps_run_on_tes_python_and_its_faults_show(backend):
+    clean = _usage_run(backend)
+    assert clean["status"] == "ok", clean
+    assert clean["modified"] == []
+    for repeat in clean["repeats"]:
+        assert repeat["status"] == "ok", repeat
+        assert repeat["modified"] == [] and "graph_outputs" not in repeat, repeat
+        # No optimizer step: every call gives the first call's output.
+        torch.testing.assert_close(repeat["outputs"][0], clean["outputs"][0], rtol=0, atol=0)
+    # A checkpoint whose parameters never load: the fresh ops' scrambled values show.
+    lost = _usage_run(backend, "te-usage-checkpoint-params-not-loaded")
+    assert not torch.equal(lost["repeats"][0]["outputs"][0], clean["outputs"][0])
+    # An eval pass run with grad: its outputs carry a graph.
+    graph = _usage_run(backend, "te-usage-eval-pass-keeps-graph")
+    assert graph["repeats"][3].get("graph_outputs") == [0], graph["repeats"][3]
