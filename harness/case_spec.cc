@@ -27,39 +27,57 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
          read_after_backward == o.read_after_backward;
 }
 
+namespace {
+
+/// The usage script's elements in the report's order: the RepeatCall flag (nullptr:
+/// CaseSpec::read_after_backward), its capability name (empty: not a step of its own, the
+/// no_grad call every backend runs) and its coverage.usage name.
+struct UsageElement {
+  bool RepeatCall::*flag;
+  const char* element;
+  const char* coverage;
+};
+constexpr UsageElement kUsage[] = {
+    {&RepeatCall::update, "update", "training_steps"},
+    {&RepeatCall::no_grad, "", "eval_pass"},
+    {&RepeatCall::inference_mode, "inference_mode", "inference_mode"},
+    {&RepeatCall::checkpoint, "checkpoint", "checkpoint_roundtrip"},
+    {&RepeatCall::recompute, "recompute", "recompute"},
+    {nullptr, "read_after_backward", "read_after_backward"},
+    {&RepeatCall::second_sequential, "second_sequential", "op_in_two_fusers"},
+};
+
+/// Whether `spec` uses element `e`.
+bool uses(const CaseSpec& spec, const UsageElement& e) {
+  if (e.flag == nullptr) return spec.read_after_backward;
+  return std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
+                     [&](const RepeatCall& c) { return c.*(e.flag); });
+}
+
+}  // namespace
+
 std::vector<std::string> CaseSpec::usage_elements() const {
   std::vector<std::string> out;
-  auto any = [&](bool RepeatCall::*flag) {
-    return std::any_of(repeat_calls.begin(), repeat_calls.end(), [&](const RepeatCall& c) { return c.*flag; });
-  };
-  if (any(&RepeatCall::update)) out.emplace_back("update");
-  if (any(&RepeatCall::inference_mode)) out.emplace_back("inference_mode");
-  if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint");
-  if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
-  if (any(&RepeatCall::second_sequential)) out.emplace_back("second_sequential");
-  if (read_after_backward) out.emplace_back("read_after_backward");
+  for (const auto& e : kUsage) {
+    if (*e.element != '\0' && uses(*this, e)) out.emplace_back(e.element);
+  }
   return out;
 }
 
 const std::vector<std::string>& usage_coverage_names() {
-  static const std::vector<std::string> kNames{"training_steps",       "eval_pass", "inference_mode",
-                                               "checkpoint_roundtrip", "recompute", "read_after_backward",
-                                               "op_in_two_fusers"};
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const auto& e : kUsage) names.emplace_back(e.coverage);
+    return names;
+  }();
   return kNames;
 }
 
 std::vector<std::string> CaseSpec::usage_coverage() const {
   std::vector<std::string> out;
-  const auto any = [&](bool RepeatCall::*flag) {
-    return std::any_of(repeat_calls.begin(), repeat_calls.end(), [&](const RepeatCall& c) { return c.*flag; });
-  };
-  if (any(&RepeatCall::update)) out.emplace_back("training_steps");
-  if (any(&RepeatCall::no_grad)) out.emplace_back("eval_pass");
-  if (any(&RepeatCall::inference_mode)) out.emplace_back("inference_mode");
-  if (any(&RepeatCall::checkpoint)) out.emplace_back("checkpoint_roundtrip");
-  if (any(&RepeatCall::recompute)) out.emplace_back("recompute");
-  if (read_after_backward) out.emplace_back("read_after_backward");
-  if (any(&RepeatCall::second_sequential)) out.emplace_back("op_in_two_fusers");
+  for (const auto& e : kUsage) {
+    if (uses(*this, e)) out.emplace_back(e.coverage);
+  }
   return out;
 }
 

@@ -300,7 +300,7 @@ TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
   EXPECT_TRUE(j.at("read_after_backward").get<bool>());
   EXPECT_EQ(j.get<CaseSpec>(), spec);
   EXPECT_EQ(spec.usage_elements(), (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute",
-                                                             "second_sequential", "read_after_backward"}));
+                                                             "read_after_backward", "second_sequential"}));
   EXPECT_EQ(spec.usage_coverage(),
             (std::vector<std::string>{"training_steps", "eval_pass", "inference_mode", "checkpoint_roundtrip",
                                       "recompute", "read_after_backward", "op_in_two_fusers"}));
