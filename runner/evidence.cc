@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <limits>
 #include <utility>
 
 #include "harness/dtype.h"
@@ -45,6 +46,12 @@ oracle::CaseBounds uniform_allowance(oracle::CaseBounds bounds) {
       b.allowance = at::full_like(b.allowance, b.allowance.max().item<double>());
     }
   }
+  return bounds;
+}
+
+oracle::CaseBounds stepped_allowance(oracle::CaseBounds bounds) {
+  bounds = uniform_allowance(std::move(bounds));
+  for (auto& [name, b] : bounds.tensors) b.norm_bound = std::numeric_limits<double>::infinity();
   return bounds;
 }
 

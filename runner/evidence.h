@@ -44,6 +44,12 @@ struct Draws {
 /// the elements of a quantizing case's repeat calls, which round other values than call 1's.
 oracle::CaseBounds uniform_allowance(oracle::CaseBounds bounds);
 
+/// The bounds of a call after an optimizer step: uniform_allowance, and no whole-tensor norm
+/// bound. Call 1's norm bound is evidence of how call 1's values round (it collapses to the
+/// floor where they round exactly); the step's values round otherwise, so only the elements'
+/// bounds, each at its tensor's largest allowance, hold for them.
+oracle::CaseBounds stepped_allowance(oracle::CaseBounds bounds);
+
 /// The evidence of one reference set (its rounding baseline, input sensitivity, output noise,
 /// kinks; FP8 windows for a quantizing case), drawn in pieces of about one reference
 /// evaluation each: the gathering (round 0), then, where the case quantizes and has repeat

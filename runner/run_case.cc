@@ -537,8 +537,9 @@ class CaseRun {
                                                : reference_case_.quantizes ? uniform_allowance(b.bounds)
                                                                            : b.bounds;
       // After an optimizer step the call runs on other values than the evidence's: each
-      // element gets the largest allowance of its tensor (the step halves every parameter).
-      const oracle::CaseBounds stepped_bounds = uniform_allowance(repeat_bounds);
+      // element gets the largest allowance of its tensor (the step halves every parameter),
+      // and call 1's norm bound, evidence of call 1's rounding, does not apply.
+      const oracle::CaseBounds stepped_bounds = stepped_allowance(repeat_bounds);
       bool stepped = false;
       for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];

@@ -19,8 +19,11 @@
 #             tput delayed quick            call C: throughput (issue 15), DelayedScaling
 #                                           repeat calls, the README's TE quick start
 #             selftest                      the plain planted TE faults (no recipe)
-#             usage                         issue 30: the te-usage-* faults, a fresh campaign
-#                                           with its coverage.usage, cases/s usage on and off
+#             usage                         issue 30: the te-usage-* faults (USAGE_SELFTEST=0:
+#                                           not), USAGE_REPLAY's case files replayed, plain-TE
+#                                           delayed-scaling state probe (probe_te_state.py), a
+#                                           fresh campaign (USAGE_SEED) with its coverage.usage,
+#                                           cases/s usage on and off
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
 #                                           of findings not yet explained), when present
 #             upstream defects quick        issue 25: three fresh campaigns on unseen seeds
@@ -288,8 +291,20 @@ if has usage; then
   # Issue 30: the usage script's planted TE faults (te-usage-*), a fresh campaign on an unseen
   # seed with the known file (its coverage.usage counts, no new false positive), and one te
   # worker's (and 12 workers') cases/s with the usage script on and off.
-  selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)" \
-    --cases 2000 --dtypes float32,bfloat16 --recipe any
+  if [ "${USAGE_SELFTEST:-1}" = 1 ]; then
+    selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)" \
+      --cases 2000 --dtypes float32,bfloat16 --recipe any
+  fi
+  if [ -n "${USAGE_REPLAY:-}" ]; then
+    # Case files of an earlier lease's usage findings (globs), replayed with this binary.
+    # shellcheck disable=SC2086
+    stage usage-replay 120 "$gf" replay --backend "$backend" --known "$known" --report "$work/usage-replay.json" $USAGE_REPLAY
+    say "  usage-replay: $(report_line "$work/usage-replay.json")"
+  fi
+  if [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
+    stage probe-state 90 python3 adapter/tests/probe_te_state.py --out "$work/probe_te_state.json"
+    say "$(grep '^\[' "$work/probe-state.log" | cut -c1-600)"
+  fi
   campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
     --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
   for w in ${USAGE_TPUT_WORKERS:-1 12}; do

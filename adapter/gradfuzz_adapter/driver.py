@@ -150,6 +150,14 @@ class Builder:
         """A checkpoint's state loaded into a fresh op."""
         op.load_state_dict(state)
 
+    @contextlib.contextmanager
+    def scratch_scope(self):
+        """A run beside the path's calls (the fresh Sequential whose plans a repeat call's are
+        compared with): whatever process-wide state the backend keeps for the path (TE's
+        quantization state), the scratch run keeps apart, as if it ran in a process of its
+        own."""
+        yield
+
     def delayed_states(self, ops, case):
         """{key: fp8_state.state_entry(...)} of every delayed-scaling quantizer of the ops
         (issue "FP8 state"); {} where the backend has none to show."""
@@ -1680,16 +1688,17 @@ def _fresh_plans(builder, case, device, values, repeat_call):
     its first call with `repeat_call`'s requires-grad pattern: what TE's fuser plans for that
     first_op_requiring_backward without its plan cache (forward only: TE's
     OperationFuser.maybe_fuse_ops makes both passes' plans at the forward)."""
-    built = _Built(case)
-    _build(builder, case, device, values, built)
-    x = values.fresh("input", case.input, repeat_call["input_requires_grad"])
-    extras = [
-        values.fresh(("extra", k), e, rg)
-        for k, (e, rg) in enumerate(zip(case.extra_inputs, case.extra_input_requires_grad))
-    ]
-    with torch.set_grad_enabled(not repeat_call["no_grad"]):
-        builder.forward(built.seq, x, extras)
-    return builder.plans(built.seq, case, built.ops)
+    with builder.scratch_scope():
+        built = _Built(case)
+        _build(builder, case, device, values, built)
+        x = values.fresh("input", case.input, repeat_call["input_requires_grad"])
+        extras = [
+            values.fresh(("extra", k), e, rg)
+            for k, (e, rg) in enumerate(zip(case.extra_inputs, case.extra_input_requires_grad))
+        ]
+        with torch.set_grad_enabled(not repeat_call["no_grad"]):
+            builder.forward(built.seq, x, extras)
+        return builder.plans(built.seq, case, built.ops)
 
 
 _STEPS = ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")

@@ -619,6 +619,48 @@ def test_each_call_runs_inside_tes_autocast_with_the_cases_recipe(backend, fp8_s
     assert manager.quantization_state is outer_state and not manager.is_fp8_enabled()
 
 
+def test_a_paths_sequentials_share_its_quantization_state_and_a_scratch_run_has_its_own(
+    backend, fp8_supported
+):
+    """As in one process, a second Sequential over the path's ops runs in the path's TE
+    quantization state (its autocast exits update the histories the first registered there);
+    the fresh Sequential whose plans a repeat call's are compared with runs in one of its own,
+    so its exits roll none of the path's histories."""
+    from transformer_engine.pytorch.ops.fuser import OperationFuser
+
+    manager = fp8_supported.FP8GlobalStateManager
+    seen = []
+    original = OperationFuser.maybe_fuse_ops
+
+    def recording(self, is_grad_enabled, recipe, *args, **kwargs):
+        seen.append((self, manager.quantization_state))  # the fuser kept: no id reused
+        return original(self, is_grad_enabled, recipe, *args, **kwargs)
+
+    recipe = {"name": "DelayedScaling", "fp8_format": "E4M3"}
+    calls = [{"second_sequential": True}, {"input_requires_grad": False}]
+    OperationFuser.maybe_fuse_ops = recording
+    try:
+        _, results = run(
+            backend,
+            spec(RESIDUAL, dtype="float32", recipe=recipe, repeat_calls=calls),
+            paths=ALL_PATHS[:1],
+        )
+    finally:
+        OperationFuser.maybe_fuse_ops = original
+    assert results[0]["status"] == "ok", results[0]
+    fusers = list({id(fuser): fuser for fuser, _ in seen}.values())
+    # The path's two Sequentials, and the fresh plans of call 3 (call 2's requires-grad
+    # pattern is call 1's, whose plans are the expected ones).
+    assert len(fusers) == 3
+    states = {id(fuser): state for fuser, state in seen}
+    path_state = states[id(fusers[0])]
+    # Call 1 in the first Sequential, calls 2 and 3 in the second: all in the path's state.
+    second = [f for f in fusers[1:] if sum(g is f for g, _ in seen) == 2]
+    assert len(second) == 1 and states[id(second[0])] is path_state
+    scratch = [f for f in fusers[1:] if f is not second[0]]
+    assert len(scratch) == 1 and all(states[id(f)] is not path_state for f in scratch)
+
+
 def test_a_recipe_te_reports_unavailable_makes_each_path_unsupported(backend, fp8_supported):
     case_spec = spec(RESIDUAL, dtype="float32", recipe={"name": "MXFP8BlockScaling"})
     _, results = run(backend, case_spec)

@@ -254,6 +254,20 @@ TEST_F(TorchBackend, AnFp8FlipOfACancellingGradientElementIsRounding) {
   EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
 }
 
+// A bfloat16 case of a torch campaign (seed 31, 1 of 2000 cases; Linear -> SReLU, five calls
+// after optimizer steps) whose call 1 rounds exactly in bfloat16 (1x2 input, one output), so
+// call 1's evidence held no rounding and its norm bounds collapsed to the floor (1e-5 per
+// element); the steps' halved and rolled values round otherwise, and the weight gradient of
+// call 6 was within every element's bound (each at its tensor's largest allowance) but 3x that
+// norm bound. The same signature came from TE on the H100 (ForwardLinearScaleAdd, bfloat16, one
+// step). A stepped call is judged by its elements' bounds only (runner/evidence.h:
+// stepped_allowance): replay passes.
+TEST_F(TorchBackend, AStepOnValuesThatRoundOtherwiseIsNotHeldToCallOnesNormBound) {
+  const CliRun replay = replay_data("torch-stepped-norm-floor.json");
+  EXPECT_EQ(replay.exit, 0) << replay.out << replay.err;
+  EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
+}
+
 // A TE defect gradfuzz found on the H200, reproduced on the CPU by the emulation with the
 // defect planted (adapter torch_backend/faults.py): without it the case passes (the reference and the
 // emulation agree), with it the case fails with the signature TE's run had. That explains a

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -207,6 +208,20 @@ TEST(EvidenceSampler, BoundsGrowWithTheEvidence) {
     if (!b.allowance.defined()) continue;
     EXPECT_TRUE(at::all(round2.tensors.at(name).allowance >= b.allowance).item<bool>()) << name;
   }
+}
+
+TEST(SteppedAllowance, KeepsTheLargestElementAllowanceAndDropsCallOnesNormBound) {
+  oracle::CaseBounds bounds;
+  oracle::TensorBound b;
+  b.allowance = at::tensor({0.1, 0.3, 0.2}, at::TensorOptions().dtype(at::kDouble));
+  b.norm_bound = 1e-5;  // call 1's values rounded exactly: the floor
+  bounds.tensors["output"] = b;
+  const oracle::CaseBounds repeat = uniform_allowance(bounds);
+  EXPECT_EQ(repeat.tensors.at("output").norm_bound, 1e-5);
+  const oracle::CaseBounds stepped = stepped_allowance(bounds);
+  const oracle::TensorBound& s = stepped.tensors.at("output");
+  EXPECT_TRUE(at::equal(s.allowance, at::full({3}, 0.3, at::TensorOptions().dtype(at::kDouble))));
+  EXPECT_TRUE(std::isinf(s.norm_bound));
 }
 
 }  // namespace

@@ -72,7 +72,7 @@ class TEBuilder(Builder):
     @contextlib.contextmanager
     def fusion_scope(self, fusions):
         self.path = types.SimpleNamespace(
-            names={}, channel_grads=None, dtype=None, te_recipe=None, fp8_states={}
+            names={}, channel_grads=None, dtype=None, te_recipe=None, scratch_state=None
         )
         with contextlib.ExitStack() as stack:
             if self.recipe is not None:
@@ -81,6 +81,19 @@ class TEBuilder(Builder):
                 stack.enter_context(te_recipes.fp8_state(self.path.fp8_state))
             stack.enter_context(only_fusions(self.operation_fuser, fusions))
             yield
+
+    @contextlib.contextmanager
+    def scratch_scope(self):
+        # A fresh quantization state, so that the scratch run's autocast exits roll no
+        # history of the path's ops (quantization.py: reduce_and_update_fp8_tensors walks
+        # every op registered in the state) and the path's exits none of the scratch ops'.
+        saved = self.path.scratch_state
+        if self.path.te_recipe is not None:
+            self.path.scratch_state = te_recipes.fresh_fp8_state()
+        try:
+            yield
+        finally:
+            self.path.scratch_state = saved
 
     def _resolve(self, callee):
         if callee.startswith("te."):
@@ -130,14 +143,10 @@ class TEBuilder(Builder):
         if self.path is None or self.path.te_recipe is None:
             out = seq(x, *extras)
         else:
-            states = self.path.fp8_states
-            if id(seq) not in states:
-                # The path's first Sequential owns the path's state; any later one its own.
-                states[id(seq)] = (
-                    self.path.fp8_state if not states else te_recipes.fresh_fp8_state(),
-                    seq,
-                )
-            state = states[id(seq)][0]
+            # Every Sequential of the path (a second one over the same ops, the fresh ops of a
+            # checkpoint round trip) in the path's state, as in one process; a scratch run's in
+            # its own (scratch_scope).
+            state = self.path.scratch_state or self.path.fp8_state
             with te_recipes.fp8_state(state):
                 with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
                     out = seq(x, *extras)

@@ -1,0 +1,231 @@
+"""Delayed scaling's state in plain TE around a Sequential (issues "FP8 state" and "usage
+surface"): the questions the te usage campaign's fp8_state clusters raised, asked of TE alone.
+
+    python adapter/tests/probe_te_state.py --out $OUT/probe_te_state.json   # on the GPU
+
+TE and torch only; float32 te.ops.BasicLinear ops under DelayedScaling(amax_history_len=4),
+one GPU, a few seconds. Prints one line per check; the JSON holds the same. Exits 0 whatever
+it finds. What each check reads is the forward amax history and scale of each op
+(op.py: BasicOperation._fp8_metas["forward"]["scaling_fwd"]), columns input and weight.
+
+1. eval-records-amax: after a training step, a no_grad forward under autocast: does it record
+   its amaxes in history slot 0 (left there: autocast_exit updates only with grad enabled)?
+2. second-sequential: the same op in a second te.ops.Sequential, one training step there: is
+   the recorded amax consumed by the forward update (slot 0 back to 0) in one process?
+3. checkpoint-after-train (control): two ops trained a step, state_dict through torch.save,
+   fresh ops, load_state_dict: does every op hold the saved history and scale?
+4. checkpoint-after-eval: the same with a no_grad forward before the save (slot 0 holds the
+   eval's amax): op.py set_extra_state builds a fresh op's recipe state inside an autocast of
+   its own; does that autocast's exit update (roll) the histories already loaded?
+5. other-model-rolls: model A evaluated (slot 0 holding its eval amax), then model B trained
+   a step: is A's history rolled by B's autocast exit (quantization.py:
+   reduce_and_update_fp8_tensors walks every op ever registered in the process)?
+"""
+
+import argparse
+import io
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+RESULTS = {"checks": []}
+DEV = "cuda"
+
+
+def report(name, ok, detail, **numbers):
+    entry = {"check": name, "ok": ok, "detail": detail}
+    entry.update({k: v for k, v in numbers.items()})
+    RESULTS["checks"].append(entry)
+    flag = {True: "yes ", False: "no  ", None: "err "}[ok]
+    print(f"[{flag}] {name}: {detail}", flush=True)
+
+
+def te_modules():
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    recipe = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=4, amax_compute_algo="max")
+    return te, recipe
+
+
+def linear(te, seed):
+    torch.manual_seed(seed)
+    return te.ops.BasicLinear(16, 16, device=DEV, dtype=torch.float32)
+
+
+def state(op):
+    meta = op._fp8_metas["forward"]["scaling_fwd"]
+    return meta.amax_history.detach().clone().cpu(), meta.scale.detach().clone().cpu()
+
+
+def listed(t):
+    return [[float(v) for v in row] for row in t] if t.dim() == 2 else [float(v) for v in t]
+
+
+def train(te, recipe, seq, seed):
+    torch.manual_seed(seed)
+    x = torch.randn(16, 16, device=DEV, requires_grad=True)
+    with te.autocast(enabled=True, recipe=recipe):
+        y = seq(x)
+    y.float().square().sum().backward()
+    torch.cuda.synchronize()
+
+
+def evaluate(te, recipe, seq, seed, scale=3.0):
+    torch.manual_seed(seed)
+    x = scale * torch.randn(16, 16, device=DEV)
+    with torch.no_grad(), te.autocast(enabled=True, recipe=recipe):
+        seq(x)
+    torch.cuda.synchronize()
+
+
+def round_trip(te, recipe, ops):
+    """state_dict of `ops` through torch.save, loaded into fresh ops (other weights)."""
+    blob = io.BytesIO()
+    torch.save([op.state_dict() for op in ops], blob)
+    blob.seek(0)
+    fresh = [linear(te, 100 + k) for k in range(len(ops))]
+    saved = os.environ.get("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE")
+    os.environ["NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"] = "1"  # the checkpoint is our own
+    try:
+        for op, sd in zip(fresh, torch.load(blob, weights_only=False)):
+            op.load_state_dict(sd)
+    finally:
+        if saved is None:
+            del os.environ["NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"]
+        else:
+            os.environ["NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"] = saved
+    torch.cuda.synchronize()
+    return fresh
+
+
+def check(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+        report(fn.__name__, None, f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+
+
+def eval_records_amax():
+    te, recipe = te_modules()
+    op = linear(te, 1)
+    seq = te.ops.Sequential(op)
+    train(te, recipe, seq, 2)
+    before, _ = state(op)
+    evaluate(te, recipe, seq, 3)
+    after, _ = state(op)
+    recorded = bool((after[0] != 0).any())
+    report(
+        "eval-records-amax",
+        recorded,
+        f"slot 0 after the training step {listed(before[0])}, after the no_grad forward "
+        f"{listed(after[0])}",
+        before=listed(before),
+        after=listed(after),
+    )
+
+
+def second_sequential():
+    te, recipe = te_modules()
+    op = linear(te, 1)
+    train(te, recipe, te.ops.Sequential(op), 2)
+    before, scale_before = state(op)
+    train(te, recipe, te.ops.Sequential(op), 3)
+    after, scale_after = state(op)
+    consumed = bool((after[0] == 0).all())
+    report(
+        "second-sequential",
+        consumed,
+        f"after a step in a second Sequential: slot 0 {listed(after[0])}, history rows "
+        f"{listed(after)}, scale {listed(scale_before)} -> {listed(scale_after)}",
+        before=listed(before),
+        after=listed(after),
+    )
+
+
+def _checkpoint(with_eval):
+    te, recipe = te_modules()
+    ops = [linear(te, 1), linear(te, 2)]
+    seq = te.ops.Sequential(*ops)
+    train(te, recipe, seq, 3)
+    if with_eval:
+        evaluate(te, recipe, seq, 4)
+    saved = [state(op) for op in ops]
+    fresh = round_trip(te, recipe, ops)
+    loaded = [state(op) for op in fresh]
+    same = [
+        bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])) for a, b in zip(saved, loaded)
+    ]
+    return same, saved, loaded
+
+
+def checkpoint_after_train():
+    same, saved, loaded = _checkpoint(with_eval=False)
+    report(
+        "checkpoint-after-train",
+        all(same),
+        f"each op's loaded history and scale equal the saved: {same}",
+        saved=[listed(h) for h, _ in saved],
+        loaded=[listed(h) for h, _ in loaded],
+    )
+
+
+def checkpoint_after_eval():
+    same, saved, loaded = _checkpoint(with_eval=True)
+    report(
+        "checkpoint-after-eval",
+        all(same),
+        f"each op's loaded history and scale equal the saved: {same}; op 0 saved "
+        f"{listed(saved[0][0])} scale {listed(saved[0][1])}, loaded {listed(loaded[0][0])} "
+        f"scale {listed(loaded[0][1])}",
+        saved=[listed(h) for h, _ in saved],
+        loaded=[listed(h) for h, _ in loaded],
+    )
+
+
+def other_model_rolls():
+    te, recipe = te_modules()
+    a, b = linear(te, 1), linear(te, 2)
+    seq_a, seq_b = te.ops.Sequential(a), te.ops.Sequential(b)
+    train(te, recipe, seq_a, 3)
+    evaluate(te, recipe, seq_a, 4)
+    before, _ = state(a)
+    train(te, recipe, seq_b, 5)
+    after, _ = state(a)
+    untouched = bool(torch.equal(before, after))
+    report(
+        "other-model-rolls",
+        not untouched,
+        f"model A's history before model B's step {listed(before)}, after {listed(after)}",
+        before=listed(before),
+        after=listed(after),
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import transformer_engine
+
+    RESULTS["versions"] = {"torch": torch.__version__, "te": transformer_engine.__version__}
+    RESULTS["device"] = torch.cuda.get_device_name()
+    for fn in (
+        eval_records_amax,
+        second_sequential,
+        checkpoint_after_train,
+        checkpoint_after_eval,
+        other_model_rolls,
+    ):
+        check(fn)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(RESULTS, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
