@@ -349,7 +349,8 @@ void check_fp8_state(const CaseSpec& spec, const PathRun& run, std::vector<Findi
     // One cluster per pass and part of the rule (a defect of the forward update shows on the
     // input and weight quantizers alike); a lost checkpoint state is one whatever the pass.
     const std::string role = v.quantizer.substr(0, v.quantizer.find('['));
-    d.option = v.what == "checkpoint" ? v.what : (role == "grad_output" ? "backward." : "forward.") + v.what;
+    const bool checkpoint = v.what.rfind("checkpoint", 0) == 0;  // checkpoint, checkpoint_updated
+    d.option = checkpoint ? v.what : (role == "grad_output" ? "backward." : "forward.") + v.what;
     d.max_abs_err = std::numeric_limits<double>::infinity();
     d.max_rel_err = std::numeric_limits<double>::infinity();
     d.note = "delayed scaling's " + v.quantizer + " quantizer of op " + std::to_string(v.op) + ": " + v.note;

@@ -301,6 +301,12 @@ if has usage; then
     stage usage-replay 120 "$gf" replay --backend "$backend" --known "$known" --report "$work/usage-replay.json" $USAGE_REPLAY
     say "  usage-replay: $(report_line "$work/usage-replay.json")"
   fi
+  if [ -n "${USAGE_PYTEST:-}" ] && [ "${DRY_RUN:-0}" != 1 ]; then
+    # Upstream tests (paths, space-separated) run under pytest on TE: each should fail.
+    # shellcheck disable=SC2086
+    stage usage-pytest 120 python3 -m pytest -q -p no:cacheprovider $USAGE_PYTEST
+    say "$(grep -E 'passed|failed|Error|assert' "$work/usage-pytest.log" | tail -8 | cut -c1-400)"
+  fi
   if [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
     stage probe-state 90 python3 adapter/tests/probe_te_state.py --out "$work/probe_te_state.json"
     say "$(grep '^\[' "$work/probe-state.log" | cut -c1-600)"

@@ -20,7 +20,9 @@ _default_sf_compute; docs/BACKENDS.md "Recipes"):
 - where none ran (an evaluation pass, a pass that quantized nothing), scale and history are the
   old ones but for slot 0, which may only grow (a max);
 - a weight's recorded amax is max|W| of the weight the call used, in float32;
-- a checkpoint round trip hands the fresh ops the state the old ones had.
+- a checkpoint round trip hands the fresh ops the state the old ones had ("checkpoint"); one
+  that hands them the saved state after k updates by the rule is told apart
+  ("checkpoint_updated": an update ran during the load, TE 2.20.2's op.py set_extra_state).
 """
 
 import torch
@@ -51,6 +53,21 @@ def _text(t):
     return "[" + ", ".join(f"{v:.9g}" for v in t.reshape(-1).tolist()) + "]"
 
 
+def _updates_between(saved, loaded, most=8):
+    """k in 1..most where `loaded` is `saved` after k updates by the rule (an update ran with
+    nothing recorded since), else None."""
+    history, scale = saved["history"], saved["scale"].reshape(())
+    for k in range(1, most + 1):
+        if not bool(history.ne(0).any()):
+            return None  # the rule would only roll zeros from here on
+        history, scale = rule_update(
+            history, scale, fp8_max=saved["fp8_max"], margin=saved["margin"], algo=saved["algo"]
+        )
+        if _same(history, loaded["history"]) and _same(scale.reshape(-1), loaded["scale"]):
+            return k
+    return None
+
+
 class StateCheck:
     """One path's delayed-scaling states across its calls: `before(states)` right before a
     call, `after(states, trained, weights)` after it; `violations` and `checked` accumulate
@@ -71,9 +88,8 @@ class StateCheck:
                     _same(loaded["history"], saved["history"])
                     and _same(loaded["scale"], saved["scale"])
                 ):
-                    self._violate(
-                        saved,
-                        "checkpoint",
+                    updates = None if loaded is None else _updates_between(saved, loaded)
+                    note = (
                         f"the checkpoint held scale {_text(saved['scale'])} and amax history "
                         f"{_text(saved['history'])}; the loaded op has "
                         + (
@@ -81,8 +97,15 @@ class StateCheck:
                             if loaded is None
                             else f"scale {_text(loaded['scale'])} and history "
                             f"{_text(loaded['history'])}"
-                        ),
+                        )
                     )
+                    if updates:
+                        # Not lost but moved on: an update ran between the load and the call.
+                        note += (
+                            f": the saved state after {updates} update(s) by the rule, so an "
+                            "amax and scale update ran while the checkpoint loaded"
+                        )
+                    self._violate(saved, "checkpoint_updated" if updates else "checkpoint", note)
         self.previous = states
 
     def after(self, states, *, forward_trained, backward_trained, weights):

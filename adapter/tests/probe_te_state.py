@@ -17,6 +17,7 @@ it finds. What each check reads is the forward amax history and scale of each op
 4. checkpoint-after-eval: the same with a no_grad forward before the save (slot 0 holds the
    eval's amax): op.py set_extra_state builds a fresh op's recipe state inside an autocast of
    its own; does that autocast's exit update (roll) the histories already loaded?
+   checkpoint-after-eval-repaired: the same with set_extra_state run under torch.no_grad.
 5. other-model-rolls: model A evaluated (slot 0 holding its eval amax), then model B trained
    a step: is A's history rolled by B's autocast exit (quantization.py:
    reduce_and_update_fp8_tensors walks every op ever registered in the process)?
@@ -186,6 +187,32 @@ def checkpoint_after_eval():
     )
 
 
+def checkpoint_after_eval_repaired():
+    """Check 4 with set_extra_state run under torch.no_grad (a repair: its autocast's exit then
+    runs no forward update, quantization.py autocast_exit)."""
+    te, _ = te_modules()
+    cls = te.ops.BasicOperation
+    original = cls.set_extra_state
+
+    def no_update(self, state):
+        with torch.no_grad():
+            original(self, state)
+
+    cls.set_extra_state = no_update
+    try:
+        same, saved, loaded = _checkpoint(with_eval=True)
+    finally:
+        cls.set_extra_state = original
+    report(
+        "checkpoint-after-eval-repaired",
+        all(same),
+        f"set_extra_state under no_grad: each op's loaded history and scale equal the saved: "
+        f"{same}",
+        saved=[listed(h) for h, _ in saved],
+        loaded=[listed(h) for h, _ in loaded],
+    )
+
+
 def other_model_rolls():
     te, recipe = te_modules()
     a, b = linear(te, 1), linear(te, 2)
@@ -218,6 +245,7 @@ def main():
         second_sequential,
         checkpoint_after_train,
         checkpoint_after_eval,
+        checkpoint_after_eval_repaired,
         other_model_rolls,
     ):
         check(fn)

@@ -343,7 +343,7 @@ class UpstreamWriter:
         if not match:
             raise ValueError(f"export --upstream: no delayed-scaling state {self.finding.tensor!r}")
         op, role, group, part = match.groups()
-        if part == "checkpoint":
+        if part.startswith("checkpoint"):
             raise ValueError(
                 "export --upstream: a state lost in a checkpoint round trip needs the usage "
                 "script's steps, which exported tests do not write yet (replay runs it)"
