@@ -783,6 +783,7 @@ void draw_usage_script(harness::CaseSpec& spec, const GenOptions& options) {
     }
   }
   if (runs("read_after_backward")) spec.read_after_backward = chance(1, 4);
+  if (runs("deferred_init")) spec.deferred_init = chance(1, 8);
 }
 
 }  // namespace detail

@@ -181,6 +181,7 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
       call.update = call.inference_mode = call.checkpoint = call.recompute = call.second_sequential = false;
     }
     c.read_after_backward = false;
+    c.deferred_init = false;
     raw.push_back(std::move(c));
   }
   if (spec.world_size > 1) {
@@ -227,9 +228,10 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
       raw.push_back(std::move(c));
     }
   }
-  if (spec.read_after_backward) {
+  for (bool CaseSpec::*flag : {&CaseSpec::read_after_backward, &CaseSpec::deferred_init}) {
+    if (!(spec.*flag)) continue;
     CaseSpec c = spec;
-    c.read_after_backward = false;
+    c.*flag = false;
     raw.push_back(std::move(c));
   }
   if (spec.recipe) {

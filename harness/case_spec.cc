@@ -24,32 +24,34 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
          corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls &&
          recipe == o.recipe && world_size == o.world_size && input_layout == o.input_layout &&
-         read_after_backward == o.read_after_backward;
+         read_after_backward == o.read_after_backward && deferred_init == o.deferred_init;
 }
 
 namespace {
 
-/// The usage script's elements in the report's order: the RepeatCall flag (nullptr:
-/// CaseSpec::read_after_backward), its capability name (empty: not a step of its own, the
-/// no_grad call every backend runs) and its coverage.usage name.
+/// The usage script's elements in the report's order: the RepeatCall flag of a step (or the
+/// CaseSpec flag of an element of the whole case), its capability name (empty: not a step of
+/// its own, the no_grad call every backend runs) and its coverage.usage name.
 struct UsageElement {
   bool RepeatCall::*flag;
+  bool CaseSpec::*case_flag;
   const char* element;
   const char* coverage;
 };
 constexpr UsageElement kUsage[] = {
-    {&RepeatCall::update, "update", "training_steps"},
-    {&RepeatCall::no_grad, "", "eval_pass"},
-    {&RepeatCall::inference_mode, "inference_mode", "inference_mode"},
-    {&RepeatCall::checkpoint, "checkpoint", "checkpoint_roundtrip"},
-    {&RepeatCall::recompute, "recompute", "recompute"},
-    {nullptr, "read_after_backward", "read_after_backward"},
-    {&RepeatCall::second_sequential, "second_sequential", "op_in_two_fusers"},
+    {&RepeatCall::update, nullptr, "update", "training_steps"},
+    {&RepeatCall::no_grad, nullptr, "", "eval_pass"},
+    {&RepeatCall::inference_mode, nullptr, "inference_mode", "inference_mode"},
+    {&RepeatCall::checkpoint, nullptr, "checkpoint", "checkpoint_roundtrip"},
+    {&RepeatCall::recompute, nullptr, "recompute", "recompute"},
+    {nullptr, &CaseSpec::read_after_backward, "read_after_backward", "read_after_backward"},
+    {&RepeatCall::second_sequential, nullptr, "second_sequential", "op_in_two_fusers"},
+    {nullptr, &CaseSpec::deferred_init, "deferred_init", "deferred_init"},
 };
 
 /// Whether `spec` uses element `e`.
 bool uses(const CaseSpec& spec, const UsageElement& e) {
-  if (e.flag == nullptr) return spec.read_after_backward;
+  if (e.flag == nullptr) return spec.*(e.case_flag);
   return std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
                      [&](const RepeatCall& c) { return c.*(e.flag); });
 }
@@ -183,6 +185,7 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
   if (spec.world_size != 1) j["world_size"] = spec.world_size;
   if (spec.input_layout != "replicated") j["input_layout"] = spec.input_layout;
   if (spec.read_after_backward) j["read_after_backward"] = true;
+  if (spec.deferred_init) j["deferred_init"] = true;
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
   if (!spec.late_binds.empty()) {
@@ -396,7 +399,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
   r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
                    "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe",
-                   "world_size", "input_layout", "read_after_backward"});
+                   "world_size", "input_layout", "read_after_backward", "deferred_init"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -501,6 +504,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
     }
   }
   if (r.has("read_after_backward")) out.read_after_backward = r.child("read_after_backward").boolean();
+  if (r.has("deferred_init")) out.deferred_init = r.child("deferred_init").boolean();
   if (r.has("input_layout")) {
     const Reader layout = r.child("input_layout");
     out.input_layout = layout.string();

@@ -135,6 +135,10 @@ struct CaseSpec {
   /// The caller holds every call's outputs and reads them again after the call's backward
   /// and after the case's later calls (nothing may change them unless documented).
   bool read_after_backward = false;
+  /// Every op is built without storage (device "meta", as deferred initialisation does) and
+  /// materialised on the case's device before its values are copied in: the case must run
+  /// as the one built directly.
+  bool deferred_init = false;
   /// Ranks the case runs on (harness/sharding.h): 1 is one process, as every case before
   /// distributed cases; N > 1 runs the same Sequential on N processes, each on its slice of
   /// the same values. At most kMaxWorldSize.
@@ -158,7 +162,8 @@ struct CaseSpec {
   std::vector<std::string> usage_elements() const;
   /// The report's coverage.usage names the case counts in (fuzzer.md "Coverage"):
   /// "training_steps" (an optimizer step between calls), "eval_pass" (a no_grad call),
-  /// "inference_mode", "checkpoint_roundtrip", "recompute", "read_after_backward".
+  /// "inference_mode", "checkpoint_roundtrip", "recompute", "read_after_backward",
+  /// "op_in_two_fusers", "deferred_init".
   std::vector<std::string> usage_coverage() const;
   /// Number of catalog ops (Boundary modules not counted).
   int64_t num_ops() const;

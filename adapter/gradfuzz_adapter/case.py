@@ -81,6 +81,9 @@ class Case:
     # The caller holds every call's outputs and reads them again after the backward and
     # after the later calls (spec.read_after_backward).
     read_after_backward: bool = False
+    # Every op built on device "meta" and materialised before its values are copied in
+    # (spec.deferred_init; Builder.create_op does both).
+    deferred_init: bool = False
 
     @property
     def catalog_ops(self):
@@ -228,6 +231,7 @@ def decode_case(request, tensors):
         world_size=int(spec.get("world_size", 1)),
         step_params=_step_params(values, spec, tensors),
         read_after_backward=bool(spec.get("read_after_backward", False)),
+        deferred_init=bool(spec.get("deferred_init", False)),
     )
 
 

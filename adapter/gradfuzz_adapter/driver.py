@@ -1703,8 +1703,9 @@ def _fresh_plans(builder, case, device, values, repeat_call):
 
 _STEPS = ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")
 # capabilities.usage of a backend whose Builder has the steps' methods (set_params, save_state,
-# load_state): every element the driver runs (harness/capabilities.h: usage).
-USAGE = (*_STEPS, "read_after_backward")
+# load_state) and builds deferred ops (create_op with case.deferred_init): every element the
+# driver runs (harness/capabilities.h: usage).
+USAGE = (*_STEPS, "read_after_backward", "deferred_init")
 
 
 def repeat_calls(case):

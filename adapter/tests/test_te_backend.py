@@ -725,3 +725,56 @@ def test_the_usage_steps_run_on_tes_python_and_its_faults_show(backend):
     # An eval pass run with grad: its outputs carry a graph.
     graph = _usage_run(backend, "te-usage-eval-pass-keeps-graph")
     assert graph["repeats"][3].get("graph_outputs") == [0], graph["repeats"][3]
+
+
+def test_deferred_init_builds_tes_ops_on_meta_and_materialises_them(backend, monkeypatch):
+    """docs/BACKENDS.md "Steps": Bias built on "meta" (bias.py defers its parameter) and
+    reset_parameters'd before the case's values are copied in; it runs as built directly. (TE
+    materialises on its default CUDA device: the CPU stands in for it here.)"""
+    from transformer_engine.pytorch.ops.basic import bias
+
+    original = bias.canonicalize_device
+    monkeypatch.setattr(
+        bias,
+        "canonicalize_device",
+        lambda device: torch.device("cpu") if device is None else original(device),
+    )
+    built = []
+    devices = []
+    init = bias.Bias.__init__
+
+    def recording_init(self, *args, **kwargs):
+        devices.append(torch.device(kwargs.get("device")).type)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(bias.Bias, "__init__", recording_init)
+
+    def run_with(deferred):
+        case_spec = spec(USAGE_OPS, dtype="float32", deferred_init=deferred)
+        header, tensors = make_request(case_spec, paths=[{"name": "unfused", "fusions": []}])
+        case = decode_case(header, tensors)
+        out = TensorList()
+        create = backend.builder.create_op
+
+        def recording(op_case, case, device):
+            op = create(op_case, case, device)
+            built.append((deferred, op))
+            return op
+
+        monkeypatch.setattr(backend.builder, "create_op", recording)
+        try:
+            result = backend.run(case, header["paths"], out)[0]
+        finally:
+            monkeypatch.setattr(backend.builder, "create_op", create)
+        return case, path_result(result, out.tensors)
+
+    case, deferred = run_with(True)
+    assert deferred["status"] == "ok", deferred
+    assert devices and set(devices) == {"meta"}
+    devices.clear()
+    assert judge(case, deferred) == []
+    _, direct = run_with(False)
+    torch.testing.assert_close(deferred["outputs"][0], direct["outputs"][0], rtol=0, atol=0)
+    assert devices and set(devices) == {"cpu"}
+    ops = [op for was_deferred, op in built if was_deferred and hasattr(op, "bias")]
+    assert ops and all(op.bias.device.type == "cpu" for op in ops)

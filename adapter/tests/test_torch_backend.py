@@ -350,3 +350,48 @@ def test_runtime_locking_rules():
     with pytest.raises(LockedError):
         b.set_extra_input_channel(0, "r")  # even with the same value
     assert torch.equal(model(x), 2 * x)
+
+
+DEFERRED_OPS = [
+    {"name": "Linear", "attrs": {"out": 6}},
+    {"name": "Bias"},
+    {"name": "GELU"},
+]
+
+
+def _deferred_run(backend, fault=None, deferred=True):
+    from gradfuzz_adapter.case import decode_case
+    from gradfuzz_adapter.client import make_request, path_result
+    from gradfuzz_adapter.protocol import TensorList
+
+    header, tensors = make_request(spec(DEFERRED_OPS, deferred_init=deferred))
+    case = decode_case(header, tensors)
+    out = TensorList()
+    result = backend.run(case, header["paths"][:1], out, fault=fault)[0]
+    return case, path_result(result, out.tensors)
+
+
+def test_deferred_init_runs_as_the_ops_built_directly_and_its_fault_shows(backend):
+    case, deferred = _deferred_run(backend)
+    assert case.deferred_init and deferred["status"] == "ok", deferred
+    assert judge(case, deferred) == []
+    _, direct = _deferred_run(backend, deferred=False)
+    torch.testing.assert_close(deferred["outputs"][0], direct["outputs"][0], rtol=0, atol=0)
+    torch.testing.assert_close(deferred["grad_input"], direct["grad_input"], rtol=0, atol=0)
+    # Ops initialised again at their first call: the caller's values are gone.
+    _, faulty = _deferred_run(backend, "torch-usage-deferred-init-reinitialised-at-first-forward")
+    assert not torch.equal(faulty["outputs"][0], direct["outputs"][0])
+    # Built directly, the fault has nothing to act on.
+    _, plain = _deferred_run(
+        backend, "torch-usage-deferred-init-reinitialised-at-first-forward", deferred=False
+    )
+    torch.testing.assert_close(plain["outputs"][0], direct["outputs"][0], rtol=0, atol=0)
+
+
+def test_materialize_needs_parameters_on_meta():
+    op = BasicOp("Bias", {}, [2, 3])
+    with pytest.raises(Exception, match="needs parameters on 'meta'"):
+        op.materialize("cpu")
+    deferred = BasicOp("Bias", {}, [2, 3], device="meta")
+    deferred.materialize("cpu")
+    assert deferred.deferred and deferred.params[0].device.type == "cpu"

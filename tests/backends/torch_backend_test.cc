@@ -496,6 +496,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
                         "torch-usage-stale-weights-after-step,torch-usage-checkpoint-drops-last-param,"
                         "torch-usage-eval-pass-keeps-graph,torch-usage-inference-copy-reused,"
                         "torch-usage-output-buffer-reused,torch-usage-recompute-as-eval-pass,"
+                        "torch-usage-deferred-init-reinitialised-at-first-forward,"
                         "torch-usage-checkpoint-drops-delayed-state,torch-fp8-backward-update-skipped,"
                         "torch-fp8-scale-from-older-amaxes",
                         "--cases", "2000", "--recipe", "any", "--seed", "5", "--corpus", (dir_ / "c-usage").string(),
@@ -508,7 +509,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
     ++faults;
     EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
   }
-  EXPECT_EQ(faults, 9);
+  EXPECT_EQ(faults, 10);
 
   const std::string clean = (dir_ / "clean.json").string();
   const CliRun c = cli({"fuzz", "--backend", "torch", "--device", "cpu", "--cases", "2000", "--recipe", "any", "--seed",

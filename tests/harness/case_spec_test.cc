@@ -292,21 +292,25 @@ TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
   spec.repeat_calls[2].recompute = true;
   spec.repeat_calls[2].second_sequential = true;
   spec.read_after_backward = true;
+  spec.deferred_init = true;
   nlohmann::json j;
   to_json(j, spec);
   EXPECT_EQ(j.at("repeat_calls")[2],
             nlohmann::json::parse(
                 R"({"no_grad":false,"input_requires_grad":true,"recompute":true,"second_sequential":true})"));
   EXPECT_TRUE(j.at("read_after_backward").get<bool>());
+  EXPECT_TRUE(j.at("deferred_init").get<bool>());
   EXPECT_EQ(j.get<CaseSpec>(), spec);
-  EXPECT_EQ(spec.usage_elements(), (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute",
-                                                             "read_after_backward", "second_sequential"}));
+  EXPECT_EQ(spec.usage_elements(),
+            (std::vector<std::string>{"update", "inference_mode", "checkpoint", "recompute", "read_after_backward",
+                                      "second_sequential", "deferred_init"}));
   EXPECT_EQ(spec.usage_coverage(),
             (std::vector<std::string>{"training_steps", "eval_pass", "inference_mode", "checkpoint_roundtrip",
-                                      "recompute", "read_after_backward", "op_in_two_fusers"}));
+                                      "recompute", "read_after_backward", "op_in_two_fusers", "deferred_init"}));
   nlohmann::json plain;
   to_json(plain, CaseSpec{});
   EXPECT_FALSE(plain.contains("read_after_backward"));
+  EXPECT_FALSE(plain.contains("deferred_init"));
   j["repeat_calls"][1]["no_grad"] = false;
   try {
     j.get<CaseSpec>();

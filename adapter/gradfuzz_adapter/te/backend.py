@@ -34,6 +34,25 @@ from .params import (
 _UNSAFE_PICKLE = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
 
+def _materialize(op, name):
+    """The second half of deferred initialisation, as TE's users do it: each module holding
+    parameters on "meta" reset (reset_parameters allocates them on the current device and
+    initialises them; basic_linear.py, bias.py, the norms); the caller's values are copied in
+    after. An op that cannot leave "meta" so raises (the path's error, phase create)."""
+    for module in op.modules():
+        if any(p.is_meta for p in module.parameters(recurse=False)):
+            reset = getattr(module, "reset_parameters", None)
+            if reset is None:
+                raise NotImplementedError(
+                    f"{name}: {type(module).__name__} holds parameters on 'meta' and has no "
+                    "reset_parameters"
+                )
+            reset()
+    left = [n for n, p in op.named_parameters() if p.is_meta]
+    if left:
+        raise RuntimeError(f"{name}: parameters still on 'meta' after reset_parameters: {left}")
+
+
 class TEBuilder(Builder):
     """Driver hooks for te.ops. Each path builds fresh ops and a fresh Sequential (TE ops
     and fusers keep state); per-path state lives in self.path.
@@ -111,9 +130,12 @@ class TEBuilder(Builder):
             op_case.output_style,
             op_case.global_input_shape,
         )
-        values = {DEVICE: device, DTYPE: case.dtype}
+        # Deferred initialisation: the op built on "meta", then materialised (_materialize).
+        values = {DEVICE: torch.device("meta") if case.deferred_init else device, DTYPE: case.dtype}
         kwargs = {k: values.get(v, v) if isinstance(v, Symbol) else v for k, v in kwargs.items()}
         op = self._resolve(callee)(*args, **kwargs)
+        if case.deferred_init:
+            _materialize(op, op_case.name)
         params = [p.to(device=device, dtype=case.dtype) for p in op_case.params]
         copy_param_values(op, op_case.name, params)
         set_param_requires_grad(op, op_case.name, op_case.param_requires_grad)

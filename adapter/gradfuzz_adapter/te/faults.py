@@ -302,6 +302,27 @@ def _linear_weight_of_first_call(original):
     return op_forward
 
 
+def _deferred_reinitialised_at_first_forward(original):
+    """BasicLinear.__init__ whose op, built on "meta", initialises its weight again at its
+    first fuser forward whatever happened since (it goes by how it was built, not by where
+    its weight is, as pre_first_fuser_forward should): the values a caller copied in after
+    materialising the op are overwritten."""
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.weight.device.type != "meta":
+            return
+        first = self.pre_first_fuser_forward
+
+        def pre_first_fuser_forward():
+            first()
+            self.reset_parameters()
+
+        self.pre_first_fuser_forward = pre_first_fuser_forward
+
+    return __init__
+
+
 def _parameters_not_loaded(original):
     """BasicOperation._load_from_state_dict that loads the extra state (FP8 metadata) and
     returns without the base class's load: the fresh op keeps its own parameter values."""
@@ -460,6 +481,14 @@ FAULTS = {
             "in place, the op's forward uses the old one",
             f"{_OPS}.basic.basic_linear.BasicLinear.op_forward",
             _linear_weight_of_first_call,
+        ),
+        Fault(
+            "te-usage-deferred-init-reinitialised-at-first-forward",
+            "A BasicLinear built on 'meta' initialises its weight again at its first fuser "
+            "forward (it goes by how it was built, not by where its weight is): the values "
+            "the caller copied in after materialising the op are overwritten",
+            f"{_OPS}.basic.basic_linear.BasicLinear.__init__",
+            _deferred_reinitialised_at_first_forward,
         ),
         Fault(
             "te-usage-checkpoint-params-not-loaded",

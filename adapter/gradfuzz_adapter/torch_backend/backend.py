@@ -66,9 +66,11 @@ class TorchBuilder(Builder):
                 op_case.attrs,
                 op_case.input_shape,
                 dtype=case.dtype,
-                device=device,
+                device="meta" if case.deferred_init else device,
                 output_style=op_case.output_style,
             )
+            if case.deferred_init:
+                op.materialize(device)
         with torch.no_grad():
             for p, value in zip(op.params, op_case.params):
                 p.copy_(value)

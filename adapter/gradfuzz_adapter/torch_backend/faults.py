@@ -228,6 +228,22 @@ def _inference_copy_reused(original):
     return forward
 
 
+def _deferred_reinitialised_at_first_forward(original):
+    """BasicOp.forward that initialises a deferred op's parameters again at its first call
+    (it tells "not initialised yet" by how the op was built, not by where its parameters
+    are), overwriting the values copied in after materialisation."""
+
+    def forward(self, x, extra_inputs):
+        if self.deferred and not getattr(self, "_fault_initialised", False):
+            self._fault_initialised = True
+            with torch.no_grad():
+                for p, value in zip(self.params, self.initial_values(self.params, x.device)):
+                    p.copy_(value)
+        return original(self, x, extra_inputs)
+
+    return forward
+
+
 # ----------------------------------------------------------------------------------------
 # Delayed scaling's state (issue "FP8 state"): faults that keep every value within FP8's
 # error, which only the state check (fp8_state.py) sees.
@@ -388,6 +404,14 @@ FAULTS = {
             "changes",
             "gradfuzz_adapter.torch_backend.runtime.Sequential.__call__",
             output_buffer_reused,
+        ),
+        Fault(
+            "torch-usage-deferred-init-reinitialised-at-first-forward",
+            "An op built on 'meta' and materialised initialises its parameters again at its "
+            "first call (it goes by how it was built, not by where its parameters are), "
+            "overwriting the values the caller copied in after materialisation",
+            "gradfuzz_adapter.torch_backend.runtime.BasicOp.forward",
+            _deferred_reinitialised_at_first_forward,
         ),
         Fault(
             "torch-usage-recompute-as-eval-pass",

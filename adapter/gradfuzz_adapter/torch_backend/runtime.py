@@ -69,6 +69,33 @@ class BasicOp:
         # (the ConstantScale of a BackwardLinearScale): the value as it is, the gradient
         # passed through unchanged.
         self.gradient_passthrough = False
+        # Built on "meta" and materialised (materialize), as deferred initialisation does.
+        self.deferred = False
+
+    # -- deferred initialisation (the usage script's deferred_init)
+
+    @staticmethod
+    def initial_values(params, device):
+        """What reset_parameters gives `params` (their shapes and dtype) on `device`: uniform
+        in +-1/sqrt(fan_in), from a generator of its own (the same values every time)."""
+        generator = torch.Generator().manual_seed(0)
+        out = []
+        for p in params:
+            fan_in = p.shape[-1] if p.dim() > 0 else 1
+            bound = 1.0 / max(fan_in, 1) ** 0.5
+            values = (torch.rand(p.shape, generator=generator, dtype=torch.float64) * 2 - 1) * bound
+            out.append(values.to(device=device, dtype=p.dtype))
+        return out
+
+    def materialize(self, device):
+        """The second half of deferred initialisation: parameters built on "meta" (shapes, no
+        storage) allocated on `device` and initialised as a module's reset_parameters does
+        (uniform in +-1/sqrt(fan_in), from a generator of the op's own); the caller copies
+        its values in after. Marks the op as deferred."""
+        if not all(p.is_meta for p in self.params):
+            raise InvalidArgumentError(f"{self.name}: materialize needs parameters on 'meta'")
+        self.params = self.initial_values(self.params, device)
+        self.deferred = True
 
     # -- a checkpoint (the usage script's round trip, docs/BACKENDS.md "Steps")
 
