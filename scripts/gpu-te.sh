@@ -20,7 +20,8 @@
 #                                           repeat calls, the README's TE quick start
 #             selftest                      the plain planted TE faults (no recipe)
 #             usage                         issue 30: the te-usage-* faults (USAGE_SELFTEST=0:
-#                                           not), USAGE_REPLAY's case files replayed, plain-TE
+#                                           not; USAGE_FAULTS: these), USAGE_REPLAY's case
+#                                           files replayed, USAGE_PYTEST's tests, plain-TE
 #                                           delayed-scaling state probe (probe_te_state.py), a
 #                                           fresh campaign (USAGE_SEED) with its coverage.usage,
 #                                           cases/s usage on and off
@@ -292,7 +293,7 @@ if has usage; then
   # seed with the known file (its coverage.usage counts, no new false positive), and one te
   # worker's (and 12 workers') cases/s with the usage script on and off.
   if [ "${USAGE_SELFTEST:-1}" = 1 ]; then
-    selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)" \
+    selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "${USAGE_FAULTS:-$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)}" \
       --cases 2000 --dtypes float32,bfloat16 --recipe any
   fi
   if [ -n "${USAGE_REPLAY:-}" ]; then
@@ -313,7 +314,7 @@ if has usage; then
   fi
   campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
     --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
-  for w in ${USAGE_TPUT_WORKERS:-1 12}; do
+  for w in ${USAGE_TPUT_WORKERS-1 12}; do
     for u in on off; do
       stage "tput-usage-$u-w$w" $((${TPUT_S:-20} + 25)) "$gf" fuzz --backend "$backend" --device "$device" \
         --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes tiny --workers "$w" --max-shrink-calls 0 \
