@@ -116,6 +116,23 @@ def export(case_spec, found, backend="torch", **extra):
     return export_reply(decode_case(header, tensors), header, "torch", tensors)
 
 
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"repeat_calls": [{"no_grad": True}, {"checkpoint": True}]},
+        {"read_after_backward": True},
+        {"deferred_init": True},
+    ],
+)
+def test_a_case_with_a_usage_script_is_refused_by_name(usage):
+    reply = export(spec(LINEAR, dtype="float32", **usage), finding("output"))
+    assert not reply["ok"]
+    name = next(
+        k for k in ("checkpoint", "read_after_backward", "deferred_init") if k in str(usage)
+    )
+    assert name in reply["error"] and "gradfuzz replay" in reply["error"]
+
+
 def test_every_single_process_torch_fault_has_a_case():
     single = {name for name, fault in FAULTS.items() if not fault.world_size}
     assert single - USAGE_FAULTS == set(TORCH_FAULTS)

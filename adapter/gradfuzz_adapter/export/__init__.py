@@ -48,7 +48,8 @@ def usage_steps(case):
         for s in ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")
         if any(c.get(s) for c in calls)
     ]
-    return steps + (["read_after_backward"] if case.read_after_backward else [])
+    case_wide = [s for s in ("read_after_backward", "deferred_init") if getattr(case, s)]
+    return steps + case_wide
 
 
 def export_reply(case, request, default_backend, tensors=()):
