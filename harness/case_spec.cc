@@ -504,7 +504,14 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
     }
   }
   if (r.has("read_after_backward")) out.read_after_backward = r.child("read_after_backward").boolean();
-  if (r.has("deferred_init")) out.deferred_init = r.child("deferred_init").boolean();
+  if (r.has("deferred_init")) {
+    const Reader deferred = r.child("deferred_init");
+    out.deferred_init = deferred.boolean();
+    if (out.deferred_init && out.world_size != 1) {
+      deferred.fail("deferred initialisation builds one process's ops; this case runs on " +
+                    std::to_string(out.world_size) + " ranks (world_size must be 1)");
+    }
+  }
   if (r.has("input_layout")) {
     const Reader layout = r.child("input_layout");
     out.input_layout = layout.string();

@@ -311,6 +311,15 @@ TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
   to_json(plain, CaseSpec{});
   EXPECT_FALSE(plain.contains("read_after_backward"));
   EXPECT_FALSE(plain.contains("deferred_init"));
+  nlohmann::json ranks = j;
+  ranks["world_size"] = 2;
+  try {
+    ranks.get<CaseSpec>();
+    FAIL() << "deferred_init on two ranks was accepted";
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), "/deferred_init");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("world_size must be 1"));
+  }
   j["repeat_calls"][1]["no_grad"] = false;
   try {
     j.get<CaseSpec>();
