@@ -553,9 +553,15 @@ class TEDialect(Dialect):
                 else f"{targets} = ({value} for t in ({targets}))",
             ]
         fp8 = "te.DType.kFloat8E4M3"
+        # The recipe's scales: power-of-2 ones where it asks for them (its quantizers'
+        # force_pow_2_scales: off by default for current scaling, on for blocks).
+        options = w.recipe.options
+        pow2 = ", force_pow_2_scales=True" if options.get("use_power_2_scales") else ""
+        f32 = ", force_pow_2_scales=False" if options.get("use_f32_scales") else ""
+        block = f"te.Float8BlockQuantizer({fp8}, rowwise=True, columnwise=True{f32})"
         quantizer = {
-            "Float8CurrentScaling": f"te.Float8CurrentScalingQuantizer({fp8}, device=device)",
-            "Float8BlockScaling": f"te.Float8BlockQuantizer({fp8}, rowwise=True, columnwise=True)",
+            "Float8CurrentScaling": f"te.Float8CurrentScalingQuantizer({fp8}, device=device{pow2})",
+            "Float8BlockScaling": block,
         }.get(w.recipe.name)
         if quantizer is None:
             return []

@@ -357,8 +357,11 @@ class TorchDialect(Dialect):
             return []
         targets = ", ".join(names)
         if self._current_scaling(w):  # the recipe's own scale: amax at E4M3's largest value
-            value = 'current_scaling_qdq(t, "E4M3")'
-            one = f'current_scaling_qdq({names[0]}, "E4M3")'
+            # With use_power_2_scales the recipe's grid is the power-of-2 scale's: values
+            # representable at the exact scale are not at that one.
+            pow2 = ", pow2=True" if w.recipe.options.get("use_power_2_scales") else ""
+            value = f'current_scaling_qdq(t, "E4M3"{pow2})'
+            one = f'current_scaling_qdq({names[0]}, "E4M3"{pow2})'
         else:  # DelayedScaling's first scale is 1
             value = "t.to(torch.float8_e4m3fn).to(dtype)"
             one = f"{names[0]}.to(torch.float8_e4m3fn).to(dtype)"
