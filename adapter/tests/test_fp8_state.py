@@ -65,22 +65,19 @@ def test_a_checkpoint_that_loses_the_state_is_told_from_one_updated_while_loadin
     assert [v["what"] for v in other] == ["checkpoint"]
 
 
-def test_a_training_call_must_consume_the_recorded_amax():
+def trained(before, after):
+    """The verdict of a training call (forward and backward with grad) from state `before`
+    to state `after` of one quantizer."""
     check = StateCheck()
-    check.before({"q": entry([0.0, 0.0, 2.0], 224.0)})
+    check.before({"q": before})
+    check.after({"q": after}, forward_trained=True, backward_trained=True, weights={})
+    return check.take()
+
+
+def test_a_training_call_must_consume_the_recorded_amax():
     # The forward recorded 4.0 and its update at autocast exit rolled it: the rule's state.
-    check.after(
-        {"q": entry([0.0, 2.0, 4.0], 112.0)},
-        forward_trained=True,
-        backward_trained=True,
-        weights={},
-    )
-    assert check.take() == {"checked": 1, "violations": []}
-    check.before({"q": entry([0.0, 2.0, 4.0], 112.0)})
-    check.after(
-        {"q": entry([4.0, 2.0, 4.0], 112.0)},
-        forward_trained=True,
-        backward_trained=True,
-        weights={},
-    )
-    assert [v["what"] for v in check.take()["violations"]] == ["update"]
+    ok = trained(entry([0.0, 0.0, 2.0], 224.0), entry([0.0, 2.0, 4.0], 112.0))
+    assert ok == {"checked": 1, "violations": []}
+    # The amax left in slot 0: the update was missed.
+    missed = trained(entry([0.0, 2.0, 4.0], 112.0), entry([4.0, 2.0, 4.0], 112.0))
+    assert [v["what"] for v in missed["violations"]] == ["update"]
