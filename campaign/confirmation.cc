@@ -148,6 +148,7 @@ reports::Confirmation confirm_cluster(CaseRunner& runner, const CaseSpec& spec, 
   if (spec.recipe) {
     CaseSpec v = spec;
     v.recipe.reset();
+    v.drop_unmet_usage();  // the usage elements that need the recipe go with it
     run("no_recipe", "without the " + spec.recipe->name + " recipe", v);
   }
   const auto& dtypes = runner.capabilities().dtypes;

@@ -784,6 +784,46 @@ void draw_usage_script(harness::CaseSpec& spec, const GenOptions& options) {
   }
   if (runs("read_after_backward")) spec.read_after_backward = chance(1, 4);
   if (runs("deferred_init")) spec.deferred_init = chance(1, 8);
+  // Drawn after the elements above, so that their cases stay as they were.
+  const std::string recipe = spec.recipe ? spec.recipe->name : "";
+  if (!recipe.empty() && runs("recipe_change")) {
+    // A call with the recipe off (an evaluation in high precision, say), or DelayedScaling's
+    // history made longer or shorter from a call on.
+    for (auto& call : spec.repeat_calls) {
+      if (chance(1, 6)) {
+        call.recipe_off = true;
+      } else if (recipe == "DelayedScaling" && chance(1, 6)) {
+        const auto it = spec.recipe->options.find("amax_history_len");
+        const int64_t current = it == spec.recipe->options.end() ? 1024 : std::stoll(it->second);
+        std::vector<int64_t> lengths;
+        for (int64_t n : {1, 2, 3, 16}) {
+          if (n != current) lengths.push_back(n);
+        }
+        call.amax_history_len = pick_of(lengths);
+      }
+    }
+  }
+  const auto has = [&](const char* name) {
+    return std::any_of(spec.ops.begin(), spec.ops.end(), [&](const harness::OpSpec& op) { return op.name == name; });
+  };
+  // Several Sequentials for a case that builds: an invalid one fails at a Sequential after
+  // others were built and locked, which one Sequential never does (its construction checks
+  // every fuser first).
+  if (runs("several_sequentials") && has(harness::kBoundaryOp) && is_valid_case(spec)) {
+    spec.several_sequentials = chance(1, 3);
+  }
+  // Quantized weights: their high-precision values are gone, so not under a backward_override
+  // of high_precision (whose backward would read them), nor with deferred initialisation.
+  const auto override_it = spec.recipe ? spec.recipe->options.find("backward_override")
+                                       : std::map<std::string, std::string>::const_iterator{};
+  const bool high_precision_backward =
+      spec.recipe && override_it != spec.recipe->options.end() && override_it->second == "high_precision";
+  if (runs("quantized_params") && !recipe.empty() && recipe != "DelayedScaling" && has("Linear") &&
+      !high_precision_backward && !spec.deferred_init) {
+    spec.quantized_params = chance(1, 4);
+    if (spec.quantized_params && runs("held_quantized_tensor")) spec.held_quantized_tensor = chance(1, 2);
+    spec.drop_unmet_usage();  // a call with the recipe off has no high-precision weights to use
+  }
 }
 
 }  // namespace detail

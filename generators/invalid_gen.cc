@@ -78,6 +78,9 @@ int64_t op_with_inputs(CaseSpec& spec) {
 }
 
 InvalidCase mutate(CaseSpec spec, int64_t which, bool surplus_ignored, int64_t max_tensor_elements) {
+  // One Sequential: its construction checks every fuser before it locks any (several
+  // Sequentials would lock the ones built before the invalid one).
+  spec.several_sequentials = false;
   const auto layout = *compute_layout(spec);
   const int64_t n = static_cast<int64_t>(spec.ops.size());
   int64_t pos = pick(0, n);

@@ -177,11 +177,7 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
     // First, the whole usage script at once: a finding that stays without it is not the
     // script's, and its case exports (exported tests do not write the steps).
     CaseSpec c = spec;
-    for (auto& call : c.repeat_calls) {
-      call.update = call.inference_mode = call.checkpoint = call.recompute = call.second_sequential = false;
-    }
-    c.read_after_backward = false;
-    c.deferred_init = false;
+    c.clear_usage();
     raw.push_back(std::move(c));
   }
   if (spec.world_size > 1) {
@@ -221,17 +217,29 @@ std::vector<CaseSpec> shrink_candidates(const CaseSpec& spec) {
   for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
     for (bool harness::RepeatCall::*flag :
          {&harness::RepeatCall::update, &harness::RepeatCall::inference_mode, &harness::RepeatCall::checkpoint,
-          &harness::RepeatCall::recompute, &harness::RepeatCall::second_sequential}) {
+          &harness::RepeatCall::recompute, &harness::RepeatCall::second_sequential, &harness::RepeatCall::recipe_off}) {
       if (!(spec.repeat_calls[k].*flag)) continue;
       CaseSpec c = spec;
       c.repeat_calls[k].*flag = false;
       raw.push_back(std::move(c));
     }
+    if (spec.repeat_calls[k].amax_history_len > 0) {
+      CaseSpec c = spec;
+      c.repeat_calls[k].amax_history_len = 0;
+      raw.push_back(std::move(c));
+    }
   }
-  for (bool CaseSpec::*flag : {&CaseSpec::read_after_backward, &CaseSpec::deferred_init}) {
+  // held_quantized_tensor before quantized_params (which it needs).
+  for (bool CaseSpec::*flag : {&CaseSpec::read_after_backward, &CaseSpec::deferred_init, &CaseSpec::several_sequentials,
+                               &CaseSpec::held_quantized_tensor}) {
     if (!(spec.*flag)) continue;
     CaseSpec c = spec;
     c.*flag = false;
+    raw.push_back(std::move(c));
+  }
+  if (spec.quantized_params) {
+    CaseSpec c = spec;
+    c.quantized_params = c.held_quantized_tensor = false;
     raw.push_back(std::move(c));
   }
   if (spec.recipe) {

@@ -364,6 +364,9 @@ void canonicalize(CaseSpec& spec) {
       op.extra_input_requires_grad.pop_back();
     }
   }
+  // A usage element whose need an edit removed (the Boundary, the recipe, the Linear) goes
+  // with it.
+  spec.drop_unmet_usage();
 }
 
 }  // namespace gradfuzz::generators

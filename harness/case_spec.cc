@@ -24,36 +24,42 @@ bool CaseSpec::operator==(const CaseSpec& o) const {
          device == o.device && seed == o.seed && extra_input_count_delta == o.extra_input_count_delta &&
          corrupt_split_sizes == o.corrupt_split_sizes && late_binds == o.late_binds && repeat_calls == o.repeat_calls &&
          recipe == o.recipe && world_size == o.world_size && input_layout == o.input_layout &&
-         read_after_backward == o.read_after_backward && deferred_init == o.deferred_init;
+         read_after_backward == o.read_after_backward && deferred_init == o.deferred_init &&
+         several_sequentials == o.several_sequentials && quantized_params == o.quantized_params &&
+         held_quantized_tensor == o.held_quantized_tensor;
 }
 
 namespace {
 
-/// The usage script's elements in the report's order: the RepeatCall flag of a step (or the
-/// CaseSpec flag of an element of the whole case), its capability name (empty: not a step of
-/// its own, the no_grad call every backend runs) and its coverage.usage name.
+/// The usage script's elements in the report's order: whether a repeat call uses it (or,
+/// for an element of the whole case, whether the case does), its capability name (empty: not
+/// a step of its own, the no_grad call every backend runs) and its coverage.usage name.
 struct UsageElement {
-  bool RepeatCall::*flag;
-  bool CaseSpec::*case_flag;
+  bool (*call_uses)(const RepeatCall&);
+  bool (*case_uses)(const CaseSpec&);
   const char* element;
   const char* coverage;
 };
 constexpr UsageElement kUsage[] = {
-    {&RepeatCall::update, nullptr, "update", "training_steps"},
-    {&RepeatCall::no_grad, nullptr, "", "eval_pass"},
-    {&RepeatCall::inference_mode, nullptr, "inference_mode", "inference_mode"},
-    {&RepeatCall::checkpoint, nullptr, "checkpoint", "checkpoint_roundtrip"},
-    {&RepeatCall::recompute, nullptr, "recompute", "recompute"},
-    {nullptr, &CaseSpec::read_after_backward, "read_after_backward", "read_after_backward"},
-    {&RepeatCall::second_sequential, nullptr, "second_sequential", "op_in_two_fusers"},
-    {nullptr, &CaseSpec::deferred_init, "deferred_init", "deferred_init"},
+    {[](const RepeatCall& c) { return c.update; }, nullptr, "update", "training_steps"},
+    {[](const RepeatCall& c) { return c.no_grad; }, nullptr, "", "eval_pass"},
+    {[](const RepeatCall& c) { return c.inference_mode; }, nullptr, "inference_mode", "inference_mode"},
+    {[](const RepeatCall& c) { return c.checkpoint; }, nullptr, "checkpoint", "checkpoint_roundtrip"},
+    {[](const RepeatCall& c) { return c.recompute; }, nullptr, "recompute", "recompute"},
+    {nullptr, [](const CaseSpec& s) { return s.read_after_backward; }, "read_after_backward", "read_after_backward"},
+    {[](const RepeatCall& c) { return c.second_sequential; }, nullptr, "second_sequential", "op_in_two_fusers"},
+    {nullptr, [](const CaseSpec& s) { return s.deferred_init; }, "deferred_init", "deferred_init"},
+    {[](const RepeatCall& c) { return c.changes_recipe(); }, nullptr, "recipe_change", "recipe_change"},
+    {nullptr, [](const CaseSpec& s) { return s.several_sequentials; }, "several_sequentials", "several_sequentials"},
+    {nullptr, [](const CaseSpec& s) { return s.quantized_params; }, "quantized_params", "quantized_params"},
+    {nullptr, [](const CaseSpec& s) { return s.held_quantized_tensor; }, "held_quantized_tensor",
+     "held_quantized_tensor"},
 };
 
 /// Whether `spec` uses element `e`.
 bool uses(const CaseSpec& spec, const UsageElement& e) {
-  if (e.flag == nullptr) return spec.*(e.case_flag);
-  return std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
-                     [&](const RepeatCall& c) { return c.*(e.flag); });
+  if (e.call_uses == nullptr) return e.case_uses(spec);
+  return std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(), e.call_uses);
 }
 
 }  // namespace
@@ -73,6 +79,43 @@ const std::vector<std::string>& usage_coverage_names() {
     return names;
   }();
   return kNames;
+}
+
+void CaseSpec::clear_usage() {
+  for (auto& call : repeat_calls) {
+    call.update = call.inference_mode = call.checkpoint = call.recompute = call.second_sequential = false;
+    call.recipe_off = false;
+    call.amax_history_len = 0;
+  }
+  read_after_backward = deferred_init = several_sequentials = quantized_params = held_quantized_tensor = false;
+}
+
+namespace {
+
+/// Whether the case's recipe keeps the backward in high precision (backward_override
+/// high_precision): a backward that reads the weights' high-precision values.
+bool high_precision_backward(const CaseSpec& spec) {
+  if (!spec.recipe) return false;
+  const auto it = spec.recipe->options.find("backward_override");
+  return it != spec.recipe->options.end() && it->second == "high_precision";
+}
+
+}  // namespace
+
+void CaseSpec::drop_unmet_usage() {
+  const std::string name = recipe ? recipe->name : "";
+  const auto has = [&](const char* op_name) {
+    return std::any_of(ops.begin(), ops.end(), [&](const OpSpec& op) { return op.name == op_name; });
+  };
+  if (!has(kBoundaryOp)) several_sequentials = false;
+  if (name.empty() || name == "DelayedScaling" || !has("Linear") || high_precision_backward(*this)) {
+    quantized_params = false;
+  }
+  if (!quantized_params) held_quantized_tensor = false;
+  for (auto& call : repeat_calls) {
+    if (name.empty() || quantized_params) call.recipe_off = false;
+    if (name != "DelayedScaling") call.amax_history_len = 0;
+  }
 }
 
 std::vector<std::string> CaseSpec::usage_coverage() const {
@@ -172,6 +215,8 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
       if (call.checkpoint) c["checkpoint"] = true;
       if (call.recompute) c["recompute"] = true;
       if (call.second_sequential) c["second_sequential"] = true;
+      if (call.recipe_off) c["recipe_off"] = true;
+      if (call.amax_history_len > 0) c["amax_history_len"] = call.amax_history_len;
       calls.push_back(std::move(c));
     }
     j["repeat_calls"] = std::move(calls);
@@ -186,6 +231,9 @@ void to_json(nlohmann::json& j, const CaseSpec& spec) {
   if (spec.input_layout != "replicated") j["input_layout"] = spec.input_layout;
   if (spec.read_after_backward) j["read_after_backward"] = true;
   if (spec.deferred_init) j["deferred_init"] = true;
+  if (spec.several_sequentials) j["several_sequentials"] = true;
+  if (spec.quantized_params) j["quantized_params"] = true;
+  if (spec.held_quantized_tensor) j["held_quantized_tensor"] = true;
   if (spec.extra_input_count_delta != 0) j["extra_input_count_delta"] = spec.extra_input_count_delta;
   if (spec.corrupt_split_sizes) j["corrupt_split_sizes"] = true;
   if (!spec.late_binds.empty()) {
@@ -395,11 +443,79 @@ int64_t op_index(const Reader& r, const CaseSpec& spec) {
 
 }  // namespace
 
+namespace {
+
+/// The usage elements' flags of the whole case and what each element needs of the case, with
+/// the JSON path of the offending key (read after everything else).
+void check_usage_needs(const Reader& r, CaseSpec& out) {
+  for (auto [key, flag] : {std::pair{"several_sequentials", &CaseSpec::several_sequentials},
+                           std::pair{"quantized_params", &CaseSpec::quantized_params},
+                           std::pair{"held_quantized_tensor", &CaseSpec::held_quantized_tensor}}) {
+    if (r.has(key)) out.*flag = r.child(key).boolean();
+  }
+  const std::string recipe = out.recipe ? out.recipe->name : "";
+  const bool has_boundary =
+      std::any_of(out.ops.begin(), out.ops.end(), [](const OpSpec& op) { return op.name == kBoundaryOp; });
+  if (out.several_sequentials && !has_boundary) {
+    r.child("several_sequentials")
+        .fail("several Sequentials are the runs of ops between Boundary modules; this case has no Boundary");
+  }
+  const bool has_linear =
+      std::any_of(out.ops.begin(), out.ops.end(), [](const OpSpec& op) { return op.name == "Linear"; });
+  if (out.quantized_params && (recipe.empty() || recipe == "DelayedScaling" || !has_linear)) {
+    r.child("quantized_params")
+        .fail(
+            "quantized parameters are Linear weights quantized by the case's recipe: they need a Linear and a "
+            "recipe other than DelayedScaling, got " +
+            (recipe.empty() ? std::string("no recipe") : recipe) + (has_linear ? "" : " and no Linear"));
+  }
+  if (out.quantized_params && high_precision_backward(out)) {
+    r.child("quantized_params")
+        .fail("quantized weights keep no high-precision values for a backward_override of high_precision");
+  }
+  if (out.held_quantized_tensor && !out.quantized_params) {
+    r.child("held_quantized_tensor")
+        .fail("the held quantized tensors are the quantized weights: it needs quantized_params");
+  }
+  for (size_t k = 0; k < out.repeat_calls.size(); ++k) {
+    const RepeatCall& call = out.repeat_calls[k];
+    const Reader entry(r.child("repeat_calls").json().at(k), "/repeat_calls/" + std::to_string(k));
+    if (call.recipe_off && recipe.empty()) entry.child("recipe_off").fail("the case has no recipe to turn off");
+    if (call.recipe_off && out.quantized_params) {
+      entry.child("recipe_off").fail("quantized weights keep no high-precision values for a call with the recipe off");
+    }
+    if (call.amax_history_len > 0 && recipe != "DelayedScaling") {
+      entry.child("amax_history_len")
+          .fail("amax_history_len is an option of DelayedScaling; the case's recipe is " +
+                (recipe.empty() ? std::string("none") : recipe));
+    }
+  }
+}
+
+}  // namespace
+
 void from_json(const nlohmann::json& j, CaseSpec& spec) {
   Reader r(j, "");
-  r.expect_object({"ops", "fusions", "call_then_bind", "input_requires_grad", "input_shape", "dtype", "device", "seed",
-                   "extra_input_count_delta", "corrupt_split_sizes", "late_binds", "repeat_calls", "recipe",
-                   "world_size", "input_layout", "read_after_backward", "deferred_init"});
+  r.expect_object({"ops",
+                   "fusions",
+                   "call_then_bind",
+                   "input_requires_grad",
+                   "input_shape",
+                   "dtype",
+                   "device",
+                   "seed",
+                   "extra_input_count_delta",
+                   "corrupt_split_sizes",
+                   "late_binds",
+                   "repeat_calls",
+                   "recipe",
+                   "world_size",
+                   "input_layout",
+                   "read_after_backward",
+                   "deferred_init",
+                   "several_sequentials",
+                   "quantized_params",
+                   "held_quantized_tensor"});
   CaseSpec out;
   for (const Reader& op : r.required("ops").elements()) out.ops.push_back(op_from_json(op));
   if (r.has("fusions")) {
@@ -456,7 +572,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
   if (r.has("repeat_calls")) {
     for (const Reader& entry : r.child("repeat_calls").elements()) {
       entry.expect_object({"no_grad", "input_requires_grad", "update", "inference_mode", "checkpoint", "recompute",
-                           "second_sequential"});
+                           "second_sequential", "recipe_off", "amax_history_len"});
       RepeatCall call;
       if (entry.has("no_grad")) call.no_grad = entry.child("no_grad").boolean();
       if (entry.has("input_requires_grad")) call.input_requires_grad = entry.child("input_requires_grad").boolean();
@@ -465,6 +581,15 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       if (entry.has("checkpoint")) call.checkpoint = entry.child("checkpoint").boolean();
       if (entry.has("recompute")) call.recompute = entry.child("recompute").boolean();
       if (entry.has("second_sequential")) call.second_sequential = entry.child("second_sequential").boolean();
+      if (entry.has("recipe_off")) call.recipe_off = entry.child("recipe_off").boolean();
+      if (entry.has("amax_history_len")) {
+        const Reader len = entry.child("amax_history_len");
+        call.amax_history_len = len.integer();
+        if (call.amax_history_len < 1 || call.amax_history_len > (int64_t{1} << 20)) {
+          len.fail("expected an amax history length in [1, 1048576], got " + std::to_string(call.amax_history_len));
+        }
+        if (call.recipe_off) len.fail("a call with the recipe off changes no option of it: drop one of the two");
+      }
       if (call.inference_mode && !call.no_grad) {
         entry.child("inference_mode").fail("inference_mode is an evaluation pass: it needs no_grad true");
       }
@@ -531,6 +656,7 @@ void from_json(const nlohmann::json& j, CaseSpec& spec) {
       out.late_binds.push_back(std::move(step));
     }
   }
+  check_usage_needs(r, out);
   spec = std::move(out);
 }
 

@@ -92,13 +92,27 @@ struct RepeatCall {
   /// Before the call, the same op objects put into a second Sequential (a fuser of their
   /// own), which runs this call and the ones after it.
   bool second_sequential = false;
+  /// The call runs with the case's recipe disabled (TE: autocast(enabled=False)), in high
+  /// precision; it must leave every quantizer's state (delayed scaling's scale and amax
+  /// history) as it found it, and the calls after it run under the recipe again. Needs a
+  /// recipe.
+  bool recipe_off = false;
+  /// From this call on, DelayedScaling's amax_history_len is this (0: unchanged): each
+  /// history keeps its first slots or is padded with zeros at its end, the scale kept
+  /// (op.py: BasicOperation.reset_recipe_state). Needs a DelayedScaling recipe.
+  int64_t amax_history_len = 0;
 
+  /// Whether the call changes the recipe (coverage.usage "recipe_change").
+  bool changes_recipe() const { return recipe_off || amax_history_len > 0; }
   /// Whether the call does anything beyond a plain repeat call.
-  bool uses_steps() const { return update || inference_mode || checkpoint || recompute || second_sequential; }
+  bool uses_steps() const {
+    return update || inference_mode || checkpoint || recompute || second_sequential || changes_recipe();
+  }
   bool operator==(const RepeatCall& o) const {
     return no_grad == o.no_grad && input_requires_grad == o.input_requires_grad && update == o.update &&
            inference_mode == o.inference_mode && checkpoint == o.checkpoint && recompute == o.recompute &&
-           second_sequential == o.second_sequential;
+           second_sequential == o.second_sequential && recipe_off == o.recipe_off &&
+           amax_history_len == o.amax_history_len;
   }
 };
 
@@ -139,6 +153,20 @@ struct CaseSpec {
   /// materialised on the case's device before its values are copied in: the case must run
   /// as the one built directly.
   bool deferred_init = false;
+  /// Each run of ops between Boundary modules is a Sequential of its own, the Sequentials
+  /// and Boundaries called one after another in one autocast (the case must hold a
+  /// Boundary): the same results and quantization states as the one Sequential.
+  bool several_sequentials = false;
+  /// Every Linear's weight built as a quantized tensor of the case's recipe (TE:
+  /// quantized_model_init around the op's construction), written through it at every
+  /// optimizer step; the weight's quantizer derives its scale from the weight itself, so
+  /// the results are the recipe's as before. Needs a recipe other than DelayedScaling.
+  bool quantized_params = false;
+  /// With quantized_params: the caller holds every quantized weight and reads it after each
+  /// call: dequantize() within one FP8 step of the values last written (it follows every
+  /// optimizer step), carrying autograd, its shape, and its column-wise copy the row-wise
+  /// one's transpose.
+  bool held_quantized_tensor = false;
   /// Ranks the case runs on (harness/sharding.h): 1 is one process, as every case before
   /// distributed cases; N > 1 runs the same Sequential on N processes, each on its slice of
   /// the same values. At most kMaxWorldSize.
@@ -163,8 +191,18 @@ struct CaseSpec {
   /// The report's coverage.usage names the case counts in (fuzzer.md "Coverage"):
   /// "training_steps" (an optimizer step between calls), "eval_pass" (a no_grad call),
   /// "inference_mode", "checkpoint_roundtrip", "recompute", "read_after_backward",
-  /// "op_in_two_fusers", "deferred_init".
+  /// "op_in_two_fusers", "deferred_init", "recipe_change", "several_sequentials",
+  /// "quantized_params", "held_quantized_tensor".
   std::vector<std::string> usage_coverage() const;
+  /// The case without any element of its usage script (the shrinker's first try).
+  void clear_usage();
+  /// Drops each usage element whose need the case does not meet (case files with them are
+  /// refused at load): several_sequentials without a Boundary, quantized_params without a
+  /// Linear or a recipe other than DelayedScaling, held_quantized_tensor without
+  /// quantized_params, recipe_off without a recipe or with quantized_params (its weights
+  /// keep no high-precision values; nor under backward_override high_precision),
+  /// amax_history_len without DelayedScaling.
+  void drop_unmet_usage();
   /// Number of catalog ops (Boundary modules not counted).
   int64_t num_ops() const;
 };

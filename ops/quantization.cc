@@ -829,6 +829,17 @@ const DelayedQuantizer& find_delayed(const QuantizationState& state, int64_t op,
 }
 }  // namespace
 
+void ReferenceQuantization::set_amax_history_len(int64_t length) {
+  const QuantRecipe& recipe = recipe_of(*state_, "set_amax_history_len");
+  if (recipe.kind != RecipeKind::kDelayedScaling || length < 1) {
+    throw InvalidArgumentError(
+        "ReferenceQuantization: set_amax_history_len needs DelayedScaling and a length >= 1, got " +
+        std::to_string(length));
+  }
+  state_->recipe->amax_history_len = length;
+  for (auto& [key, q] : state_->delayed) q.history.resize(static_cast<size_t>(length), 0.0F);
+}
+
 float ReferenceQuantization::delayed_scale(int64_t op, QuantRole role, int64_t group) const {
   return find_delayed(*state_, op, role, group).scale;
 }

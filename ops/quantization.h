@@ -342,6 +342,12 @@ class ReferenceQuantization {
   /// delayed-scaling grad_output quantizer updates the same way.
   void after_backward();
 
+  /// DelayedScaling's amax_history_len changed to `length` (>= 1) between calls: every
+  /// history keeps its first `length` slots or is padded with zeros at its end, its scale
+  /// kept, and quantizers made later get `length` slots (op.py: reset_recipe_state for a
+  /// recipe of the same type). InvalidArgumentError without a DelayedScaling recipe.
+  void set_amax_history_len(int64_t length);
+
   /// The current scale of a delayed-scaling quantizer; InvalidArgumentError when there is none.
   float delayed_scale(int64_t op, QuantRole role, int64_t group = 0) const;
   /// Its amax history, slot 0 first; InvalidArgumentError when there is none.

@@ -247,7 +247,7 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
   const bool delayed = case_.recipe && case_.recipe->kind == ops::RecipeKind::kDelayedScaling;
   bool stepped = false;
   if (reference_.ok() && (delayed || std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
-                                                 [](const RepeatCall& c) { return c.update; }))) {
+                                                 [](const RepeatCall& c) { return c.update || c.recipe_off; }))) {
     // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
     // histories, so each repeat call has a reference of its own, in order, on one state.
     // After an optimizer step (RepeatCall::update) a call runs on the step's parameters: a
@@ -255,7 +255,9 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
     for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
       const RepeatCall& call = spec.repeat_calls[k];
       stepped = stepped || call.update;
-      if (!delayed && !stepped) {
+      // A changed history length applies from this call on (the state's histories resized).
+      if (delayed && call.amax_history_len > 0) call_quantization_->set_amax_history_len(call.amax_history_len);
+      if (!delayed && !stepped && !call.recipe_off) {
         PathRun none;
         none.status = PathStatus::kSkipped;  // the first call's reference stands for it
         repeat_references_.push_back(std::move(none));
@@ -263,9 +265,12 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
       }
       CaseSpec call_spec = spec;
       call_spec.input_requires_grad = call.input_requires_grad;
-      repeat_references_.push_back(
-          evaluate_call({call_spec, nullptr, delayed ? call_quantization_.get() : nullptr, call.no_grad},
-                        stepped ? values.for_call(k) : values, at::kDouble, {}, nullptr, {}, Trace::kOff));
+      // A call with the recipe off runs in high precision and leaves the recipe's state alone.
+      const std::unique_ptr<ops::ReferenceQuantization> off = call.recipe_off ? without_recipe() : nullptr;
+      ops::ReferenceQuantization* state = off ? off.get() : delayed ? call_quantization_.get() : nullptr;
+      repeat_references_.push_back(evaluate_call({call_spec, nullptr, state, call.no_grad},
+                                                 stepped ? values.for_call(k) : values, at::kDouble, {}, nullptr, {},
+                                                 Trace::kOff));
     }
   }
   // A repeat call whose input requires grad when the first call's does not: the input's
@@ -341,6 +346,11 @@ std::unique_ptr<ops::ReferenceQuantization> ReferenceSet::fresh_quantization(con
     }
   }
   return q;
+}
+
+std::unique_ptr<ops::ReferenceQuantization> ReferenceSet::without_recipe() const {
+  if (!case_.quantizes) return nullptr;
+  return std::make_unique<ops::ReferenceQuantization>();
 }
 
 PathRun ReferenceSet::expected_for_call(size_t k) const {

@@ -145,6 +145,9 @@ class ReferenceSet {
     ops::ReferenceQuantization* state = nullptr;
     bool no_grad = false;
   };
+  /// What a call with the recipe off quantizes (cache_quantized_input alone), nullptr where
+  /// the case quantizes nothing.
+  std::unique_ptr<ops::ReferenceQuantization> without_recipe() const;
   harness::PathRun evaluate_call(const Call& call, const harness::CaseTensors& values, at::ScalarType dtype,
                                  const Quantization& quantization, ops::KinkProbe* probe, const Noise& noise,
                                  Trace trace) const;

@@ -738,6 +738,8 @@ class CaseRun {
         CaseSpec as_first = spec_;
         as_first.input_requires_grad = call.input_requires_grad;
         as_first.repeat_calls.clear();
+        if (call.recipe_off) as_first.recipe.reset();  // the call ran in high precision
+        as_first.drop_unmet_usage();
         RunOptions o = options_;
         o.attribute_in_place = false;
         o.confirm_in_wide_dtype = false;

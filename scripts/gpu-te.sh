@@ -23,7 +23,10 @@
 #                                           not; USAGE_FAULTS: these), USAGE_REPLAY's case
 #                                           files replayed, USAGE_PYTEST's tests, plain-TE
 #                                           delayed-scaling state probe (probe_te_state.py), a
-#                                           fresh campaign (USAGE_SEED) with its coverage.usage,
+#                                           fresh campaign (USAGE_SEED; USAGE_CAMPAIGN=0: no
+#                                           probe, no campaign) with its coverage.usage,
+#                                           cases/s on and off per USAGE_TPUT_SHAPES (tiny)
+#                                           and USAGE_TPUT_WORKERS (1 12),
 #                                           cases/s usage on and off
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
 #                                           of findings not yet explained), when present
@@ -308,18 +311,23 @@ if has usage; then
     stage usage-pytest 120 python3 -m pytest -q -p no:cacheprovider $USAGE_PYTEST
     say "$(grep -E 'passed|failed|Error|assert' "$work/usage-pytest.log" | tail -8 | cut -c1-400)"
   fi
-  if [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
-    stage probe-state 90 python3 adapter/tests/probe_te_state.py --out "$work/probe_te_state.json"
-    say "$(grep '^\[' "$work/probe-state.log" | cut -c1-600)"
+  if [ "${USAGE_CAMPAIGN:-1}" = 1 ]; then
+    if [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
+      stage probe-state 90 python3 adapter/tests/probe_te_state.py --out "$work/probe_te_state.json"
+      say "$(grep '^\[' "$work/probe-state.log" | cut -c1-600)"
+    fi
+    campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
+      --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
   fi
-  campaign_cases usage-campaign "${CASES:-2000}" "${USAGE_S:-150}" --seed "${USAGE_SEED:-307}" \
-    --dtypes float32,bfloat16 --shapes tiny --recipe any --known "$known"
-  for w in ${USAGE_TPUT_WORKERS-1 12}; do
-    for u in on off; do
-      stage "tput-usage-$u-w$w" $((${TPUT_S:-20} + 25)) "$gf" fuzz --backend "$backend" --device "$device" \
-        --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes tiny --workers "$w" --max-shrink-calls 0 \
-        --usage "$u" --known "$known" --corpus "$work/tput-usage-$u-w$w" --report "$work/tput-usage-$u-w$w.json" --quiet
-      say "  tput-usage-$u-w$w: $(report_line "$work/tput-usage-$u-w$w.json")"
+  for shapes in ${USAGE_TPUT_SHAPES:-tiny}; do
+    for w in ${USAGE_TPUT_WORKERS-1 12}; do
+      for u in on off; do
+        n="tput-usage-$u-w$w-$shapes"
+        stage "$n" $((${TPUT_S:-20} + 25)) "$gf" fuzz --backend "$backend" --device "$device" \
+          --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes "$shapes" --workers "$w" --max-shrink-calls 0 \
+          --usage "$u" --known "$known" --corpus "$work/$n" --report "$work/$n.json" --quiet
+        say "  $n: $(report_line "$work/$n.json")"
+      done
     done
   done
 fi

@@ -84,6 +84,13 @@ class Case:
     # Every op built on device "meta" and materialised before its values are copied in
     # (spec.deferred_init; Builder.create_op does both).
     deferred_init: bool = False
+    # Each run of ops between Boundary modules a Sequential of its own, all called in one
+    # autocast (spec.several_sequentials; driver.Chain).
+    several_sequentials: bool = False
+    # Every Linear's weight a quantized tensor of the recipe (spec.quantized_params), and
+    # the caller reads those weights after each call (spec.held_quantized_tensor).
+    quantized_params: bool = False
+    held_quantized_tensor: bool = False
 
     @property
     def catalog_ops(self):
@@ -232,6 +239,9 @@ def decode_case(request, tensors):
         step_params=_step_params(values, spec, tensors),
         read_after_backward=bool(spec.get("read_after_backward", False)),
         deferred_init=bool(spec.get("deferred_init", False)),
+        several_sequentials=bool(spec.get("several_sequentials", False)),
+        quantized_params=bool(spec.get("quantized_params", False)),
+        held_quantized_tensor=bool(spec.get("held_quantized_tensor", False)),
     )
 
 

@@ -56,6 +56,19 @@ def _cost(what):
         COST[what + "_s"] += time.perf_counter() - start
 
 
+@dataclasses.dataclass
+class HeldWeight:
+    """A quantized weight as its caller reads it (spec.held_quantized_tensor): `tensor` the
+    parameter itself (dequantize(), shape, size()); `copies` its row-wise data and its
+    column-wise data laid out as the row-wise (transposed back), raw (FP8 codes as bytes, and
+    their scales), where the column-wise copy is exactly the row-wise one's transpose for
+    this format (per-tensor scaling, 2D blocks), else None."""
+
+    op: int
+    tensor: torch.Tensor
+    copies: list | None = None
+
+
 class Builder:
     """What a backend implements for the driver. Every method gets the op objects it made."""
 
@@ -157,6 +170,26 @@ class Builder:
         quantization state), the scratch run keeps apart, as if it ran in a process of its
         own."""
         yield
+
+    @contextlib.contextmanager
+    def recipe_off_scope(self):
+        """A call with the case's recipe disabled (spec.repeat_calls[k].recipe_off): every
+        forward (and its backward) under it runs in high precision, as a call outside TE's
+        autocast does, and must leave every quantizer's state as it was. A backend that
+        lists "recipe_change" in capabilities.usage implements it."""
+        raise NotImplementedError(f"the {self.name} backend has no recipe_off_scope")
+        yield  # pragma: no cover
+
+    def set_amax_history_len(self, ops, case, length):
+        """DelayedScaling's amax_history_len is `length` from the next call on
+        (spec.repeat_calls[k].amax_history_len): te, a recipe with that length, whose
+        histories TE's fuser resizes at the next forward."""
+        raise NotImplementedError(f"the {self.name} backend has no set_amax_history_len")
+
+    def held_weights(self, ops, case):
+        """[HeldWeight] of every Linear's quantized weight (spec.quantized_params), read by
+        the caller after each call (held_quantized_tensor)."""
+        raise NotImplementedError(f"the {self.name} backend has no held_weights")
 
     def delayed_states(self, ops, case):
         """{key: fp8_state.state_entry(...)} of every delayed-scaling quantizer of the ops
@@ -1386,11 +1419,177 @@ def _build(builder, case, device, values, built):
     built.locked_before = [
         op is not None and not c.boundary and builder.is_locked(op) for op, c in zip(ops, case.ops)
     ]
-    built.seq = builder.make_sequential(ops)
+    built.seq = make_sequential(builder, case, ops)
 
     built.phase = PHASE_LATE_BIND
     for index, slot, channel in case.late_binds:
         builder.bind_input(ops[index], slot, channel)
+
+
+def make_sequential(builder, case, ops):
+    """The path's Sequential over `ops`: one (builder.make_sequential), or with
+    case.several_sequentials a Chain of one per run of ops between Boundary modules."""
+    if not case.several_sequentials:
+        return builder.make_sequential(ops)
+    return Chain(builder, case, ops)
+
+
+class Chain:
+    """spec.several_sequentials: each run of ops between Boundary modules a Sequential of its
+    own (builder.make_sequential), called one after another with the Boundaries between
+    them, in the one autocast builder.forward enters around the call. A caller splits the
+    public extra inputs itself: each Sequential takes those of its ops' unbound input slots,
+    in op order, and the extra outputs come back concatenated in the same order, as one
+    Sequential returns them. It shows the backends what they read of one Sequential: the
+    torch runtime's `fusers` and `modules`, TE's `_module_groups`."""
+
+    def __init__(self, builder, case, ops):
+        self.parts = []  # (module, None) for a Boundary, (Sequential, public extra inputs)
+        self.modules = list(ops)
+        run = []
+
+        def flush():
+            if run:
+                count = sum(
+                    1
+                    for op_case in run
+                    for slot, channel in enumerate(op_case.input_channels)
+                    if channel is None and slot < len(op_case.extra_input_kinds)
+                )
+                seq = builder.make_sequential([ops[op_case.index] for op_case in run])
+                self.parts.append((seq, count))
+                run.clear()
+
+        for op_case in case.ops:
+            if op_case.boundary:
+                flush()
+                self.parts.append((ops[op_case.index], None))
+            else:
+                run.append(op_case)
+        flush()
+
+    @property
+    def sequentials(self):
+        return [seq for seq, count in self.parts if count is not None]
+
+    @property
+    def fusers(self):
+        return [f for seq in self.sequentials for f in seq.fusers]
+
+    @property
+    def _module_groups(self):
+        groups = []
+        for part, count in self.parts:
+            if count is None:
+                groups.append(part)
+                continue
+            mine = getattr(part, "_module_groups", None)
+            if mine is None:
+                return None  # a Sequential that has not built its fusers yet
+            groups.extend(mine)
+        return groups
+
+    def __call__(self, x, *extra_inputs):
+        wanted = sum(count for _, count in self.parts if count is not None)
+        if len(extra_inputs) != wanted:
+            raise ValueError(
+                f"the Sequentials take {wanted} public extra inputs together, got "
+                f"{len(extra_inputs)}"
+            )
+        extra_outputs = []
+        taken = 0
+        for part, count in self.parts:
+            if count is None:
+                x = part(x)
+                continue
+            out = part(x, *extra_inputs[taken : taken + count])
+            taken += count
+            if isinstance(out, tuple):
+                x = out[0]
+                extra_outputs.extend(out[1:])
+            else:
+                x = out
+        return x if not extra_outputs else (x, *extra_outputs)
+
+
+def _written_weight(case, op_case, index):
+    """The high-precision weight last written into `op_case`'s Linear before call `index` (0
+    the first call): the case's, or the last optimizer step's."""
+    weight = op_case.params[0]
+    for k, call in enumerate(repeat_calls(case)[:index], start=1):
+        if call["update"]:
+            weight = case.step_params[k - 1][op_case.index][0]
+    return weight
+
+
+def _read_held_weights(builder, case, ops, call):
+    """spec.held_quantized_tensor: after the call, the caller reads every quantized weight
+    it holds (builder.held_weights). dequantize() must follow the values last written (one
+    FP8 step of them: a copy the call or the optimizer step left stale is off by far more)
+    and carry autograd where the weight requires grad; shape and size() must be the
+    weight's; the column-wise copy must be the row-wise one's transpose where the format
+    makes it so. What is wrong goes into the call's fp8_state as a violation of its own
+    ("held_weight[0]"; oracle::check_fp8_state)."""
+    if not case.held_quantized_tensor:
+        return
+    verdict = call.fp8_state if call.fp8_state is not None else {"checked": 0, "violations": []}
+    by_index = {op_case.index: op_case for op_case in case.catalog_ops}
+
+    def violate(op, what, note):
+        verdict["violations"].append(
+            {"op": op, "quantizer": "held_weight[0]", "what": what, "note": note}
+        )
+
+    for held in builder.held_weights(ops, case):
+        verdict["checked"] += 1
+        w = held.tensor
+        want = _written_weight(case, by_index[held.op], call.index).detach()
+        shape = tuple(want.shape)
+        sizes = tuple(w.size(d) for d in range(len(shape))) if w.dim() == len(shape) else ()
+        if tuple(w.shape) != shape or sizes != shape:
+            violate(
+                held.op,
+                "shape",
+                f"the weight's shape is {list(w.shape)} and size() {list(sizes)}; its values "
+                f"are {list(shape)}",
+            )
+            continue
+        with torch.enable_grad():
+            deq = w.dequantize()
+        if w.requires_grad and not deq.requires_grad:
+            violate(
+                held.op,
+                "autograd",
+                "dequantize() of a weight that requires grad hands back a tensor without autograd",
+            )
+        got = deq.detach().to(device="cpu", dtype=torch.float64)
+        ref = want.to(device="cpu", dtype=torch.float64)
+        # One FP8 step: E4M3's relative half-step is 2^-4 (E5M2's 2^-3), below the smallest
+        # normal an absolute 2^-10 of the block's scale, at most amax/448 (and the weight's
+        # own dtype rounds the dequantized value once more).
+        allowance = ref.abs() * 2.0**-3 + ref.abs().max() * 2.0**-12
+        worst = (got - ref).abs() - allowance
+        if bool((worst > 0).any()):
+            at = int(worst.argmax())
+            violate(
+                held.op,
+                "dequantize",
+                f"dequantize() gives {float(got.flatten()[at]):.9g} at element {at} where "
+                f"the weight last written holds {float(ref.flatten()[at]):.9g} (more than "
+                "one FP8 step apart: the quantized copy did not follow the write)",
+            )
+        copies = held.copies or []
+        for r, c in zip(copies[0::2], copies[1::2]):
+            if r.shape != c.shape or not torch.equal(r, c):
+                differ = "its shape" if r.shape != c.shape else "its codes"
+                violate(
+                    held.op,
+                    "columnwise",
+                    f"the column-wise copy is not the row-wise one's transpose ({differ} "
+                    f"differ: {list(c.shape)} against {list(r.shape)})",
+                )
+                break
+    call.fp8_state = verdict
 
 
 def _carries_graph(out, given):
@@ -1430,13 +1629,23 @@ class _States:
         self.check.before(self.states(ops), checkpointed=self.saved)
         self.saved = None
 
-    def after_call(self, ops, trained):
-        self.check.after(
-            self.states(ops),
-            forward_trained=trained,
-            backward_trained=trained,
-            weights=self.weights,
-        )
+    def resize_at_next_call(self, length):
+        """The recipe's amax_history_len is `length` from the next call on (the states after
+        the last call resized: StateCheck.resize)."""
+        self.check.resize(length)
+
+    def after_call(self, ops, trained, quantized=True):
+        """The call's verdict; `quantized` False: it ran with the recipe off and must have
+        left every state as it was."""
+        if quantized:
+            self.check.after(
+                self.states(ops),
+                forward_trained=trained,
+                backward_trained=trained,
+                weights=self.weights,
+            )
+        else:
+            self.check.untouched(self.states(ops))
         return self.check.take()
 
     def stepped(self, params):
@@ -1501,6 +1710,7 @@ def _run_call(
     record_plans=False,
     inference=False,
     recompute=False,
+    recipe_off=False,
     held=None,
     states=None,
 ):
@@ -1510,7 +1720,8 @@ def _run_call(
     entered around forward and backward (the writer instrumentation). `record_plans`: keep
     the plans as the forward made them (call.forward_plans). The usage script's steps:
     `inference` (with no_grad: under torch.inference_mode), `recompute` (the forward under
-    torch.utils.checkpoint), `held` (with case.read_after_backward: [(name, tensor)] the
+    torch.utils.checkpoint), `recipe_off` (forward and backward with the recipe disabled:
+    builder.recipe_off_scope), `held` (with case.read_after_backward: [(name, tensor)] the
     caller holds from earlier calls; this call's outputs are appended). `states`: the path's
     _States (delayed scaling's state judged before and after the call)."""
     ops, seq = built.ops, built.seq
@@ -1529,7 +1740,8 @@ def _run_call(
     if states is not None:
         states.before_call(ops)
     scope = tracker_scope(caller) if tracker_scope is not None else contextlib.nullcontext()
-    with scope:
+    recipe_scope = builder.recipe_off_scope() if recipe_off else contextlib.nullcontext()
+    with scope, recipe_scope:
         with _grad_mode(no_grad, inference):
             if recompute:
                 outputs = list(
@@ -1565,7 +1777,8 @@ def _run_call(
         if no_grad:
             call.modified = caller.modified()
             if states is not None:
-                call.fp8_state = states.after_call(ops, trained=False)
+                call.fp8_state = states.after_call(ops, trained=False, quantized=not recipe_off)
+            _read_held_weights(builder, case, ops, call)
             return
 
         built.phase = PHASE_BACKWARD
@@ -1632,7 +1845,8 @@ def _run_call(
     call.grads = grads
     call.modified = caller.modified()
     if states is not None:
-        call.fp8_state = states.after_call(ops, trained=True)
+        call.fp8_state = states.after_call(ops, trained=True, quantized=not recipe_off)
+    _read_held_weights(builder, case, ops, call)
 
 
 def _fail(builder, result, exc, phase):
@@ -1696,7 +1910,12 @@ def _fresh_plans(builder, case, device, values, repeat_call):
             values.fresh(("extra", k), e, rg)
             for k, (e, rg) in enumerate(zip(case.extra_inputs, case.extra_input_requires_grad))
         ]
-        with torch.set_grad_enabled(not repeat_call["no_grad"]):
+        recipe_scope = (
+            builder.recipe_off_scope()
+            if repeat_call.get("recipe_off")
+            else contextlib.nullcontext()
+        )
+        with torch.set_grad_enabled(not repeat_call["no_grad"]), recipe_scope:
             builder.forward(built.seq, x, extras)
         return builder.plans(built.seq, case, built.ops)
 
@@ -1705,18 +1924,29 @@ _STEPS = ("update", "inference_mode", "checkpoint", "recompute", "second_sequent
 # capabilities.usage of a backend whose Builder has the steps' methods (set_params, save_state,
 # load_state) and builds deferred ops (create_op with case.deferred_init): every element the
 # driver runs (harness/capabilities.h: usage).
-USAGE = (*_STEPS, "read_after_backward", "deferred_init")
+USAGE = (
+    *_STEPS,
+    "read_after_backward",
+    "deferred_init",
+    "recipe_change",
+    "several_sequentials",
+    "quantized_params",
+    "held_quantized_tensor",
+)
 
 
 def repeat_calls(case):
     """spec.repeat_calls as [{"no_grad", "input_requires_grad", "update", "inference_mode",
-    "checkpoint", "recompute"}] (harness/case_spec.h: RepeatCall's defaults: false, true, and
-    false for the usage script's steps)."""
+    "checkpoint", "recompute", "second_sequential", "recipe_off", "amax_history_len"}]
+    (harness/case_spec.h: RepeatCall's defaults: false, true, false for the usage script's
+    steps, 0 for the history length)."""
     return [
         {
             "no_grad": bool(c.get("no_grad", False)),
             "input_requires_grad": bool(c.get("input_requires_grad", True)),
             **{step: bool(c.get(step, False)) for step in _STEPS},
+            "recipe_off": bool(c.get("recipe_off", False)),
+            "amax_history_len": int(c.get("amax_history_len", 0)),
         }
         for c in case.spec.get("repeat_calls") or []
     ]
@@ -1860,7 +2090,13 @@ class _Watch:
 
 
 def _pattern(repeat_call):
-    return (repeat_call["no_grad"], repeat_call["input_requires_grad"])
+    """What a fresh Sequential's plans depend on: grad mode, the input's requires-grad, and
+    whether the recipe is on (TE keys its plans on the recipe type)."""
+    return (
+        repeat_call["no_grad"],
+        repeat_call["input_requires_grad"],
+        repeat_call.get("recipe_off", False),
+    )
 
 
 def _run_repeat(
@@ -1886,6 +2122,12 @@ def _run_repeat(
     try:
         with _cost("repeat_calls"):
             builder.before_repeat_call(built.ops, case)
+            if repeat_call["amax_history_len"]:
+                # A recipe with another history length from this call on (TE's fuser
+                # resizes each history at the call's forward).
+                builder.set_amax_history_len(built.ops, case, repeat_call["amax_history_len"])
+                if states is not None:
+                    states.resize_at_next_call(repeat_call["amax_history_len"])
             if repeat_call["update"]:
                 built.phase = PHASE_UPDATE
                 _optimizer_step(builder, case, built, values, index)
@@ -1899,7 +2141,7 @@ def _run_repeat(
             if repeat_call["second_sequential"]:
                 # The same op objects in a fuser of their own: it runs this call and the next.
                 built.phase = PHASE_CONSTRUCT
-                built.seq = builder.make_sequential(built.ops)
+                built.seq = make_sequential(builder, case, built.ops)
             _run_call(
                 builder,
                 case,
@@ -1911,6 +2153,7 @@ def _run_repeat(
                 first=False,
                 inference=repeat_call["inference_mode"],
                 recompute=repeat_call["recompute"],
+                recipe_off=repeat_call["recipe_off"],
                 held=held,
                 states=states,
             )

@@ -77,6 +77,9 @@ class StateCheck:
         self.previous = None
         self.violations = []
         self.checked = 0
+        # The states a history-length change makes of the last call's (resize), until the
+        # next call's `before`.
+        self.resized = None
 
     def before(self, states, checkpointed=None):
         """`states` before the call's forward; `checkpointed`: the states the ops had when the
@@ -107,6 +110,8 @@ class StateCheck:
                         )
                     self._violate(saved, "checkpoint_updated" if updates else "checkpoint", note)
         self.previous = states
+        if self.resized is not None:
+            self._judge_resized(states)
 
     def after(self, states, *, forward_trained, backward_trained, weights):
         """Judges `states` after the call against the states before it. `forward_trained`:
@@ -123,6 +128,68 @@ class StateCheck:
             trained = forward_trained if s1["pass"] == "forward" else backward_trained
             self._judge(s0, s1, trained, weights)
         self.previous = states
+
+    def untouched(self, states):
+        """Judges `states` after a call that ran with the recipe off: every state from before
+        it is there and exactly as it was (a call outside the autocast quantizes nothing,
+        records no amax and runs no update); the calls after it go on from these states."""
+        before = self.previous or {}
+        for key, s0 in before.items():
+            self.checked += 1
+            s1 = states.get(key)
+            if s1 is None:
+                self._violate(
+                    s0,
+                    "recipe_off",
+                    f"after a call with the recipe off the op has no such quantizer any more "
+                    f"(before it: scale {_text(s0['scale'])}, history {_text(s0['history'])}): "
+                    "its delayed-scaling state was dropped",
+                )
+            elif not (_same(s1["history"], s0["history"]) and _same(s1["scale"], s0["scale"])):
+                self._violate(
+                    s0,
+                    "recipe_off",
+                    f"a call with the recipe off changed the state: scale "
+                    f"{_text(s0['scale'])} -> {_text(s1['scale'])}, history "
+                    f"{_text(s0['history'])} -> {_text(s1['history'])}",
+                )
+        self.previous = {**states, **{k: v for k, v in before.items() if k not in states}}
+
+    def resize(self, length):
+        """DelayedScaling's amax_history_len becomes `length` before the next call: the states
+        that call starts from are the ones after the last call with each history's first
+        `length` slots kept or zeros appended (op.py: reset_recipe_state for a recipe of the
+        same type), the scale kept. A backend may resize at once or at the call's forward:
+        `before` judges a state already resized against this one."""
+        resized = {}
+        for key, s in (self.previous or {}).items():
+            h = s["history"]
+            if h.numel() >= length:
+                kept = h[:length].clone()
+            else:
+                kept = torch.cat([h, torch.zeros(length - h.numel(), dtype=h.dtype)])
+            resized[key] = dict(s, history=kept)
+        self.resized = resized
+
+    def _judge_resized(self, states):
+        """`before` with a pending resize: the states already of the new length must be the
+        resized ones; the call then starts from those."""
+        resized, self.resized = self.resized, None
+        for key, want in resized.items():
+            got = states.get(key)
+            if got is None or got["history"].shape != want["history"].shape:
+                continue  # resized at the call's forward (TE): judged after the call
+            self.checked += 1
+            if not (_same(got["history"], want["history"]) and _same(got["scale"], want["scale"])):
+                self._violate(
+                    want,
+                    "history_len",
+                    f"amax_history_len changed to {want['history'].numel()}: the state became "
+                    f"scale {_text(got['scale'])}, history {_text(got['history'])}; keeping the "
+                    f"history's first slots (or padding it) gives scale {_text(want['scale'])}, "
+                    f"history {_text(want['history'])}",
+                )
+        self.previous = {**states, **resized}
 
     def _judge(self, s0, s1, trained, weights):
         h0, h1 = s0["history"], s1["history"]

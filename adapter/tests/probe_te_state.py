@@ -21,6 +21,13 @@ it finds. What each check reads is the forward amax history and scale of each op
 5. other-model-rolls: model A evaluated (slot 0 holding its eval amax), then model B trained
    a step: is A's history rolled by B's autocast exit (quantization.py:
    reduce_and_update_fp8_tensors walks every op ever registered in the process)?
+6. recipe-off-keeps-state: two training steps, then one forward and backward outside the
+   autocast (FP8 off): does the op still hold its history and scale (fuser.py maybe_fuse_ops
+   resets each op's recipe state when the recipe type changes, None included)?
+   recipe-off-keeps-state-module: the same with te.Linear (module/base.py keeps fp8_meta
+   while FP8 is off): the module's behaviour for comparison.
+7. history-len-change: three training steps with amax_history_len 4, then one with 2: the
+   history's first two slots kept and the scale (op.py reset_recipe_state)?
 """
 
 import argparse
@@ -232,6 +239,98 @@ def other_model_rolls():
     )
 
 
+def recipe_off_keeps_state():
+    te, recipe = te_modules()
+    op = linear(te, 1)
+    seq = te.ops.Sequential(op)
+    train(te, recipe, seq, 2)
+    train(te, recipe, seq, 3)
+    before = state(op)
+    torch.manual_seed(4)
+    x = torch.randn(16, 16, device=DEV, requires_grad=True)
+    seq(x).square().sum().backward()  # FP8 off: no autocast
+    torch.cuda.synchronize()
+    metas = op._fp8_metas
+    if metas is None or metas.get("forward") is None:
+        report(
+            "recipe-off-keeps-state",
+            False,
+            f"after the call with FP8 off the op's _fp8_metas is {metas!r}; before it "
+            f"history {listed(before[0])}, scale {listed(before[1])}",
+        )
+    else:
+        after = state(op)
+        kept = bool(torch.equal(before[0], after[0]) and torch.equal(before[1], after[1]))
+        report(
+            "recipe-off-keeps-state",
+            kept,
+            f"history {listed(before[0])} -> {listed(after[0])}, scale {listed(before[1])} -> "
+            f"{listed(after[1])}",
+        )
+    train(te, recipe, seq, 5)
+    report(
+        "recipe-off-next-step",
+        True,
+        f"after the next training step: history {listed(state(op)[0])}, scale "
+        f"{listed(state(op)[1])} (the state the step started from decides the scale it used)",
+    )
+
+
+def recipe_off_keeps_state_module():
+    te, recipe = te_modules()
+    torch.manual_seed(1)
+    module = te.Linear(16, 16, bias=False, device=DEV, params_dtype=torch.float32)
+    train(te, recipe, module, 2)
+    train(te, recipe, module, 3)
+    meta = module.fp8_meta["scaling_fwd"]
+    before = meta.amax_history.detach().clone().cpu(), meta.scale.detach().clone().cpu()
+    torch.manual_seed(4)
+    x = torch.randn(16, 16, device=DEV, requires_grad=True)
+    module(x).square().sum().backward()
+    torch.cuda.synchronize()
+    meta = module.fp8_meta.get("scaling_fwd")
+    if meta is None:
+        report("recipe-off-keeps-state-module", False, "te.Linear dropped its fp8_meta")
+        return
+    after = meta.amax_history.detach().clone().cpu(), meta.scale.detach().clone().cpu()
+    kept = bool(torch.equal(before[0], after[0]) and torch.equal(before[1], after[1]))
+    report(
+        "recipe-off-keeps-state-module",
+        kept,
+        f"te.Linear: history {listed(before[0])} -> {listed(after[0])}, scale "
+        f"{listed(before[1])} -> {listed(after[1])}",
+    )
+
+
+def history_len_change():
+    te, recipe = te_modules()
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    op = linear(te, 1)
+    seq = te.ops.Sequential(op)
+    for seed in (2, 3, 4):
+        train(te, recipe, seq, seed)
+    before = state(op)
+    shorter = DelayedScaling(fp8_format=Format.E4M3, amax_history_len=2, amax_compute_algo="max")
+    torch.manual_seed(5)
+    x = torch.randn(16, 16, device=DEV)
+    with torch.no_grad(), te.autocast(enabled=True, recipe=shorter):
+        seq(x)  # no update (no grad): what the resize left, plus this call's amax in slot 0
+    torch.cuda.synchronize()
+    after = state(op)
+    kept = bool(
+        after[0].shape[0] == 2
+        and torch.equal(after[0][1:], before[0][1:2])
+        and torch.equal(after[1], before[1])
+    )
+    report(
+        "history-len-change",
+        kept,
+        f"history {listed(before[0])} -> {listed(after[0])}, scale {listed(before[1])} -> "
+        f"{listed(after[1])}",
+    )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -247,6 +346,9 @@ def main():
         checkpoint_after_eval,
         checkpoint_after_eval_repaired,
         other_model_rolls,
+        recipe_off_keeps_state,
+        recipe_off_keeps_state_module,
+        history_len_change,
     ):
         check(fn)
     if args.out:

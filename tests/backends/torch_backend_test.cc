@@ -498,7 +498,11 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
                         "torch-usage-output-buffer-reused,torch-usage-recompute-as-eval-pass,"
                         "torch-usage-deferred-init-reinitialised-at-first-forward,"
                         "torch-usage-checkpoint-drops-delayed-state,torch-fp8-backward-update-skipped,"
-                        "torch-fp8-scale-from-older-amaxes",
+                        "torch-fp8-scale-from-older-amaxes,torch-usage-recipe-off-call-records-amax,"
+                        "torch-usage-history-len-change-zeroes-history,"
+                        "torch-usage-quantized-weight-stale-transpose-after-step,"
+                        "torch-usage-held-weight-dequantize-detached,"
+                        "torch-usage-several-sequentials-update-per-sequential",
                         "--cases", "2000", "--recipe", "any", "--seed", "5", "--corpus", (dir_ / "c-usage").string(),
                         "--report", report});
   ASSERT_EQ(r.exit, 0) << r.out << r.err;
@@ -509,7 +513,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
     ++faults;
     EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
   }
-  EXPECT_EQ(faults, 10);
+  EXPECT_EQ(faults, 15);
 
   const std::string clean = (dir_ / "clean.json").string();
   const CliRun c = cli({"fuzz", "--backend", "torch", "--device", "cpu", "--cases", "2000", "--recipe", "any", "--seed",

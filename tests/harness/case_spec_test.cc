@@ -337,6 +337,104 @@ TEST(CaseSpecJson, UsageStepsRoundTripAndAreCheckedAgainstGradMode) {
   }
 }
 
+/// Expects `j` refused as a case with `path` and a message holding `words`.
+void expect_refused(const nlohmann::json& j, const std::string& path, const std::string& words) {
+  try {
+    j.get<CaseSpec>();
+    ADD_FAILURE() << "accepted: " << j.dump();
+  } catch (const SpecError& e) {
+    EXPECT_EQ(e.json_path(), path);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(words));
+  }
+}
+
+TEST(CaseSpecJson, RecipeChangesSeveralSequentialsAndQuantizedWeightsRoundTripWithTheirNeedsChecked) {
+  CaseSpec spec;
+  spec.ops = {OpSpec{"Linear", {{"out", 8}}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+              OpSpec{kBoundaryOp, {}, {}, {}, ops::OutputStyle::kVector, {}, {}},
+              OpSpec{"ReLU", {}, {}, {}, ops::OutputStyle::kVector, {}, {}}};
+  spec.recipe = RecipeSpec{"Float8CurrentScaling", "E4M3", {}};
+  spec.repeat_calls.resize(2);
+  spec.several_sequentials = true;
+  spec.quantized_params = true;
+  spec.held_quantized_tensor = true;
+  nlohmann::json j;
+  to_json(j, spec);
+  EXPECT_FALSE(j.at("repeat_calls")[1].contains("recipe_off"));
+  EXPECT_FALSE(j.at("repeat_calls")[1].contains("amax_history_len"));
+  EXPECT_TRUE(j.at("quantized_params").get<bool>());
+  EXPECT_EQ(j.get<CaseSpec>(), spec);
+  EXPECT_EQ(spec.usage_coverage(),
+            (std::vector<std::string>{"several_sequentials", "quantized_params", "held_quantized_tensor"}));
+
+  // A call with the recipe off (not with quantized weights: they keep no high-precision values).
+  CaseSpec off = spec;
+  off.quantized_params = off.held_quantized_tensor = false;
+  off.repeat_calls[0].recipe_off = true;
+  nlohmann::json o;
+  to_json(o, off);
+  EXPECT_TRUE(o.at("repeat_calls")[0].at("recipe_off").get<bool>());
+  EXPECT_EQ(o.get<CaseSpec>(), off);
+  EXPECT_EQ(off.usage_elements(), (std::vector<std::string>{"recipe_change", "several_sequentials"}));
+  nlohmann::json off_quantized = o;
+  off_quantized["quantized_params"] = true;
+  expect_refused(off_quantized, "/repeat_calls/0/recipe_off", "no high-precision values");
+  nlohmann::json no_recipe = o;
+  no_recipe.erase("recipe");
+  expect_refused(no_recipe, "/repeat_calls/0/recipe_off", "no recipe");
+  nlohmann::json both = o;
+  both["repeat_calls"][0]["amax_history_len"] = 4;
+  expect_refused(both, "/repeat_calls/0/amax_history_len", "drop one");
+
+  // What each element needs, refused with the key's path.
+  nlohmann::json no_boundary = j;
+  no_boundary["ops"].erase(1);
+  expect_refused(no_boundary, "/several_sequentials", "no Boundary");
+  nlohmann::json delayed = j;
+  delayed["recipe"]["name"] = "DelayedScaling";
+  expect_refused(delayed, "/quantized_params", "DelayedScaling");
+  nlohmann::json high = j;
+  high["recipe"]["options"]["backward_override"] = "high_precision";
+  expect_refused(high, "/quantized_params", "backward_override of high_precision");
+  nlohmann::json held_alone = j;
+  held_alone.erase("quantized_params");
+  expect_refused(held_alone, "/held_quantized_tensor", "needs quantized_params");
+  nlohmann::json length = j;
+  length["repeat_calls"][1]["amax_history_len"] = 4;
+  expect_refused(length, "/repeat_calls/1/amax_history_len", "option of DelayedScaling");
+  length["repeat_calls"][1]["amax_history_len"] = 0;
+  expect_refused(length, "/repeat_calls/1/amax_history_len", "[1, 1048576]");
+
+  // A DelayedScaling case takes the length change; an edit that removes a need drops the
+  // element (the shrinker's candidates stay loadable).
+  CaseSpec stepped = off;
+  stepped.repeat_calls[0].recipe_off = false;
+  stepped.recipe->name = "DelayedScaling";
+  stepped.repeat_calls[1].amax_history_len = 3;
+  to_json(j, stepped);
+  EXPECT_EQ(j.at("repeat_calls")[1].at("amax_history_len").get<int64_t>(), 3);
+  EXPECT_EQ(j.get<CaseSpec>(), stepped);
+  CaseSpec cut = spec;
+  cut.ops.erase(cut.ops.begin() + 1);
+  cut.drop_unmet_usage();
+  EXPECT_FALSE(cut.several_sequentials);
+  EXPECT_TRUE(cut.quantized_params && cut.held_quantized_tensor);
+  cut.recipe.reset();
+  cut.drop_unmet_usage();
+  EXPECT_FALSE(cut.quantized_params || cut.held_quantized_tensor);
+  CaseSpec both_off = off;
+  both_off.quantized_params = true;
+  both_off.drop_unmet_usage();
+  EXPECT_TRUE(both_off.quantized_params);
+  EXPECT_FALSE(both_off.repeat_calls[0].recipe_off);
+  stepped.recipe->name = "Float8BlockScaling";
+  stepped.drop_unmet_usage();
+  EXPECT_EQ(stepped.repeat_calls[1].amax_history_len, 0);
+  CaseSpec cleared = spec;
+  cleared.clear_usage();
+  EXPECT_TRUE(cleared.usage_coverage().empty());
+}
+
 TEST(CaseSpecJson, WorldSizeAndInputLayoutAreWrittenOnlyForDistributedCases) {
   CaseSpec spec = linear_bias_relu();
   EXPECT_FALSE(spec_json(spec).contains("world_size"));  // one-process case files stay as they were

@@ -48,7 +48,19 @@ def usage_steps(case):
         for s in ("update", "inference_mode", "checkpoint", "recompute", "second_sequential")
         if any(c.get(s) for c in calls)
     ]
-    case_wide = [s for s in ("read_after_backward", "deferred_init") if getattr(case, s)]
+    if any(c.get("recipe_off") or c.get("amax_history_len") for c in calls):
+        steps.append("recipe_change")
+    case_wide = [
+        s
+        for s in (
+            "read_after_backward",
+            "deferred_init",
+            "several_sequentials",
+            "quantized_params",
+            "held_quantized_tensor",
+        )
+        if getattr(case, s)
+    ]
     return steps + case_wide
 
 

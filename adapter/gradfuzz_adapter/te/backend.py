@@ -14,7 +14,7 @@ import types
 import torch
 
 from .. import faults, recipes
-from ..driver import USAGE, Builder, run_paths, te_writer_scope
+from ..driver import USAGE, Builder, HeldWeight, run_paths, te_writer_scope
 from ..fp8_state import FP8_MAX, state_entry
 from . import recipes as te_recipes
 from .classify import classify
@@ -53,6 +53,56 @@ def _materialize(op, name):
         raise RuntimeError(f"{name}: parameters still on 'meta' after reset_parameters: {left}")
 
 
+def _block_count(n, block):
+    return (n + block - 1) // block
+
+
+def transposed_copies(weight):
+    """A quantized weight's row-wise data and its column-wise data laid out as the row-wise
+    one (HeldWeight.copies: [rowwise, columnwise transposed back, ...], raw), where TE's
+    layout makes the column-wise copy exactly the row-wise one's transpose; None where it
+    does not or where the tensor holds no valid column-wise copy (a 2D weight only).
+
+    - Per-tensor scaling (Float8Tensor: DelayedScaling, Float8CurrentScaling): one scale
+      for both copies (float8_tensor_storage.py: _scale_inv), and the column-wise copy is
+      the FP8 codes transposed (_transpose, [in, out]; _create_transpose makes it by
+      fp8_transpose of _data). Valid unless _transpose_invalid.
+    - 2D (128x128) block scaling (Float8BlockwiseQTensor with _is_2D_scaled, the weights of
+      Float8BlockScaling): one scale per block for both directions, so the column-wise
+      codes ([in, out]) are the row-wise ones transposed and the column-wise scales
+      ([ceil(in/128), ceil(out/128) padded to 4]) the row-wise ones ([ceil(out/128),
+      ceil(in/128) padded to 4]) transposed, on the unpadded blocks only
+      (float8_blockwise_tensor.py: Float8BlockQuantizer.get_scale_shape; the storage's
+      _create_columnwise derives the column-wise pair from the row-wise one so).
+    - 1D blocks, MXFP8, NVFP4: each direction is scaled along its own rows; None."""
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
+        Float8BlockwiseQTensorStorage,
+    )
+    from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import (
+        Float8TensorStorage,
+    )
+
+    if isinstance(weight, Float8TensorStorage):
+        data, transpose = weight._data, weight._transpose
+        if data is None or transpose is None or weight._transpose_invalid or data.dim() != 2:
+            return None
+        return [data, transpose.t()]
+    if isinstance(weight, Float8BlockwiseQTensorStorage) and weight._is_2D_scaled:
+        rows, cols = weight._rowwise_data, weight._columnwise_data
+        row_scales, col_scales = weight._rowwise_scale_inv, weight._columnwise_scale_inv
+        if any(t is None for t in (rows, cols, row_scales, col_scales)) or rows.dim() != 2:
+            return None
+        block = getattr(weight._quantizer, "block_len", 128)
+        out_blocks, in_blocks = (_block_count(n, block) for n in rows.shape)
+        return [
+            rows,
+            cols.t(),
+            row_scales[:out_blocks, :in_blocks],
+            col_scales[:in_blocks, :out_blocks].t(),
+        ]
+    return None
+
+
 class TEBuilder(Builder):
     """Driver hooks for te.ops. Each path builds fresh ops and a fresh Sequential (TE ops
     and fusers keep state); per-path state lives in self.path.
@@ -63,7 +113,15 @@ class TEBuilder(Builder):
     histories alone). TE keeps the histories of every op quantized under one recipe in a
     process-global state that each update walks: a path starts with a fresh one, and a
     second Sequential of the path (the driver's fresh-plan runs) runs its forward in one of
-    its own, so it does not roll the path's Sequential's histories."""
+    its own, so it does not roll the path's Sequential's histories.
+
+    The usage script's recipe changes act on the path (self.path): a call under
+    recipe_off_scope runs outside the autocast, and set_amax_history_len replaces the
+    path's recipe object, whose new length TE's fuser notices at the next forward. With
+    case.quantized_params every Linear is built under quantized_model_init, so that its
+    weight parameter is a quantized tensor of the path's recipe; the case's values and each
+    optimizer step are written into it in place (te/params.py: copy_param_values; TE
+    quantizes a high-precision tensor copied into a quantized one, both copies)."""
 
     name = "te"
 
@@ -91,7 +149,12 @@ class TEBuilder(Builder):
     @contextlib.contextmanager
     def fusion_scope(self, fusions):
         self.path = types.SimpleNamespace(
-            names={}, channel_grads=None, dtype=None, te_recipe=None, scratch_state=None
+            names={},
+            channel_grads=None,
+            dtype=None,
+            te_recipe=None,
+            scratch_state=None,
+            recipe_off=False,
         )
         with contextlib.ExitStack() as stack:
             if self.recipe is not None:
@@ -114,6 +177,38 @@ class TEBuilder(Builder):
         finally:
             self.path.scratch_state = saved
 
+    @contextlib.contextmanager
+    def recipe_off_scope(self):
+        # forward reads the flag: the Sequential is called outside te.autocast, still in the
+        # path's quantization state (its ops' histories are registered there).
+        saved = self.path.recipe_off
+        self.path.recipe_off = True
+        try:
+            yield
+        finally:
+            self.path.recipe_off = saved
+
+    def set_amax_history_len(self, ops, case, length):
+        # A recipe of the same class with another length: the fuser compares it with the one
+        # of its last forward and has every basic op resize its histories (fuser.py:
+        # OperationFuser.maybe_fuse_ops; op.py: BasicOperation.reset_recipe_state keeps the
+        # first `length` rows or pads with zeros). Nothing is resized here.
+        self.path.te_recipe = te_recipes.with_amax_history_len(self.path.te_recipe, length)
+
+    def held_weights(self, ops, case):
+        # The weight parameter itself, as the caller holds it; copies where exact.
+        out = []
+        for op_case in case.catalog_ops:
+            if op_case.name != "Linear":
+                continue
+            weight = getattr(ops[op_case.index], "weight", None)
+            if weight is None or not _is_quantized(weight):
+                continue
+            out.append(
+                HeldWeight(op=op_case.index, tensor=weight, copies=transposed_copies(weight))
+            )
+        return out
+
     def _resolve(self, callee):
         if callee.startswith("te."):
             target = self.te
@@ -133,15 +228,27 @@ class TEBuilder(Builder):
         # Deferred initialisation: the op built on "meta", then materialised (_materialize).
         values = {DEVICE: torch.device("meta") if case.deferred_init else device, DTYPE: case.dtype}
         kwargs = {k: values.get(v, v) if isinstance(v, Symbol) else v for k, v in kwargs.items()}
-        op = self._resolve(callee)(*args, **kwargs)
-        if case.deferred_init:
-            _materialize(op, op_case.name)
+        with self._param_scope(op_case, case):
+            op = self._resolve(callee)(*args, **kwargs)
+            if case.deferred_init:
+                _materialize(op, op_case.name)
         params = [p.to(device=device, dtype=case.dtype) for p in op_case.params]
         copy_param_values(op, op_case.name, params)
         set_param_requires_grad(op, op_case.name, op_case.param_requires_grad)
         attach_main_grads(op, op_case.name)
         self.path.names[id(op)] = op_case.name
         return op
+
+    def _param_scope(self, op_case, case):
+        """Where an op of the case is built: with case.quantized_params a Linear inside
+        quantized_model_init with the path's recipe (its weight a quantized tensor: a
+        QuantizedTensor of the recipe's quantizer, basic_linear.py: reset_parameters), every
+        other op as it is."""
+        if not getattr(case, "quantized_params", False) or op_case.name != "Linear":
+            return contextlib.nullcontext()
+        if self.path.te_recipe is None:
+            raise NotImplementedError("quantized_params: the case has no recipe to quantize with")
+        return te_recipes.quantized_model_init(self.te, self.path.te_recipe)
 
     def make_boundary(self):
         return self.ext.Boundary()
@@ -168,10 +275,15 @@ class TEBuilder(Builder):
             # Every Sequential of the path (a second one over the same ops, the fresh ops of a
             # checkpoint round trip) in the path's state, as in one process; a scratch run's in
             # its own (scratch_scope).
+            # A call under recipe_off_scope runs outside the autocast, as a user's call with
+            # FP8 disabled (TE's fuser then runs without a recipe), in the same state.
             state = self.path.scratch_state or self.path.fp8_state
             with te_recipes.fp8_state(state):
-                with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
+                if self.path.recipe_off:
                     out = seq(x, *extras)
+                else:
+                    with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
+                        out = seq(x, *extras)
         return list(out) if isinstance(out, tuple) else [out]
 
     def _fusers(self, seq):
@@ -251,7 +363,10 @@ class TEBuilder(Builder):
         return param_leaves(op, op_case.name)
 
     def set_params(self, op, op_case, values):
-        # An optimizer step writes TE's parameters in place (their layout: te/params.py).
+        # An optimizer step writes TE's parameters in place (their layout: te/params.py). A
+        # quantized weight (quantized_params) takes the high-precision values through its
+        # copy_ (quantized_tensor.py: QuantizedTensor.__torch_dispatch__ -> quantize_), which
+        # quantizes them again into its row-wise and column-wise data.
         copy_param_values(op, op_case.name, values)
 
     def delayed_states(self, ops, case):
@@ -354,6 +469,18 @@ class TEBuilder(Builder):
         # fusers' ops locked. _module_groups stays None when that happened.
         if phase != "forward" or seq is None or getattr(seq, "_module_groups", None) is not None:
             return []
+        # A chain of Sequentials (driver.Chain, case.several_sequentials): those before the
+        # failed one built their fusers and ran, so their ops are locked as they should be;
+        # only the ops of a Sequential without its groups count.
+        parts = getattr(seq, "sequentials", None)
+        failed = None
+        if parts is not None:
+            failed = {
+                id(module)
+                for part in parts
+                if getattr(part, "_module_groups", None) is None
+                for module in part.modules()
+            }
         return [
             i
             for i, op in enumerate(ops)
@@ -361,7 +488,15 @@ class TEBuilder(Builder):
             and self.is_locked(op)
             and not locked_before[i]
             and isinstance(op, self.te.ops.BasicOperation)
+            and (failed is None or id(op) in failed)
         ]
+
+
+def _is_quantized(t):
+    """Whether `t` is a quantized tensor object (TE's QuantizedTensor: a dequantize() of its
+    class's own; torch.Tensor's is for torch's quantized dtypes)."""
+    method = getattr(type(t), "dequantize", None)
+    return callable(method) and method is not torch.Tensor.dequantize
 
 
 class TEBackend:

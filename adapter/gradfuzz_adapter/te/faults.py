@@ -23,6 +23,12 @@ as a crash. Where one fires:
   GPU each): the ReduceScatter op, a column-parallel BasicLinear's dgrad reduction (without
   sequence parallelism), the AllReduce op's backward. The same defects as torch_backend/faults.py's
   of the same names after the prefix, on TE's code.
+- the te-usage-* faults: one step of the usage script each (docs/BACKENDS.md "Steps");
+  te-usage-quantized-weight-stale-transpose-after-step only with quantized_params and an
+  optimizer step (a quantized weight's second write), te-usage-history-len-change-zeroes-
+  history only at a call that changes amax_history_len after calls that recorded amaxes,
+  te-usage-recipe-off-call-records-amax only at a call with the recipe off after quantized
+  calls (DelayedScaling).
 
 Targets are resolved when a fault is planted, so importing this module imports no TE.
 """
@@ -360,6 +366,124 @@ def _extra_state_not_loaded(original):
     return set_extra_state
 
 
+# The column-wise copy of each quantized storage class (float8_tensor_storage.py: the
+# transpose cache; the block-scaled and MXFP8 storages: column-wise data and scales).
+_COLUMNWISE = ("_transpose", "_columnwise_data", "_columnwise_scale_inv")
+
+
+def _quantized_write_leaves_columnwise(original):
+    """QuantizedTensorStorage.quantize_ (a high-precision tensor written into a quantized one
+    in place: QuantizedTensor's copy_, an optimizer's step) that updates the row-wise data
+    but puts the column-wise copy back as it was before the write, still marked valid
+    (NVIDIA/TransformerEngine#1596's kind). Every tensor's first write goes through
+    unharmed, so a weight gets its initial values into both copies (quantized_params:
+    copy_param_values at op creation); from its second on (set_params) the column-wise
+    copy lags one write behind."""
+
+    def quantize_(self, tensor, **kwargs):
+        writes = getattr(self, "_gradfuzz_fault_writes", 0)
+        self._gradfuzz_fault_writes = writes + 1
+        if writes == 0:
+            return original(self, tensor, **kwargs)
+        kept = {}
+        for name in _COLUMNWISE:
+            t = getattr(self, name, None)
+            if isinstance(t, torch.Tensor):
+                kept[name] = t.detach().clone()
+        transpose_invalid = getattr(self, "_transpose_invalid", None)
+        result = original(self, tensor, **kwargs)
+        with torch.no_grad():
+            for name, old in kept.items():
+                t = getattr(self, name, None)
+                if isinstance(t, torch.Tensor) and t.shape == old.shape:
+                    t.copy_(old)
+        if transpose_invalid is not None:
+            self._transpose_invalid = transpose_invalid
+        return result
+
+    return quantize_
+
+
+def _history_len_change_zeroes_history(original):
+    """BasicOperation.reset_recipe_state that, when a DelayedScaling recipe of the same type
+    comes with another amax_history_len (its else-branch: the history truncated or padded
+    with zeros), then zeroes the resized history: what the op recorded before is lost. In
+    place, so the quantizers and the global amax buffers TE re-points at the new tensor
+    see the zeros."""
+
+    def reset_recipe_state(self, *, recipe):
+        lengths = {}
+        metas = getattr(self, "_fp8_metas", None)
+        if recipe is not None and recipe.delayed() and metas is not None:
+            for mode in ("forward", "backward"):
+                meta = metas.get(mode)
+                state = (meta or {}).get(_meta_key(mode))
+                if state is not None and isinstance(recipe, type(state.recipe)):
+                    lengths[mode] = (state, state.amax_history.size(0))
+        original(self, recipe=recipe)
+        metas = getattr(self, "_fp8_metas", None) or {}
+        for mode, (state, length) in lengths.items():
+            now = (metas.get(mode) or {}).get(_meta_key(mode))
+            if now is state and state.amax_history.size(0) != length:
+                with torch.no_grad():
+                    state.amax_history.zero_()
+
+    return reset_recipe_state
+
+
+def _meta_key(mode):
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+    return FP8GlobalStateManager.get_meta_tensor_key(forward=mode == "forward")
+
+
+def _amax(t):
+    """A tensor's largest magnitude as a float32 scalar tensor (a quantized one dequantized)."""
+    dequantize = getattr(type(t), "dequantize", None)
+    if callable(dequantize) and dequantize is not torch.Tensor.dequantize:
+        t = t.dequantize()
+    return t.detach().abs().amax().float() if t.numel() else torch.zeros(())
+
+
+def _recipe_off_call_records_amax(original):
+    """OperationFuser.__call__ that, for a call with FP8 disabled, keeps every basic op's
+    delayed-scaling state (which TE's fuser drops for a call without a recipe: fuser.py
+    maybe_fuse_ops resets each op with recipe=None) and records the call's amaxes into
+    it as a quantized call would: the fuser's input into the first op's input slot, each
+    op's weight into its weight slot (history row 0, as a cast kernel's atomic max). Only
+    a call outside the autocast after quantized calls has such state to write into."""
+
+    def __call__(self, input, *extra_inputs, **kwargs):  # noqa: A002 - TE's name
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        if FP8GlobalStateManager.is_fp8_enabled():
+            return original(self, input, *extra_inputs, **kwargs)
+        key = _meta_key("forward")
+        kept = []
+        for op in self._basic_ops:
+            metas = getattr(op, "_fp8_metas", None)
+            state = ((metas or {}).get("forward") or {}).get(key)
+            if state is not None and hasattr(state, "amax_history"):
+                kept.append((op, metas, op._quantizers, state))
+        try:
+            return original(self, input, *extra_inputs, **kwargs)
+        finally:
+            with torch.no_grad():
+                for op, metas, quantizers, state in kept:
+                    op._fp8_metas, op._quantizers = metas, quantizers
+                    row = state.amax_history[0]
+                    seen = {}
+                    if op is self._basic_ops[0] and isinstance(input, torch.Tensor):
+                        seen[0] = _amax(input)
+                    weight = getattr(op, "weight", None)
+                    if isinstance(weight, torch.Tensor) and row.numel() > 1:
+                        seen[1] = _amax(weight)
+                    for slot, amax in seen.items():
+                        row[slot] = torch.maximum(row[slot], amax.to(row.device))
+
+    return __call__
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -489,6 +613,37 @@ FAULTS = {
             "the caller copied in after materialising the op are overwritten",
             f"{_OPS}.basic.basic_linear.BasicLinear.__init__",
             _deferred_reinitialised_at_first_forward,
+        ),
+        Fault(
+            "te-usage-quantized-weight-stale-transpose-after-step",
+            "A high-precision tensor written in place into a quantized tensor (copy_ -> "
+            "quantize_) updates its row-wise FP8 data but leaves its column-wise copy (the "
+            "per-tensor transpose, the block-scaled column-wise data and scales) as it was, "
+            "still marked valid (NVIDIA/TransformerEngine#1596's kind); each tensor's first "
+            "write is right. Reached by quantized_params with an optimizer step: the weight's "
+            "dgrad and wgrad GEMMs, and the held weight's column-wise copy, use the values "
+            "before the step",
+            "transformer_engine.pytorch.quantized_tensor.QuantizedTensorStorage.quantize_",
+            _quantized_write_leaves_columnwise,
+        ),
+        Fault(
+            "te-usage-history-len-change-zeroes-history",
+            "When a DelayedScaling recipe of the same type comes with another "
+            "amax_history_len, BasicOperation.reset_recipe_state replaces each amax history "
+            "by zeros of the new length instead of keeping its first rows (or padding it): "
+            "the amaxes recorded before are lost. Reached by a repeat call that changes "
+            "amax_history_len",
+            f"{_OPS}.op.BasicOperation.reset_recipe_state",
+            _history_len_change_zeroes_history,
+        ),
+        Fault(
+            "te-usage-recipe-off-call-records-amax",
+            "A call with FP8 disabled (outside the autocast) keeps the ops' delayed-scaling "
+            "state and records its amaxes into it (the input's and each weight's, history "
+            "row 0), as if it had quantized: the next quantized call's scale update sees "
+            "them. Reached by a repeat call with the recipe off after quantized calls",
+            f"{_OPS}.fuser.OperationFuser.__call__",
+            _recipe_off_call_records_amax,
         ),
         Fault(
             "te-usage-checkpoint-params-not-loaded",

@@ -7,6 +7,7 @@ torch backend's emulation); this module only asks TE. Functions take the importe
 """
 
 import contextlib
+import dataclasses
 
 from ..recipes import RECIPES, te_kwargs
 
@@ -135,6 +136,30 @@ def make_recipe(recipe):
 
     cls = getattr(te_recipe, recipe.name)
     return cls(fp8_format=te_recipe.Format[recipe.fp8_format], **te_kwargs(recipe))
+
+
+def with_amax_history_len(te_recipe, length):
+    """A recipe object of `te_recipe`'s class with the same field values but
+    amax_history_len=`length` (spec.repeat_calls[k].amax_history_len), built anew, as a user
+    who changes the option writes it: TE's recipes are dataclasses
+    (common/recipe/__init__.py), their __post_init__ checks run again. Only DelayedScaling
+    has the option (ValueError for another recipe)."""
+    if te_recipe is None or not te_recipe.delayed():
+        name = type(te_recipe).__name__ if te_recipe is not None else "no recipe"
+        raise ValueError(f"amax_history_len is an option of DelayedScaling, not of {name}")
+    return dataclasses.replace(te_recipe, amax_history_len=int(length))
+
+
+def quantized_model_init(te, te_recipe):
+    """The context under which TE's modules are built holding quantized parameters of
+    `te_recipe` (quantization.py: quantized_model_init, exported by pytorch/__init__.py;
+    fp8_model_init is its deprecated name): a BasicLinear built inside it keeps its weight
+    as a quantized tensor (basic_linear.py: __init__ reads with_fp8_parameters() into
+    _with_quantized_weight, reset_parameters quantizes)."""
+    init = getattr(te, "quantized_model_init", None)
+    if init is None:
+        from transformer_engine.pytorch.quantization import quantized_model_init as init
+    return init(enabled=True, recipe=te_recipe)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import platform
 import torch
 
 from .. import catalog, faults, recipes
-from ..driver import USAGE, Builder, run_paths, torch_writer_scope
+from ..driver import USAGE, Builder, HeldWeight, run_paths, torch_writer_scope
 from ..errors import GradfuzzError
 from ..fp8_state import FP8_MAX, state_entry
 from . import fp8, parallel
@@ -79,6 +79,9 @@ class TorchBuilder(Builder):
         quantization = fp8.OpQuantization(op_case.name, op_case.attrs, self.recipe)
         if quantization.active:
             op.quantization = quantization
+        if case.quantized_params and op_case.name == "Linear" and quantization.linear:
+            # quantized_model_init: the weight a quantized parameter from the start.
+            _write_quantized_weight(op, op.params[0])
         return op
 
     def make_boundary(self):
@@ -101,9 +104,61 @@ class TorchBuilder(Builder):
 
     def forward(self, seq, x, extras):
         out = seq(x, *extras)
-        # The end of TE's autocast region: the forward delayed-scaling update.
-        fp8.update_after_forward(_quantizations(seq.modules))
+        # The end of TE's autocast region: the forward delayed-scaling update (none for a
+        # call with the recipe off: no autocast).
+        if not fp8.recipe_is_off():
+            fp8.update_after_forward(_quantizations(seq.modules))
         return list(out) if isinstance(out, tuple) else [out]
+
+    @contextlib.contextmanager
+    def recipe_off_scope(self):
+        with fp8.recipe_off():
+            yield
+
+    def set_amax_history_len(self, ops, case, length):
+        for op in ops:
+            quantization = getattr(op, "quantization", None)
+            if quantization is not None:
+                quantization.set_history_len(length)
+
+    def set_params(self, op, op_case, values):
+        super().set_params(op, op_case, values)
+        if _quantized_weight(op) is not None:
+            # Written through the quantized parameter: both copies made from the new values.
+            _write_quantized_weight(op, values[0])
+
+    def save_state(self, op):
+        state = super().save_state(op)
+        q = _quantized_weight(op)
+        if q is not None:
+            # The quantized weight itself, both copies (TE's state_dict holds the quantized
+            # parameter): loading it quantizes nothing again.
+            state["quantized_weight"] = (q.data.clone(), q.data_t.clone())
+        return state
+
+    def load_state(self, op, state):
+        super().load_state(op, state)
+        if _quantized_weight(op) is not None and "quantized_weight" in state:
+            data, data_t = state["quantized_weight"]
+            op.quantization.quantized_weight = fp8.QuantizedTensor(data.clone(), data_t.clone())
+            with torch.no_grad():
+                op.params[0].copy_(data.to(op.params[0].dtype))
+
+    def held_weights(self, ops, case):
+        out = []
+        for op_case in case.catalog_ops:
+            op = ops[op_case.index]
+            q = _quantized_weight(op)
+            if q is None:
+                continue
+            held = fp8.HeldQuantizedWeight(op.params[0], q)
+            # The column-wise copy is the row-wise one's transpose for per-tensor scaling and
+            # 2D blocks (BlockQuantizer makes the 1D copies apart).
+            lq = op.quantization.linear[0].weight
+            exact = not isinstance(lq, fp8.BlockQuantizer) or lq.block_dim == 2
+            copies = [q.data, q.data_t.t()] if exact else None
+            out.append(HeldWeight(op=op_case.index, tensor=held, copies=copies))
+        return out
 
     def after_backward(self, ops):
         fp8.update_after_backward(_quantizations(ops))
@@ -339,3 +394,16 @@ def _implementation(name):
         "AllReduce": catalog.collective,
     }[name]
     return fn.__name__
+
+
+def _quantized_weight(op):
+    quantization = getattr(op, "quantization", None)
+    return None if quantization is None else quantization.quantized_weight
+
+
+def _write_quantized_weight(op, weight):
+    """`weight` written into op's quantized parameter (OpQuantization.write_weight), the
+    parameter holding the quantized values as a quantized tensor dequantizes."""
+    q = op.quantization.write_weight(weight)
+    with torch.no_grad():
+        op.params[0].copy_(q.data.to(op.params[0].dtype))

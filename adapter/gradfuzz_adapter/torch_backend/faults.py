@@ -24,6 +24,7 @@ from ..faults import (
     recompute_as_eval_pass,
     wrap,
 )
+from . import fp8
 from .collectives import WORLD, all_reduce_sum
 
 _E5M2_OVER_E4M3 = 57344.0 / 448.0
@@ -244,6 +245,84 @@ def _deferred_reinitialised_at_first_forward(original):
     return forward
 
 
+def _recipe_off_records_amax(original):
+    """OpQuantization.apply that, in a call with the recipe off, still runs each Linear's
+    input and weight through their delayed-scaling quantizers (their amaxes recorded into
+    history slot 0) while it computes in high precision."""
+
+    def apply(self, x, extras, params, attrs):
+        if fp8.recipe_is_off() and self.name == "Linear" and self.linear:
+            for q, t in ((self.linear[0].input, x), (self.linear[0].weight, params[0])):
+                if q.delayed:
+                    q(t)
+        return original(self, x, extras, params, attrs)
+
+    return apply
+
+
+def _history_len_change_zeroes(original):
+    """DelayedQuantizer.resize_history that starts the new length from an empty history
+    (the scale kept), as if the recipe's state were made afresh."""
+
+    def resize_history(self, length):
+        self.history = torch.zeros(length, dtype=self.history.dtype)
+
+    return resize_history
+
+
+def _transpose_kept_after_write(original):
+    """OpQuantization.write_weight that, on a weight already quantized, makes the row-wise
+    copy from the new values but keeps the column-wise copy of the old ones (the transpose
+    cache not invalidated on an in-place write; TE issue #1596's kind)."""
+
+    def write_weight(self, weight):
+        old = self.quantized_weight
+        q = original(self, weight)
+        if old is not None:
+            q.data_t = old.data_t
+        return q
+
+    return write_weight
+
+
+def _dequantize_detached(original):
+    """HeldQuantizedWeight.dequantize handing back the values without the parameter's
+    autograd (a plain copy of the codes times the scale)."""
+
+    def dequantize(self):
+        return original(self).detach()
+
+    return dequantize
+
+
+def _forward_update_per_sequential(original):
+    """TorchBuilder.forward that runs the autocast's forward delayed-scaling update at the
+    exit of each Sequential of a chain (several_sequentials), over every op of the autocast,
+    rather than once at the autocast's exit: the earlier Sequentials' ops update twice."""
+
+    def forward(self, seq, x, extras):
+        parts = getattr(seq, "parts", None)
+        if parts is None or fp8.recipe_is_off():
+            return original(self, seq, x, extras)
+        quantizations = [
+            m.quantization for m in seq.modules if getattr(m, "quantization", None) is not None
+        ]
+        outputs = []
+        taken = 0
+        for part, count in parts:
+            if count is None:
+                x = part(x)
+                continue
+            out = part(x, *extras[taken : taken + count])
+            taken += count
+            x, more = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+            outputs.extend(more)
+            fp8.update_after_forward(quantizations)
+        return [x, *outputs]
+
+    return forward
+
+
 # ----------------------------------------------------------------------------------------
 # Delayed scaling's state (issue "FP8 state"): faults that keep every value within FP8's
 # error, which only the state check (fp8_state.py) sees.
@@ -419,6 +498,46 @@ FAULTS = {
             "mode off (taken for an evaluation pass): it saves nothing for backward",
             "gradfuzz_adapter.torch_backend.runtime.Sequential.__call__",
             recompute_as_eval_pass,
+        ),
+        Fault(
+            "torch-usage-recipe-off-call-records-amax",
+            "A call with the recipe off (outside the autocast) computes in high precision but "
+            "still records each Linear's input and weight amax into its delayed-scaling "
+            "history: the next training step's update consumes amaxes of a call that "
+            "quantized nothing",
+            "gradfuzz_adapter.torch_backend.fp8.OpQuantization.apply",
+            _recipe_off_records_amax,
+        ),
+        Fault(
+            "torch-usage-history-len-change-zeroes-history",
+            "A DelayedScaling recipe that comes back with another amax_history_len starts "
+            "every history afresh (zeros) instead of keeping its first slots or padding it: "
+            "the calibrated amaxes are lost at the change",
+            "gradfuzz_adapter.torch_backend.fp8.DelayedQuantizer.resize_history",
+            _history_len_change_zeroes,
+        ),
+        Fault(
+            "torch-usage-quantized-weight-stale-transpose-after-step",
+            "Writing new values into a quantized weight (an optimizer step, a checkpoint "
+            "load) remakes its row-wise copy but keeps the column-wise copy of the old "
+            "values: the dgrad GEMM after the step reads the old weight",
+            "gradfuzz_adapter.torch_backend.fp8.OpQuantization.write_weight",
+            _transpose_kept_after_write,
+        ),
+        Fault(
+            "torch-usage-held-weight-dequantize-detached",
+            "dequantize() of a quantized weight hands the caller its values without the "
+            "parameter's autograd: a loss built on it never reaches the weight",
+            "gradfuzz_adapter.torch_backend.fp8.HeldQuantizedWeight.dequantize",
+            _dequantize_detached,
+        ),
+        Fault(
+            "torch-usage-several-sequentials-update-per-sequential",
+            "The forward delayed-scaling update runs at the exit of each Sequential of an "
+            "autocast (over every op the autocast ran) instead of once at the autocast's "
+            "exit: with several Sequentials the earlier ones' quantizers update twice",
+            "gradfuzz_adapter.torch_backend.backend.TorchBuilder.forward",
+            _forward_update_per_sequential,
         ),
         Fault(
             "torch-reduce-scatter-wrong-shard",

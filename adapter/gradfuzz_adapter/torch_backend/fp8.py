@@ -15,6 +15,8 @@ scales) and round to the case's dtype once, as an fp32-accumulating FP8 GEMM doe
 accumulation order.
 """
 
+import contextlib
+
 import torch
 
 from ..catalog import (
@@ -126,6 +128,26 @@ def block_scaling_qdq(x, fmt, block_dim, *, along_rows=False, pow2=True, epsilon
 # Quantizers: one per quantized tensor role of an op (te.ops: BasicLinear.num_quantizers)
 
 
+_RECIPE_OFF = [False]
+
+
+@contextlib.contextmanager
+def recipe_off():
+    """A call with the case's recipe disabled (te: outside te.autocast): the ops compute in
+    high precision, record no amax and run no update while it lasts (the backward of a
+    forward made under it too: autograd holds what the forward chose)."""
+    previous = _RECIPE_OFF[0]
+    _RECIPE_OFF[0] = True
+    try:
+        yield
+    finally:
+        _RECIPE_OFF[0] = previous
+
+
+def recipe_is_off():
+    return _RECIPE_OFF[0]
+
+
 class QuantizedTensor:
     """A quantized operand as TE keeps it: the row-wise copy `data` [m, n] and the
     column-wise copy `data_t` stored transposed [n, m] (tensor/storage/
@@ -208,6 +230,13 @@ class DelayedQuantizer:
     def state(self):
         return {"scale": self.scale.clone(), "history": self.history.clone()}
 
+    def resize_history(self, length):
+        h = self.history
+        if h.numel() >= length:
+            self.history = h[:length].clone()
+        else:
+            self.history = torch.cat([h, torch.zeros(length - h.numel(), dtype=h.dtype)])
+
     def load_state(self, state):
         self.scale = state["scale"].clone()
         self.history = state["history"].clone()
@@ -275,9 +304,10 @@ class QuantizedLinearFunction(torch.autograd.Function):
     _functional_backward; docs/BACKENDS.md "Where te.ops quantizes")."""
 
     @staticmethod
-    def forward(ctx, x, weight, quantizers, alpha=None):
+    def forward(ctx, x, weight, quantizers, alpha=None, qweight=None):
         qx = quantizers.input(x)
-        qw = quantizers.weight(weight)
+        # A quantized weight (quantized_model_init) is used as it is, not quantized again.
+        qw = qweight if qweight is not None else quantizers.weight(weight)
         # x [rows, in] · W^T [in, out] -> y [rows, out]
         y = qx.rowwise() @ qw.rowwise().t()
         override = quantizers.backward_override
@@ -310,7 +340,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             grad_weight = dy.t() @ x.to(torch.float64)
         if ctx.alpha is not None:
             grad_input, grad_weight = backward_gemm_alpha(grad_input, grad_weight, ctx.alpha)
-        return grad_input.to(x_dtype), grad_weight.to(w_dtype), None, None
+        return grad_input.to(x_dtype), grad_weight.to(w_dtype), None, None, None
 
 
 def backward_gemm_alpha(grad_input, grad_weight, alpha):
@@ -319,9 +349,47 @@ def backward_gemm_alpha(grad_input, grad_weight, alpha):
     return grad_input * alpha, grad_weight * alpha
 
 
-def quantized_linear(x, weight, quantizers, alpha=None):
-    """`alpha`: the backward GEMMs' alpha of a fused BackwardLinearScale (None: unfused)."""
-    return QuantizedLinearFunction.apply(x, weight, quantizers, alpha)
+def quantized_linear(x, weight, quantizers, alpha=None, qweight=None):
+    """`alpha`: the backward GEMMs' alpha of a fused BackwardLinearScale (None: unfused);
+    `qweight`: the weight's own QuantizedTensor where it is a quantized parameter."""
+    return QuantizedLinearFunction.apply(x, weight, quantizers, alpha, qweight)
+
+
+def high_precision_linear(x, weight, alpha=None):
+    """y = x W^T in the operands' dtype, with a fused BackwardLinearScale's alpha on both
+    backward GEMMs (a call with the recipe off: TE fuses the pair whatever the recipe)."""
+    y = apply("Linear", x, [], [weight], {})[0]
+    if alpha is None:
+        return y
+    return y.detach() + alpha * (y - y.detach())
+
+
+class HeldQuantizedWeight:
+    """A Linear's quantized weight as its caller holds it (spec.held_quantized_tensor): the
+    parameter and its QuantizedTensor. dequantize() gives the quantized values with the
+    parameter's autograd; shape and size() are the parameter's."""
+
+    def __init__(self, param, quantized):
+        self.param = param
+        self.quantized = quantized
+
+    @property
+    def shape(self):
+        return self.param.shape
+
+    @property
+    def requires_grad(self):
+        return self.param.requires_grad
+
+    def size(self, dim=None):
+        return self.param.size() if dim is None else self.param.size(dim)
+
+    def dim(self):
+        return self.param.dim()
+
+    def dequantize(self):
+        values = self.quantized.data.to(self.param.dtype)
+        return self.param + (values - self.param).detach()
 
 
 class GradientCastFunction(torch.autograd.Function):
@@ -396,6 +464,8 @@ class OpQuantization:
         # Set by the torch runtime's fuser: whether the next op of the fuser casts this op's
         # gradient with its grad_output quantizer (casts_grad_input_for_previous_op).
         self.gradient_cast_by_next = False
+        # A Linear's weight as a quantized parameter (quantized_params; write_weight).
+        self.quantized_weight = None
 
     @property
     def active(self):
@@ -414,7 +484,24 @@ class OpQuantization:
         alone.recipe = None
         alone.backward_alpha = None
         alone.gradient_cast_by_next = False
+        alone.quantized_weight = None
         return alone
+
+    def write_weight(self, weight):
+        """A Linear's weight written into its quantized parameter (quantized_model_init's
+        weight at creation, an optimizer step, a checkpoint's load): quantized by the weight
+        quantizer, both copies made from `weight`. The QuantizedTensor."""
+        self.quantized_weight = self.linear[0].weight(weight.detach())
+        return self.quantized_weight
+
+    def set_history_len(self, length):
+        """DelayedScaling's amax_history_len changed to `length`: each delayed quantizer's
+        history keeps its first `length` slots or gets zeros appended, its scale kept (op.py:
+        reset_recipe_state for a recipe of the same type)."""
+        for lq in self.linear:
+            for q in (lq.input, lq.weight, lq.grad_output):
+                if q.delayed:
+                    q.resize_history(length)
 
     def state(self):
         """The delayed-scaling state of every quantizer (what a checkpoint saves): per
@@ -439,8 +526,18 @@ class OpQuantization:
 
     def apply(self, x, extras, params, attrs):
         name = self.name
+        if recipe_is_off() and self.linear:
+            # Outside the autocast: the GEMMs in high precision, no quantizer touched.
+            if name == "Linear":
+                return high_precision_linear(x, params[0], self.backward_alpha), ()
+            return apply(name, x, extras, params, attrs)
         if name == "Linear":
-            return quantized_linear(x, params[0], self.linear[0], self.backward_alpha), ()
+            return (
+                quantized_linear(
+                    x, params[0], self.linear[0], self.backward_alpha, self.quantized_weight
+                ),
+                (),
+            )
         if name == "GroupedLinear":
             return self._grouped_linear(x, extras, params, attrs), ()
         if self.cache_input:
