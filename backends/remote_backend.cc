@@ -134,6 +134,7 @@ PathRun path_from(const json& j, const wire::Frame& frame) {
   if (j.contains("fp8_state") && j["fp8_state"].is_object()) {
     const json& s = j["fp8_state"];
     run.fp8_states_checked = s.value("checked", int64_t{0});
+    run.fp8_tensors_checked = s.value("tensors_checked", int64_t{0});
     for (const auto& v : s.value("violations", json::array())) {
       run.fp8_state_violations.push_back({v.value("op", int64_t{-1}), v.value("quantizer", std::string()),
                                           v.value("what", std::string()), v.value("note", std::string())});

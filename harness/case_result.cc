@@ -275,6 +275,7 @@ void to_json(nlohmann::json& j, const CaseResult& r) {
                      {"cancellation_tensors", r.cancellation_tensors}};
   if (!r.divergences.empty()) j["divergences"] = r.divergences;
   if (r.fp8_states_checked > 0) j["fp8_states_checked"] = r.fp8_states_checked;
+  if (r.fp8_tensors_checked > 0) j["fp8_tensors_checked"] = r.fp8_tensors_checked;
 }
 
 void from_json(const nlohmann::json& j, CaseResult& r) {
@@ -293,6 +294,7 @@ void from_json(const nlohmann::json& j, CaseResult& r) {
   r.kink_elements = j.value("kink_elements", int64_t{0});
   r.cancellation_tensors = j.value("cancellation_tensors", int64_t{0});
   r.fp8_states_checked = j.value("fp8_states_checked", int64_t{0});
+  r.fp8_tensors_checked = j.value("fp8_tensors_checked", int64_t{0});
   r.divergences = j.value("divergences", std::vector<Divergence>{});
 }
 

@@ -162,6 +162,8 @@ struct CaseResult {
   /// Delayed-scaling quantizer states the backend judged by TE's rule, over the case's paths
   /// and calls (PathRun::fp8_states_checked).
   int64_t fp8_states_checked = 0;
+  /// Quantized tensors the backend checked exactly (PathRun::fp8_tensors_checked).
+  int64_t fp8_tensors_checked = 0;
   /// Per failing path of a traced run (runner::RunOptions::trace): where its values first
   /// diverge. Empty when the run was not traced or no value diverged.
   std::vector<Divergence> divergences;

@@ -106,6 +106,9 @@ struct PathRun {
     std::string note;
   };
   int64_t fp8_states_checked = 0;
+  /// Quantized tensors whose representation the backend checked exactly (issue 26 item 2:
+  /// FP8 codes, column-wise copy, dequantize); their violations are in fp8_state_violations.
+  int64_t fp8_tensors_checked = 0;
   std::vector<Fp8StateViolation> fp8_state_violations;
   /// An evaluation pass (a no_grad or inference_mode repeat call): the outputs, by index
   /// (0 the main output), that carry an autograd graph (requires_grad or a grad_fn).

@@ -350,14 +350,19 @@ void check_fp8_state(const CaseSpec& spec, const PathRun& run, std::vector<Findi
     // input and weight quantizers alike); a lost checkpoint state is one whatever the pass.
     const std::string role = v.quantizer.substr(0, v.quantizer.find('['));
     const bool checkpoint = v.what.rfind("checkpoint", 0) == 0;  // checkpoint, checkpoint_updated
-    // A quantized weight the caller holds (held_quantized_tensor) is judged by its own reads.
+    // A quantized weight the caller holds (held_quantized_tensor) is judged by its own reads,
+    // a quantized tensor the backend made by its representation (codes, copies, dequantize).
     const bool held = role == "held_weight";
-    d.option = checkpoint || held ? (held ? "held." : "") + v.what
-                                  : (role == "grad_output" ? "backward." : "forward.") + v.what;
+    const bool tensor = role == "quantized_tensor";
+    d.option = held         ? "held." + v.what
+               : tensor     ? "tensor." + v.what
+               : checkpoint ? v.what
+                            : (role == "grad_output" ? "backward." : "forward.") + v.what;
     d.max_abs_err = std::numeric_limits<double>::infinity();
     d.max_rel_err = std::numeric_limits<double>::infinity();
-    d.note = (held ? "the quantized weight the caller holds, " + v.quantizer + " of op "
-                   : "delayed scaling's " + v.quantizer + " quantizer of op ") +
+    d.note = (held     ? "the quantized weight the caller holds, " + v.quantizer + " of op "
+              : tensor ? "a quantized tensor the backend made, " + v.quantizer + " of op "
+                       : "delayed scaling's " + v.quantizer + " quantizer of op ") +
              std::to_string(v.op) + ": " + v.note;
     findings.push_back(std::move(d));
   }

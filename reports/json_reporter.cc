@@ -177,6 +177,9 @@ void JsonReporter::report_case(const CaseRecord& record) {
     per_recipe["cases"] += 1;
     per_recipe["calls"] += record.calls;
     if (record.result.fp8_states_checked > 0) fp8_states_by_recipe_[record.recipe] += record.result.fp8_states_checked;
+    if (record.result.fp8_tensors_checked > 0) {
+      fp8_tensors_by_recipe_[record.recipe] += record.result.fp8_tensors_checked;
+    }
   }
   kink_elements_ += record.result.kink_elements;
   cancellation_tensors_ += record.result.cancellation_tensors;
@@ -254,6 +257,7 @@ Json JsonReporter::document(const RunSummary& summary) const {
   for (const auto& [recipe, counts] : usage_by_recipe_) by_recipe[recipe] = counts_json({}, counts);
   doc["coverage"]["usage_by_recipe"] = std::move(by_recipe);
   doc["coverage"]["fp8_states_checked"] = counts_json({}, fp8_states_by_recipe_);
+  doc["coverage"]["fp8_tensors_checked"] = counts_json({}, fp8_tensors_by_recipe_);
   if (!regimes_.empty()) {
     Json regimes = Json::object();
     for (const auto& [name, cs] : regimes_) {

@@ -50,6 +50,7 @@ class JsonReporter final : public Reporter {
   std::map<std::string, std::map<std::string, int64_t>> usage_by_recipe_;
   /// coverage.fp8_state: delayed-scaling states judged, per recipe.
   std::map<std::string, int64_t> fp8_states_by_recipe_;
+  std::map<std::string, int64_t> fp8_tensors_by_recipe_;
   std::map<std::string, int64_t> fused_compared_counts_;
   int64_t kink_elements_ = 0;
   int64_t cancellation_tensors_ = 0;

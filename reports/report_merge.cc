@@ -226,6 +226,7 @@ class Merger {
       Json usage = Json::object();
       Json by_recipe = Json::object();
       Json checked = Json::object();
+      Json tensors = Json::object();
       for (const auto& in : inputs_) {
         const Json& cov = in.doc["coverage"];
         // Held for the loops (items() of a temporary would dangle).
@@ -235,6 +236,11 @@ class Merger {
         for (const auto& [recipe, value] : states.items()) {
           checked[recipe] = add(checked.value(recipe, int64_t{0}), value.get<int64_t>(), in,
                                 "/coverage/fp8_states_checked/" + recipe);
+        }
+        const Json quantized = cov.value("fp8_tensors_checked", Json::object());
+        for (const auto& [recipe, value] : quantized.items()) {
+          tensors[recipe] = add(tensors.value(recipe, int64_t{0}), value.get<int64_t>(), in,
+                                "/coverage/fp8_tensors_checked/" + recipe);
         }
         for (const auto& [name, value] : counts.items()) {
           usage[name] = add(usage.value(name, int64_t{0}), value.get<int64_t>(), in, "/coverage/usage/" + name);
@@ -251,6 +257,7 @@ class Merger {
       c["usage"] = std::move(usage);
       c["usage_by_recipe"] = std::move(by_recipe);
       c["fp8_states_checked"] = std::move(checked);
+      c["fp8_tensors_checked"] = std::move(tensors);
     }
     return c;
   }

@@ -767,7 +767,11 @@ class CaseRun {
     std::vector<const PathRun*> runs = paths_.active();
     for (const PathRun* run : runs) {
       result_.fp8_states_checked += run->fp8_states_checked;
-      for (const auto& repeat : run->repeats) result_.fp8_states_checked += repeat.fp8_states_checked;
+      result_.fp8_tensors_checked += run->fp8_tensors_checked;
+      for (const auto& repeat : run->repeats) {
+        result_.fp8_states_checked += repeat.fp8_states_checked;
+        result_.fp8_tensors_checked += repeat.fp8_tensors_checked;
+      }
     }
     // The findings the ablation puts down to writing in place are set apart: the others are
     // signed by their own first divergence (a weight gradient 3.6x off with the write and one

@@ -186,6 +186,12 @@ class Builder:
         histories TE's fuser resizes at the next forward."""
         raise NotImplementedError(f"the {self.name} backend has no set_amax_history_len")
 
+    def take_tensor_checks(self):
+        """The checks of every quantized tensor the backend made since the last take, as
+        {"checked": n, "violations": [{"op", "quantizer", "what", "note"}]} (issue 26 item
+        2: FP8 codes, column-wise copy, dequantize, exactly), or None where it checks none."""
+        return None
+
     def held_weights(self, ops, case):
         """[HeldWeight] of every Linear's quantized weight (spec.quantized_params), read by
         the caller after each call (held_quantized_tensor)."""
@@ -1522,6 +1528,20 @@ def _written_weight(case, op_case, index):
     return weight
 
 
+def _take_tensor_checks(builder, call):
+    """The backend's checks of the quantized tensors the call made (Builder.
+    take_tensor_checks: {"checked", "violations"}, issue 26 item 2), joined to the call's
+    fp8_state verdict: their violations beside the states', their count as
+    "tensors_checked"."""
+    verdict = builder.take_tensor_checks()
+    if verdict is None:
+        return
+    state = call.fp8_state if call.fp8_state is not None else {"checked": 0, "violations": []}
+    state["violations"].extend(verdict["violations"])
+    state["tensors_checked"] = state.get("tensors_checked", 0) + verdict["checked"]
+    call.fp8_state = state
+
+
 def _read_held_weights(builder, case, ops, call):
     """spec.held_quantized_tensor: after the call, the caller reads every quantized weight
     it holds (builder.held_weights). dequantize() must follow the values last written (one
@@ -1779,6 +1799,7 @@ def _run_call(
             if states is not None:
                 call.fp8_state = states.after_call(ops, trained=False, quantized=not recipe_off)
             _read_held_weights(builder, case, ops, call)
+            _take_tensor_checks(builder, call)
             return
 
         built.phase = PHASE_BACKWARD
@@ -1847,6 +1868,7 @@ def _run_call(
     if states is not None:
         call.fp8_state = states.after_call(ops, trained=True, quantized=not recipe_off)
     _read_held_weights(builder, case, ops, call)
+    _take_tensor_checks(builder, call)
 
 
 def _fail(builder, result, exc, phase):

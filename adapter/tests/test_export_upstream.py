@@ -108,6 +108,13 @@ TORCH_FAULTS = {
 }
 # The usage script's faults need its steps, which exported tests do not write yet.
 USAGE_FAULTS = {name for name in FAULTS if "-usage-" in name}
+# Faults of a quantized tensor's representation (issue 26 item 2), which only the tensor
+# checks see: exported tests do not write those checks yet (export refuses them by name).
+REPRESENTATION_FAULTS = {
+    "torch-fp8-columnwise-copy-off-by-one-code",
+    "torch-fp8-codes-rounded-toward-zero",
+    "torch-fp8-block-columnwise-from-rowwise",
+}
 
 
 def export(case_spec, found, backend="torch", **extra):
@@ -142,7 +149,14 @@ def test_a_case_with_a_usage_script_is_refused_by_name(usage):
 
 def test_every_single_process_torch_fault_has_a_case():
     single = {name for name, fault in FAULTS.items() if not fault.world_size}
-    assert single - USAGE_FAULTS == set(TORCH_FAULTS)
+    assert single - USAGE_FAULTS - REPRESENTATION_FAULTS == set(TORCH_FAULTS)
+    assert REPRESENTATION_FAULTS <= single
+
+
+def test_a_quantized_tensors_own_check_is_refused_by_name():
+    found = finding("fp8_state[0].quantized_tensor[input].codes", path="fused~fp8_rule")
+    with pytest.raises(ValueError, match="not written into exported tests yet"):
+        export(fp8_spec(LINEAR, CURRENT), found)
 
 
 def _result_tensor(result, found):

@@ -16,6 +16,7 @@ import torch
 from .. import faults, recipes
 from ..driver import USAGE, Builder, HeldWeight, run_paths, te_writer_scope
 from ..fp8_state import FP8_MAX, state_entry
+from ..invariants import TensorChecks, te_classes
 from . import recipes as te_recipes
 from .classify import classify
 from .faults import FAULTS
@@ -155,8 +156,13 @@ class TEBuilder(Builder):
             te_recipe=None,
             scratch_state=None,
             recipe_off=False,
+            ops=[],
         )
         with contextlib.ExitStack() as stack:
+            # Every quantized tensor TE's quantizers make while the path runs is checked as
+            # it is made (invariants.py; take_tensor_checks hands the checks over).
+            self.path.tensor_checks = TensorChecks(te_classes(), self._op_of, transposed_copies)
+            stack.enter_context(self.path.tensor_checks.recording())
             if self.recipe is not None:
                 self.path.te_recipe = te_recipes.make_recipe(self.recipe)
                 self.path.fp8_state = te_recipes.fresh_fp8_state()
@@ -194,6 +200,29 @@ class TEBuilder(Builder):
         # OperationFuser.maybe_fuse_ops; op.py: BasicOperation.reset_recipe_state keeps the
         # first `length` rows or pads with zeros). Nothing is resized here.
         self.path.te_recipe = te_recipes.with_amax_history_len(self.path.te_recipe, length)
+
+    def take_tensor_checks(self):
+        # None where the call quantized nothing through TE's Python entry points, so that a
+        # case without quantization keeps its verdict as it was.
+        checks = getattr(self.path, "tensor_checks", None)
+        if checks is None:
+            return None
+        verdict = checks.take()
+        return verdict if verdict["checked"] or verdict["violations"] else None
+
+    def _op_of(self, quantizer, tensor):
+        """(spec op index, label) of the op whose quantizer made `tensor`: a quantizer of the
+        op's recipe state (op.py: BasicOperation._quantizers[mode][k], label "mode.k"), or the
+        op's weight itself (a quantized parameter written in place, label "weight");
+        (-1, "?") where no op of the path owns either."""
+        for index, op in self.path.ops:
+            for mode, quantizers in (getattr(op, "_quantizers", None) or {}).items():
+                for k, q in enumerate(quantizers):
+                    if q is quantizer:
+                        return index, f"{mode}.{k}"
+            if tensor is not None and getattr(op, "weight", None) is tensor:
+                return index, "weight"
+        return -1, "?"
 
     def held_weights(self, ops, case):
         # The weight parameter itself, as the caller holds it; copies where exact.
@@ -237,6 +266,7 @@ class TEBuilder(Builder):
         set_param_requires_grad(op, op_case.name, op_case.param_requires_grad)
         attach_main_grads(op, op_case.name)
         self.path.names[id(op)] = op_case.name
+        self.path.ops.append((op_case.index, op))
         return op
 
     def _param_scope(self, op_case, case):

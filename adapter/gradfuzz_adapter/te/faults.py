@@ -17,6 +17,9 @@ as a crash. Where one fires:
 - the te-fp8-* faults: Python-level quantization (quantized_tensor.py: Quantizer.quantize,
   the entry of every quantizer call in basic_linear.py / grouped_linear.py; casts done
   inside fused kernels bypass it) and DelayedScaling's update (from the second call on).
+  te-fp8-columnwise-copy-off-by-one-code, te-fp8-codes-rounded-toward-zero and
+  te-fp8-dequantize-scale-inv-bf16 keep every value within FP8 error: the checks of each
+  quantized tensor (invariants.py, issue 26 item 2) see them, the value oracle need not.
 
 - te-reduce-scatter-wrong-shard, te-column-parallel-dgrad-not-all-reduced,
   te-all-reduce-backward-reduced: tensor parallelism (distributed cases of 2 ranks, one
@@ -203,6 +206,63 @@ def _transposed_copy_rowwise(result):
 
 
 _GRAD_SCALE = 2.0**-7
+
+
+def _columnwise_one_code_off(result):
+    """The first column-wise code below the format's largest magnitude moved one FP8 step
+    away from zero (FP8 codes of one sign are ordered by magnitude in their low 7 bits)."""
+    transpose = result._transpose
+    if transpose is None or result._transpose_invalid or transpose.numel() == 0:
+        return
+    flat = transpose.view(-1)
+    below = ((flat & 0x7F) < 0x7E).nonzero()
+    if below.numel():
+        k = int(below[0])
+        flat[k : k + 1] += 1
+
+
+def _codes_rounded_toward_zero(original):
+    """A Quantizer.quantize whose per-tensor FP8 codes are rounded toward zero: every code
+    the cast rounded up in magnitude is moved one step back (the cast's multiplier taken as
+    1/scale_inv), in the row-wise data and its transpose alike."""
+
+    def quantize(self, tensor, **kwargs):
+        result = original(self, tensor, **kwargs)
+        data = getattr(result, "_data", None)
+        if not isinstance(result, _float8_storage()) or data is None or data.numel() == 0:
+            return result
+        from transformer_engine.pytorch.constants import TE_DType_To_Torch
+
+        with torch.no_grad():
+            fp8 = TE_DType_To_Torch[result._fp8_dtype]
+            scaled = tensor.detach().to(torch.float32).reshape(data.shape) / result._scale_inv
+            up = data.view(fp8).to(torch.float32).abs() > scaled.abs()
+            nonzero = (data & 0x7F) > 0
+            data.copy_(torch.where(up & nonzero, data - 1, data))
+            transpose = result._transpose
+            if transpose is not None and not result._transpose_invalid:
+                n = data.shape[-1] if data.dim() else 1
+                transpose.copy_(data.reshape(-1, n).t().reshape(transpose.shape))
+        return result
+
+    return quantize
+
+
+def _dequantize_scale_inv_bf16(original):
+    def make(forward):
+        def dequantize(ctx, tensor, dtype):
+            scale_inv = tensor._scale_inv
+            if scale_inv is None:
+                return forward(ctx, tensor, dtype)
+            tensor._scale_inv = scale_inv.to(torch.bfloat16).to(scale_inv.dtype)
+            try:
+                return forward(ctx, tensor, dtype)
+            finally:
+                tensor._scale_inv = scale_inv
+
+        return dequantize
+
+    return wrap(original, make)
 
 
 def _dgrad_scaled_down(original):
@@ -565,6 +625,31 @@ FAULTS = {
             "(the same bytes with the row-major shape), wherever quantize made both",
             "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
             _after_quantize(_transposed_copy_rowwise),
+        ),
+        Fault(
+            "te-fp8-columnwise-copy-off-by-one-code",
+            "A per-tensor FP8 tensor's transposed copy (_transpose, made with the row-wise "
+            "data by the cast-transpose) has one code one FP8 step away from the row-wise "
+            "one: the values stay within FP8 error, only the column-wise copy check sees it",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _after_quantize(_columnwise_one_code_off),
+        ),
+        Fault(
+            "te-fp8-codes-rounded-toward-zero",
+            "Per-tensor FP8 casts round toward zero instead of to nearest even (row-wise "
+            "data and transpose alike): every value within one FP8 step, only the codes "
+            "check sees it",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _codes_rounded_toward_zero,
+        ),
+        Fault(
+            "te-fp8-dequantize-scale-inv-bf16",
+            "A per-tensor FP8 tensor's dequantize() multiplies by its scale inverse rounded "
+            "to bfloat16 (relative error up to 2^-9, within FP8 error; none where the scale "
+            "is a power of two): only the dequantize check sees it",
+            "transformer_engine.pytorch.tensor.storage.float8_tensor_storage."
+            "_FromFloat8Func.forward",
+            _dequantize_scale_inv_bf16,
         ),
         Fault(
             "te-fp8-dgrad-scaled-down",

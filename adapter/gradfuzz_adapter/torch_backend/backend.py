@@ -20,6 +20,7 @@ from .. import catalog, faults, recipes
 from ..driver import USAGE, Builder, HeldWeight, run_paths, torch_writer_scope
 from ..errors import GradfuzzError
 from ..fp8_state import FP8_MAX, state_entry
+from ..invariants import check_emulated
 from . import fp8, parallel
 from .faults import FAULTS
 from .runtime import FUSIONS, BasicOp, Boundary, Sequential
@@ -31,14 +32,50 @@ class TorchBuilder(Builder):
     def __init__(self):
         self.recipe = None  # the running case's recipes.Recipe, set by TorchBackend.run
         self.fusions = ()  # the running path's fusions (fusion_scope)
+        self.tensor_checks = None  # the path's quantized tensors' checks (fusion_scope)
+        self.quantizer_ops = {}  # id(fp8 quantizer) -> spec op index, for the path's ops
 
     @contextlib.contextmanager
     def fusion_scope(self, fusions):
         previous, self.fusions = self.fusions, tuple(f for f in fusions if f in FUSIONS)
+        # Every quantized tensor the emulation makes while the path runs is checked as it is
+        # made (invariants.py: check_emulated; take_tensor_checks hands them over).
+        self.tensor_checks = {"checked": 0, "violations": []}
+        self.quantizer_ops = {}
         try:
-            yield
+            with fp8.recording(self._check_tensor):
+                yield
         finally:
             self.fusions = previous
+
+    def _check_tensor(self, quantizer, x, result):
+        try:
+            with torch.no_grad():
+                found = check_emulated(quantizer, x, result)
+        except Exception:  # noqa: BLE001 - a failing check is no finding of the emulation's
+            return
+        if found is None:
+            return
+        self.tensor_checks["checked"] += 1
+        op = self.quantizer_ops.get(id(quantizer), -1)
+        for what, note in found:
+            self.tensor_checks["violations"].append(
+                {
+                    "op": op,
+                    "quantizer": f"quantized_tensor[{getattr(quantizer, 'role', '?')}]",
+                    "what": what,
+                    "note": f"{type(quantizer).__name__}: {note}",
+                }
+            )
+
+    def take_tensor_checks(self):
+        # None where the call quantized nothing, so that a case without a recipe keeps its
+        # verdict as it was.
+        verdict = getattr(self, "tensor_checks", None)
+        if verdict is None or not (verdict["checked"] or verdict["violations"]):
+            return None
+        self.tensor_checks = {"checked": 0, "violations": []}
+        return verdict
 
     def device(self, case):
         if self.recipe is not None and not recipes.RECIPES[self.recipe.name].emulated:
@@ -79,6 +116,9 @@ class TorchBuilder(Builder):
         quantization = fp8.OpQuantization(op_case.name, op_case.attrs, self.recipe)
         if quantization.active:
             op.quantization = quantization
+        for lq in quantization.linear:
+            for q in (lq.input, lq.weight, lq.grad_output):
+                self.quantizer_ops[id(q)] = op_case.index
         if case.quantized_params and op_case.name == "Linear" and quantization.linear:
             # quantized_model_init: the weight a quantized parameter from the start.
             _write_quantized_weight(op, op.params[0])

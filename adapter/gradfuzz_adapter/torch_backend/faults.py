@@ -1,7 +1,9 @@
 """The torch backend's planted faults (docs/BACKENDS.md Protocol 2 `fault`): defects of the
 kinds FP8 kernels have, planted in the recipe emulation (fp8.py) so that `gradfuzz
 selftest --backend torch` shows on the CPU that the quantization-aware oracle finds them.
-Each is te/faults.py's TE fault of the same name after the prefix, on the emulation.
+Most are te/faults.py's TE fault of the same name after the prefix, on the emulation
+(not torch-fp8-block-columnwise-from-rowwise, which TE's Python layer cannot host: TE
+makes both block copies in one cast kernel).
 
 The distributed ones are planted in the ranks' communication (collectives.py), in every
 rank process of a case: defects of the kind tensor-parallel code has (a collective that
@@ -368,6 +370,59 @@ def _delayed_state_not_loaded(original):
     return load_state
 
 
+def _columnwise_copy_off_by_one_code(original):
+    """per_tensor_copies whose column-wise copy has its first element below the format's
+    largest magnitude moved one FP8 step away from zero (the next code of the same sign)."""
+
+    def per_tensor_copies(data, scale, fmt):
+        result = original(data, scale, fmt)
+        t = result.data_t
+        if t.numel() == 0 or scale is None:
+            return result
+        dtype, fp8_max = fp8.FORMATS[fmt]
+        scale = scale.to(torch.float32)
+        inv = torch.reciprocal(scale).to(torch.float64)
+        codes = (t.reshape(-1) / inv).to(torch.float32).to(dtype)
+        below = (codes.to(torch.float32).abs() < fp8_max).nonzero()
+        if below.numel():
+            k = int(below[0])
+            bumped = (codes[k : k + 1].view(torch.uint8) + 1).view(dtype)
+            flat = t.reshape(-1).clone()
+            flat[k] = bumped.to(torch.float64)[0] * inv
+            result.data_t = flat.reshape(t.shape)
+        return result
+
+    return per_tensor_copies
+
+
+def _codes_rounded_toward_zero(original):
+    """cast_to_fp8 that rounds toward zero: every code the round-to-nearest-even cast made
+    larger in magnitude than the scaled value is moved one step back."""
+
+    def cast_to_fp8(x, scale, fmt):
+        q = original(x, scale, fmt)
+        scaled = x.to(torch.float32) * scale
+        up = q.to(torch.float32).abs() > scaled.abs()
+        codes = q.view(torch.uint8)
+        back = torch.where(up & ((codes & 0x7F) > 0), codes - 1, codes)
+        return back.view(q.dtype)
+
+    return cast_to_fp8
+
+
+def _block_columnwise_from_rowwise(original):
+    """BlockQuantizer.columnwise_copy whose 1D copy (128x1 blocks) is made by quantizing
+    the row-wise copy's dequantized values again instead of x: each value is within FP8
+    error of the right one, but not the quantization of x."""
+
+    def columnwise_copy(self, x2, data):
+        if self.block_dim != 1:
+            return original(self, x2, data)
+        return original(self, data, data)
+
+    return columnwise_copy
+
+
 FAULTS = {
     f.name: f
     for f in (
@@ -392,6 +447,28 @@ FAULTS = {
             "row-wise one belongs, with the row-wise shape",
             "gradfuzz_adapter.torch_backend.fp8.QuantizedTensor.rowwise",
             _transposed_copy_rowwise,
+        ),
+        Fault(
+            "torch-fp8-columnwise-copy-off-by-one-code",
+            "A per-tensor quantization's column-wise copy has one element one FP8 step away "
+            "from the row-wise one: within FP8 error, only the column-wise copy check sees it",
+            "gradfuzz_adapter.torch_backend.fp8.per_tensor_copies",
+            _columnwise_copy_off_by_one_code,
+        ),
+        Fault(
+            "torch-fp8-codes-rounded-toward-zero",
+            "The FP8 cast rounds toward zero instead of to nearest even, in every "
+            "quantizer: within one FP8 step, only the codes check sees it",
+            "gradfuzz_adapter.torch_backend.fp8.cast_to_fp8",
+            _codes_rounded_toward_zero,
+        ),
+        Fault(
+            "torch-fp8-block-columnwise-from-rowwise",
+            "1D block scaling: the column-wise copy (128x1 blocks) is the re-quantization of "
+            "the row-wise copy's dequantized values instead of x's: within FP8 error, only "
+            "the column-wise copy check sees it",
+            "gradfuzz_adapter.torch_backend.fp8.BlockQuantizer.columnwise_copy",
+            _block_columnwise_from_rowwise,
         ),
         Fault(
             "torch-fp8-dgrad-scaled-down",

@@ -89,11 +89,15 @@ def quantize_dequantize(x, scale, fmt):
 def current_scaling_qdq(x, fmt, *, pow2=False, epsilon=0.0):
     """Per-tensor current scaling of x (csrc/quantizer.cpp:
     Float8CurrentScalingQuantizer::quantize_impl): the scale from x's own amax."""
+    return quantize_dequantize(x.detach(), current_scale(x, fmt, pow2=pow2, epsilon=epsilon), fmt)
+
+
+def current_scale(x, fmt, *, pow2=False, epsilon=0.0):
+    """Current scaling's scale of x: from its own amax (compute_scale)."""
     amax = x.detach().abs().max().to(torch.float32) if x.numel() else torch.zeros(())
-    scale = compute_scale(
+    return compute_scale(
         amax, FORMATS[fmt][1], pow2=pow2, epsilon=epsilon, value_for_inf=value_for_inf(x.dtype)
     )
-    return quantize_dequantize(x.detach(), scale, fmt)
 
 
 BLOCK = 128  # tensor/float8_blockwise_tensor.py: Float8BlockQuantizer.block_len
@@ -168,6 +172,37 @@ class QuantizedTensor:
         return self.data_t.t()
 
 
+# Whoever watches the quantized tensors the quantizers make (recording): called with
+# (quantizer, x, QuantizedTensor) after each quantization; None: nobody.
+_RECORDER = [None]
+
+
+@contextlib.contextmanager
+def recording(callback):
+    """Runs the body with `callback(quantizer, x, result)` called after every quantization
+    of a quantizer below (the torch backend checks each tensor: invariants.py:
+    check_emulated)."""
+    previous = _RECORDER[0]
+    _RECORDER[0] = callback
+    try:
+        yield
+    finally:
+        _RECORDER[0] = previous
+
+
+def _made(quantizer, x, result):
+    if _RECORDER[0] is not None:
+        _RECORDER[0](quantizer, x, result)
+    return result
+
+
+def per_tensor_copies(data, scale, fmt):
+    """The QuantizedTensor of a per-tensor quantization: `data` (x quantized with `scale`
+    in format `fmt`, dequantized) and its transpose, one scale for both
+    (float8_tensor_storage.py: _transpose is fp8_transpose of _data)."""
+    return QuantizedTensor(data, data.t().contiguous())
+
+
 class CurrentQuantizer:
     """Per-tensor current scaling (Float8CurrentScalingQuantizer)."""
 
@@ -179,8 +214,9 @@ class CurrentQuantizer:
         self.epsilon = epsilon
 
     def __call__(self, x):
-        data = current_scaling_qdq(x, self.fmt, pow2=self.pow2, epsilon=self.epsilon)
-        return QuantizedTensor(data, data.t().contiguous())
+        scale = current_scale(x, self.fmt, pow2=self.pow2, epsilon=self.epsilon)
+        data = quantize_dequantize(x.detach(), scale, self.fmt)
+        return _made(self, x, per_tensor_copies(data, scale, self.fmt))
 
 
 class BlockQuantizer:
@@ -197,13 +233,16 @@ class BlockQuantizer:
     def __call__(self, x):
         x2 = x.reshape(-1, x.shape[-1])
         data = block_scaling_qdq(x2, self.fmt, self.block_dim, pow2=self.pow2)
+        data_t = self.columnwise_copy(x2, data)
+        return _made(self, x, QuantizedTensor(data.reshape(x.shape), data_t))
+
+    def columnwise_copy(self, x2, data):
+        """The column-wise copy [n, m] of x2 [m, n] whose row-wise copy is `data`: for 2D
+        blocks `data` transposed (one scale per tile serves both), for 1D blocks x2
+        quantized with 128x1 blocks."""
         if self.block_dim == 2:
-            data_t = data.t().contiguous()
-        else:
-            data_t = (
-                block_scaling_qdq(x2, self.fmt, 1, along_rows=True, pow2=self.pow2).t().contiguous()
-            )
-        return QuantizedTensor(data.reshape(x.shape), data_t)
+            return data.t().contiguous()
+        return block_scaling_qdq(x2, self.fmt, 1, along_rows=True, pow2=self.pow2).t().contiguous()
 
 
 class DelayedQuantizer:
@@ -225,7 +264,7 @@ class DelayedQuantizer:
             amax = x.detach().abs().max().to(torch.float32)
             self.history[0] = torch.maximum(self.history[0], amax)
         data = quantize_dequantize(x.detach(), self.scale, self.fmt)
-        return QuantizedTensor(data, data.t().contiguous())
+        return _made(self, x, per_tensor_copies(data, self.scale, self.fmt))
 
     def state(self):
         return {"scale": self.scale.clone(), "history": self.history.clone()}

@@ -1,0 +1,539 @@
+"""Invariants of every quantized tensor a backend makes, checked exactly (issue 26 item 2):
+the FP8 codes are the cast of the high-precision tensor with the tensor's own scale, the
+column-wise copy is what the format says it is, and dequantize() is the codes times the
+scale inverse.
+
+The te backend records each tensor TE's quantizers make while a path runs (TensorChecks:
+quantized_tensor.py: Quantizer.quantize, the entry of every quantizer call, `quantizer(x)`
+included, and QuantizedTensorStorage.quantize_, a write into an existing one) and checks
+it at once, inside TE's forward or backward: TE takes a tensor's buffers apart when it saves
+it for backward (float8_tensor_storage.py, float8_blockwise_tensor_storage.py:
+prepare_for_saving sets them to None), so later they may be gone. Casts TE does inside its
+fused kernels (tex.split_quantize in grouped_linear.py, the cast of an activation's or a
+GEMM's output) never pass the Python entry points and are not seen.
+
+The torch backend's emulation (torch_backend/fp8.py) is checked with the reference
+functions below (check_emulated), which recompute each quantization on their own, apart
+from the emulation's functions, so that a defect of those shows.
+
+Imports only torch at module level; te_classes() imports TE, called by the te backend only.
+"""
+
+import contextlib
+
+import torch
+
+# FP8 format -> (torch dtype, largest finite value: common/recipe/__init__.py Format).
+_FORMATS = {
+    "E4M3": (torch.float8_e4m3fn, 448.0),
+    "E5M2": (torch.float8_e5m2, 57344.0),
+}
+BLOCK = 128  # float8_blockwise_tensor.py: Float8BlockQuantizer.block_len
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+# ----------------------------------------------------------------------------------------
+# References
+
+
+def reference_codes(x, scale, fmt):
+    """The FP8 codes of x cast with `scale` (broadcasting against x): the fp32 product
+    x * scale saturated to the format's +-max, then rounded to nearest even (torch's cast
+    to a float8 dtype rounds so but does not saturate, hence the clamp first)."""
+    dtype, fp8_max = _FORMATS[fmt]
+    return (x.to(torch.float32) * scale).clamp(-fp8_max, fp8_max).to(dtype)
+
+
+def reference_scale(amax, fp8_max, *, pow2=False, epsilon=0.0, value_for_inf=_FP32_MAX):
+    """The scale of an fp32 amax (or tensor of amaxes) by TE's rule as docs/BACKENDS.md "How
+    the scale is computed" states it (common/recipe/recipe_common.cuh:
+    compute_scale_from_amax): fp8_max / max(amax, epsilon) in fp32; 1 where that amax is 0
+    or not finite; `value_for_inf` where the quotient overflows; only the exponent kept with
+    `pow2`. Written apart from torch_backend/fp8.py: compute_scale, which it checks."""
+    amax = torch.clamp(amax.to(torch.float32), min=epsilon) if epsilon > 0 else amax.float()
+    unusable = ~torch.isfinite(amax) | (amax == 0)
+    quotient = torch.tensor(fp8_max, dtype=torch.float32) / torch.where(
+        unusable, torch.ones_like(amax), amax
+    )
+    quotient = torch.where(
+        torch.isinf(quotient), torch.full_like(quotient, value_for_inf), quotient
+    )
+    if pow2:
+        _, exponent = torch.frexp(quotient)
+        quotient = torch.ldexp(torch.full_like(quotient, 0.5), exponent).to(torch.float32)
+    return torch.where(unusable, torch.ones_like(quotient), quotient)
+
+
+def reference_dequantized(codes, scale):
+    """codes times fp32(1 / scale), in float64 (exact there)."""
+    scale_inv = torch.reciprocal(scale.to(torch.float32))
+    return codes.to(torch.float64) * scale_inv.to(torch.float64)
+
+
+def _value_for_inf(dtype):
+    return torch.finfo(dtype).max if dtype in (torch.float16, torch.bfloat16) else _FP32_MAX
+
+
+def _same(a, b):
+    """Elementwise: equal values, or both NaN."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
+
+
+def _first_difference(ok):
+    """The flat index of the first False of `ok`, or None."""
+    bad = (~ok).reshape(-1).nonzero()
+    return None if bad.numel() == 0 else int(bad[0])
+
+
+def _blocks(x2, rows, cols):
+    """x2 [m, n] padded with zeros to whole `rows` x `cols` tiles, as [tm, rows, tn, cols]."""
+    m, n = x2.shape
+    padded = torch.nn.functional.pad(x2.to(torch.float32), (0, (-n) % cols, 0, (-m) % rows))
+    return padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
+
+
+# ----------------------------------------------------------------------------------------
+# The torch backend's emulation (torch_backend/fp8.py quantizers)
+
+
+def check_emulated(quantizer, x, result):
+    """[(what, note)] of one QuantizedTensor the emulation made from x, or None where the
+    quantizer is not one of fp8.py's kinds. The row-wise data must be the reference
+    quantize-dequantize of x (codes), the column-wise one the row-wise one transposed
+    (per-tensor scaling, 2D blocks) or the reference 128x1 quantization of x (1D blocks)
+    (columnwise). The emulation keeps no codes apart from their values, so its dequantize
+    is its row-wise data and is checked by the first."""
+    kind = type(quantizer).__name__
+    x = x.detach()
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+    fmt = quantizer.fmt
+    fp8_max = _FORMATS[fmt][1]
+    if kind == "DelayedQuantizer":
+        scale = quantizer.scale.to(torch.float32)
+        want = reference_dequantized(reference_codes(x2, scale, fmt), scale)
+        want_t = None
+    elif kind == "CurrentQuantizer":
+        amax = x2.abs().max().to(torch.float32) if x2.numel() else torch.zeros(())
+        scale = reference_scale(
+            amax,
+            fp8_max,
+            pow2=quantizer.pow2,
+            epsilon=quantizer.epsilon,
+            value_for_inf=_value_for_inf(x.dtype),
+        )
+        want = reference_dequantized(reference_codes(x2, scale, fmt), scale)
+        want_t = None
+    elif kind == "BlockQuantizer":
+        shapes = {"rows": (1, BLOCK), "cols": (BLOCK, 1), "tiles": (BLOCK, BLOCK)}
+        rowwise = shapes["tiles"] if quantizer.block_dim == 2 else shapes["rows"]
+        want = _block_reference(x2, fmt, rowwise, quantizer.pow2)
+        want_t = (
+            None
+            if quantizer.block_dim == 2
+            else _block_reference(x2, fmt, shapes["cols"], quantizer.pow2).t()
+        )
+    else:
+        return None
+    out = []
+    data = result.data.reshape(x2.shape)
+    ok = _same(data, want)
+    k = _first_difference(ok)
+    if k is not None:
+        out.append(
+            (
+                "codes",
+                f"element {k} of the row-wise copy: {float(data.reshape(-1)[k])!r}, the "
+                f"reference cast of x = {float(x2.reshape(-1)[k])!r} gives "
+                f"{float(want.reshape(-1)[k])!r}",
+            )
+        )
+    data_t = result.data_t
+    expected_t = data.t() if want_t is None else want_t
+    if tuple(data_t.shape) != tuple(expected_t.shape):
+        out.append(
+            (
+                "columnwise",
+                f"column-wise copy of shape {list(data_t.shape)}, "
+                f"expected {list(expected_t.shape)}",
+            )
+        )
+        return out
+    ok = _same(data_t, expected_t)
+    k = _first_difference(ok)
+    if k is not None:
+        source = "the row-wise copy transposed" if want_t is None else "the 128x1 reference"
+        out.append(
+            (
+                "columnwise",
+                f"element {k} of the column-wise copy: {float(data_t.reshape(-1)[k])!r}, "
+                f"{source} has {float(expected_t.reshape(-1)[k])!r}",
+            )
+        )
+    return out
+
+
+def _block_reference(x2, fmt, shape, pow2):
+    """Quantize-dequantize of x2 [m, n] with one scale per `shape` tile (rows, cols), the
+    scale from the tile's amax (reference_scale), in float64."""
+    m, n = x2.shape
+    tiles = _blocks(x2, *shape)
+    amax = tiles.abs().amax(dim=(1, 3), keepdim=True)
+    scale = reference_scale(
+        amax, _FORMATS[fmt][1], pow2=pow2, value_for_inf=_value_for_inf(x2.dtype)
+    )
+    values = reference_dequantized(reference_codes(tiles, scale, fmt), scale)
+    return values.reshape(tiles.shape[0] * shape[0], tiles.shape[2] * shape[1])[:m, :n]
+
+
+# ----------------------------------------------------------------------------------------
+# TE's quantized tensors
+
+
+def te_classes():
+    """TensorChecks' `classes` from TE's modules (imports TE)."""
+    from transformer_engine.pytorch.constants import DType
+    from transformer_engine.pytorch.quantized_tensor import (
+        QuantizedTensor,
+        QuantizedTensorStorage,
+        Quantizer,
+    )
+    from transformer_engine.pytorch.tensor.float8_tensor import (
+        Float8CurrentScalingQuantizer,
+        Float8Quantizer,
+    )
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
+        Float8BlockwiseQTensorStorage,
+    )
+    from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import (
+        Float8TensorStorage,
+    )
+
+    return {
+        "Quantizer": Quantizer,
+        "QuantizedTensor": QuantizedTensor,
+        "QuantizedTensorStorage": QuantizedTensorStorage,
+        "Float8TensorStorage": Float8TensorStorage,
+        "Float8BlockwiseQTensorStorage": Float8BlockwiseQTensorStorage,
+        "Float8Quantizer": Float8Quantizer,
+        "Float8CurrentScalingQuantizer": Float8CurrentScalingQuantizer,
+        "E5M2": DType.kFloat8E5M2,
+    }
+
+
+class TensorChecks:
+    """The record of one path's quantized tensors (TEBuilder.fusion_scope): recording()
+    wraps TE's entry points for the body of a `with`, each tensor is checked as it is made,
+    take() hands over what was checked since the last take.
+
+    `classes`: TE's Quantizer, QuantizedTensor, QuantizedTensorStorage,
+    Float8TensorStorage, Float8BlockwiseQTensorStorage, Float8Quantizer and
+    Float8CurrentScalingQuantizer by name, and "E5M2": DType.kFloat8E5M2 (te_classes());
+    `op_of(quantizer, tensor)`: (spec op index, label) of the op that owns the quantizer or
+    the tensor, (-1, "?") if none;
+    `copies_of(tensor)`: te/backend.py: transposed_copies."""
+
+    def __init__(self, classes, op_of, copies_of):
+        self.classes = classes
+        self.op_of = op_of
+        self.copies_of = copies_of
+        self.checked = 0
+        self.violations = []
+        self._depth = 0
+
+    def take(self):
+        out = {"checked": self.checked, "violations": self.violations}
+        self.checked, self.violations = 0, []
+        return out
+
+    @contextlib.contextmanager
+    def recording(self):
+        quantizer_cls = self.classes["Quantizer"]
+        storage_cls = self.classes["QuantizedTensorStorage"]
+        quantize = quantizer_cls.__dict__["quantize"]
+        quantize_ = storage_cls.__dict__["quantize_"]
+        checks = self
+
+        def recorded_quantize(quantizer, tensor, **kwargs):
+            checks._depth += 1
+            try:
+                result = quantize(quantizer, tensor, **kwargs)
+            finally:
+                checks._depth -= 1
+            if checks._depth == 0:
+                checks.record(tensor, quantizer, result)
+            return result
+
+        def recorded_quantize_(storage, tensor, **kwargs):
+            checks._depth += 1
+            try:
+                result = quantize_(storage, tensor, **kwargs)
+            finally:
+                checks._depth -= 1
+            # A write TE may skip (noop_flag: a CUDA graph's weight-update flag) is not
+            # checked: its data may rightly be the previous values.
+            if checks._depth == 0 and kwargs.get("noop_flag") is None:
+                checks.record(tensor, getattr(storage, "_quantizer", None), storage)
+            return result
+
+        quantizer_cls.quantize = recorded_quantize
+        storage_cls.quantize_ = recorded_quantize_
+        try:
+            yield self
+        finally:
+            quantizer_cls.quantize = quantize
+            storage_cls.quantize_ = quantize_
+
+    def record(self, x, quantizer, q):
+        """Checks q, made by `quantizer` from x. Whatever goes wrong in the check itself
+        (a layout it does not know, a freed buffer) skips the tensor, uncounted: TE's code
+        path never sees an exception of ours, and TE's tensors are only read."""
+        if not isinstance(x, torch.Tensor) or isinstance(x, self.classes["QuantizedTensor"]):
+            return
+        if not x.is_floating_point():
+            return
+        try:
+            with torch.no_grad():
+                found = self.check(x.detach(), quantizer, q)
+        except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
+            return
+        if found is None:
+            return
+        self.checked += 1
+        if not found:
+            return
+        try:
+            op, label = self.op_of(quantizer, q)
+        except Exception:  # noqa: BLE001
+            op, label = -1, "?"
+        for what, note in found:
+            self.violations.append(
+                {
+                    "op": op,
+                    "quantizer": f"quantized_tensor[{label}]",
+                    "what": what,
+                    "note": f"{type(quantizer).__name__}: {note}",
+                }
+            )
+
+    def check(self, x, quantizer, q):
+        """[(what, note)] of q, or None where its format is not checked here."""
+        c = self.classes
+        if isinstance(q, c["Float8TensorStorage"]):
+            return self._check_float8(x, quantizer, q)
+        if isinstance(q, c["Float8BlockwiseQTensorStorage"]):
+            return self._check_blockwise(x, quantizer, q)
+        return None  # MXFP8, NVFP4: no exact rule readable here
+
+    def _fmt(self, q):
+        return "E5M2" if int(q._fp8_dtype) == int(self.classes["E5M2"]) else "E4M3"
+
+    # -- per-tensor scaling (Float8Tensor: DelayedScaling, Float8CurrentScaling)
+
+    def _per_tensor_scale(self, x, quantizer, scale_inv, fmt):
+        """The scale TE's cast multiplied by, as an fp32 scalar tensor, or None where it
+        cannot be known exactly. Float8Quantizer (delayed scaling): its `scale` tensor,
+        which the recipe state updates only after the autocast or the backward
+        (quantization.py: reduce_and_update_fp8_tensors), so it is the cast's at record
+        time. Float8CurrentScalingQuantizer: the scale of x's amax by TE's rule
+        (reference_scale), taken where its fp32 reciprocal is the tensor's scale_inv (the
+        kernel's scale_inv = 1/scale); with an amax reduction across ranks x's own amax is
+        not the one used, and an exact power of two scale_inv under force_pow_2_scales is
+        inverted exactly. Otherwise None: the codes are not checked."""
+        c = self.classes
+        if isinstance(quantizer, c["Float8Quantizer"]):
+            scale = getattr(quantizer, "scale", None)
+            if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+                return scale.detach().reshape(()).to(torch.float32).cpu().clone()
+            return None
+        if not isinstance(quantizer, c["Float8CurrentScalingQuantizer"]):
+            return None
+        pow2 = bool(getattr(quantizer, "force_pow_2_scales", False))
+        if not getattr(quantizer, "with_amax_reduction", False) and x.numel():
+            amax = x.abs().max().to(torch.float32).cpu()
+            candidate = reference_scale(
+                amax,
+                _FORMATS[fmt][1],
+                pow2=pow2,
+                epsilon=float(getattr(quantizer, "amax_epsilon", 0.0) or 0.0),
+                value_for_inf=_value_for_inf(x.dtype),
+            )
+            if torch.equal(torch.reciprocal(candidate), scale_inv):
+                return candidate
+        if pow2 and _is_power_of_two(scale_inv):
+            return torch.reciprocal(scale_inv)
+        return None
+
+    def _check_float8(self, x, quantizer, q):
+        fmt = self._fmt(q)
+        fp8_dtype = _FORMATS[fmt][0]
+        scale_inv = q._scale_inv
+        if scale_inv is None or scale_inv.numel() != 1:
+            return None
+        scale_inv = scale_inv.detach().reshape(()).to(torch.float32).cpu()
+        n = x.shape[-1] if x.dim() else 1
+        x2 = x.reshape(-1, n).cpu()
+        rows = q._data.detach().reshape(-1, n).cpu() if q._data is not None else None
+        cols = None
+        if q._transpose is not None and not q._transpose_invalid:
+            cols = q._transpose.detach().reshape(n, -1).cpu()
+        if rows is None and cols is None:
+            return None
+        out = []
+        codes = rows if rows is not None else cols.t()
+        scale = self._per_tensor_scale(x2, quantizer, scale_inv, fmt)
+        if scale is not None:
+            want = reference_codes(x2, scale, fmt).view(torch.uint8)
+            mismatch = _code_mismatch(codes, want, x2, fp8_dtype, "the row-wise codes")
+            if mismatch:
+                out.append(("codes", f"scale {float(scale)!r}: {mismatch}"))
+        if rows is not None and cols is not None:
+            # float8_tensor_storage.py: _create_transpose makes _transpose by fp8_transpose
+            # of _data; the cast-transpose kernel writes both at once. Either way the bytes
+            # are the same, transposed over the last dimension.
+            ok = cols.t() == rows
+            k = _first_difference(ok)
+            if k is not None:
+                i, j = divmod(k, n)
+                out.append(
+                    (
+                        "columnwise",
+                        f"_transpose[{j}, {i}] is byte {int(cols[j, i])}, _data[{i}, {j}] "
+                        f"byte {int(rows[i, j])}",
+                    )
+                )
+        self._check_dequantize(out, q, x.dtype, codes.view(fp8_dtype), scale_inv, x2.shape)
+        return out
+
+    # -- block scaling (Float8BlockwiseQTensor: Float8BlockScaling)
+
+    def _check_blockwise(self, x, quantizer, q):
+        """Float8BlockQuantizer's layout (float8_blockwise_tensor.py: get_scale_shape,
+        get_columnwise_shape; the storage's dequantize): row-wise data [m, n] (x flattened
+        to 2D over its last dimension), column-wise data [n, m]; 2D blocks: row-wise scales
+        [ceil(m/128), ceil(n/128) padded to 4], column-wise [ceil(n/128), ceil(m/128)
+        padded]; 1D blocks: row-wise scales [ceil(n/128), m padded to 4] (one per 1x128
+        block of a row, stored transposed), column-wise [ceil(m/128), n padded] (one per
+        128x1 block of a column). The codes are checked only where every scale inverse of
+        the copy is a power of two (force_pow_2_scales, the recipe's default): then the
+        cast's multiplier is 1/scale_inv exactly, whether the kernel multiplies by the
+        scale or divides by its inverse; the scale TE derives from a block's amax without
+        power-of-two scales is not readable from TE's Python code, so those are skipped."""
+        fmt = self._fmt(q)
+        fp8_dtype = _FORMATS[fmt][0]
+        block = int(getattr(quantizer, "block_len", BLOCK) or BLOCK)
+        n = x.shape[-1] if x.dim() else 1
+        x2 = x.reshape(-1, n).cpu()
+        m = x2.shape[0]
+        two_d = bool(q._is_2D_scaled)
+        tm, tn = -(-m // block), -(-n // block)
+        out = []
+        rows = q._rowwise_data
+        row_scales = None
+        if rows is not None and q._rowwise_scale_inv is not None:
+            rows = rows.detach().reshape(m, n).cpu()
+            s = q._rowwise_scale_inv.detach().cpu().to(torch.float32)
+            if two_d:
+                s = s[:tm, :tn]
+                row_scales = s.repeat_interleave(block, 0)[:m].repeat_interleave(block, 1)[:, :n]
+            else:
+                s = s[:tn, :m].t()  # [m, ceil(n/128)]
+                row_scales = s.repeat_interleave(block, 1)[:, :n]
+        cols = q._columnwise_data
+        col_scales = None  # per element of x2 [m, n]
+        if cols is not None and q._columnwise_scale_inv is not None:
+            cols = cols.detach().reshape(n, m).cpu()
+            s = q._columnwise_scale_inv.detach().cpu().to(torch.float32)
+            if two_d:
+                s = s[:tn, :tm].t()  # [ceil(m/128), ceil(n/128)]
+                col_scales = s.repeat_interleave(block, 0)[:m].repeat_interleave(block, 1)[:, :n]
+            else:
+                s = s[:tm, :n]  # [ceil(m/128), n]
+                col_scales = s.repeat_interleave(block, 0)[:m]
+        if row_scales is None and col_scales is None:
+            return None
+        for name, codes, scales in (
+            ("row-wise", rows, row_scales),
+            ("column-wise", None if cols is None else cols.t(), col_scales),
+        ):
+            if scales is None or not _is_power_of_two(scales):
+                continue
+            want = reference_codes(x2, torch.reciprocal(scales), fmt).view(torch.uint8)
+            mismatch = _code_mismatch(codes, want, x2, fp8_dtype, f"the {name} codes")
+            if mismatch:
+                # 1D blocks: the column-wise copy is a quantization of its own (128x1).
+                what = "codes" if name == "row-wise" or two_d else "columnwise"
+                out.append((what, mismatch))
+        if two_d and row_scales is not None and col_scales is not None:
+            copies = self.copies_of(q)
+            if copies is not None:
+                for k, (a, b) in enumerate(zip(copies[0::2], copies[1::2])):
+                    if not torch.equal(a.cpu(), b.cpu()):
+                        part = "data" if k == 0 else "scale inverses"
+                        out.append(
+                            (
+                                "columnwise",
+                                f"2D blocks: the column-wise {part} are not the row-wise "
+                                "ones transposed",
+                            )
+                        )
+        if row_scales is not None:
+            codes, scales = rows, row_scales
+        else:
+            codes, scales = cols.t(), col_scales
+        self._check_dequantize(out, q, x.dtype, codes.view(fp8_dtype), scales, x2.shape)
+        return out
+
+    # -- dequantize, every format
+
+    def _check_dequantize(self, out, q, dtype, codes, scale_inv, shape):
+        """q.dequantize(dtype=x's dtype) must be each code times its scale inverse rounded
+        to dtype: once from the exact (float64) product, or through the fp32 product as
+        TE's Python dequantize does (float8_tensor_storage.py: _FromFloat8Func.forward's CPU
+        path, the blockwise storage's dequantize: `.to(torch.float32) * scale_inv` then
+        `.to(dtype)`); the CUDA kernel is taken to do one of the two (not readable here).
+        For an fp32 result both are the same value."""
+        got = q.dequantize(dtype=dtype).detach().cpu().reshape(shape)
+        exact = (codes.to(torch.float64) * scale_inv.to(torch.float64)).to(dtype)
+        via_fp32 = (codes.to(torch.float32) * scale_inv.to(torch.float32)).to(dtype)
+        ok = _same(got, exact) | _same(got, via_fp32)
+        k = _first_difference(ok)
+        if k is not None:
+            out.append(
+                (
+                    "dequantize",
+                    f"element {k}: dequantize() gives {float(got.reshape(-1)[k])!r}, code "
+                    f"{float(codes.reshape(-1)[k].float())!r} times its scale inverse "
+                    f"{float(scale_inv.expand(shape).reshape(-1)[k])!r} is "
+                    f"{float(exact.reshape(-1)[k])!r}",
+                )
+            )
+
+
+def _is_power_of_two(t):
+    """Whether every element of fp32 `t` is a finite positive power of two (an exact
+    reciprocal)."""
+    t = t.to(torch.float32)
+    if not bool(torch.all(torch.isfinite(t) & (t > 0))):
+        return False
+    mantissa, _ = torch.frexp(t)
+    return bool(torch.all(mantissa == 0.5))
+
+
+def _code_mismatch(codes, want, x2, fp8_dtype, name):
+    """A note on the first byte of `codes` that differs from `want` (uint8, both [m, n]),
+    or None."""
+    if tuple(codes.shape) != tuple(want.shape):
+        return f"{name} have shape {list(codes.shape)}, expected {list(want.shape)}"
+    ok = codes == want
+    k = _first_difference(ok)
+    if k is None:
+        return None
+    n = want.shape[1]
+    i, j = divmod(k, n)
+    got = codes[i, j : j + 1]
+    expected = want[i, j : j + 1]
+    return (
+        f"{name}[{i}, {j}] of x = {float(x2[i, j])!r}: TE's code {int(got)} "
+        f"({float(got.view(fp8_dtype).float())!r}), expected {int(expected)} "
+        f"({float(expected.view(fp8_dtype).float())!r})"
+    )
