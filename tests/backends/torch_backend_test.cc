@@ -502,7 +502,11 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
                         "torch-usage-history-len-change-zeroes-history,"
                         "torch-usage-quantized-weight-stale-transpose-after-step,"
                         "torch-usage-held-weight-dequantize-detached,"
-                        "torch-usage-several-sequentials-update-per-sequential",
+                        "torch-usage-several-sequentials-update-per-sequential,"
+                        // A quantized tensor's representation (issue 26 item 2): only the
+                        // tensor checks see these, and export refuses their findings.
+                        "torch-fp8-columnwise-copy-off-by-one-code,torch-fp8-codes-rounded-toward-zero,"
+                        "torch-fp8-block-columnwise-from-rowwise",
                         "--cases", "2000", "--recipe", "any", "--seed", "5", "--corpus", (dir_ / "c-usage").string(),
                         "--report", report});
   ASSERT_EQ(r.exit, 0) << r.out << r.err;
@@ -513,7 +517,7 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
     ++faults;
     EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
   }
-  EXPECT_EQ(faults, 15);
+  EXPECT_EQ(faults, 18);
 
   const std::string clean = (dir_ / "clean.json").string();
   const CliRun c = cli({"fuzz", "--backend", "torch", "--device", "cpu", "--cases", "2000", "--recipe", "any", "--seed",
@@ -526,6 +530,9 @@ TEST_F(TorchBackend, SelftestFindsEveryUsageFaultAndACleanCampaignCountsEveryEle
     EXPECT_GE(k["coverage"]["usage"].value(element, int64_t{0}), 20) << element;
   }
   EXPECT_GT(k["coverage"]["fp8_states_checked"].value("DelayedScaling", int64_t{0}), 0) << k["coverage"].dump();
+  for (const char* recipe : {"DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling"}) {
+    EXPECT_GT(k["coverage"]["fp8_tensors_checked"].value(recipe, int64_t{0}), 0) << recipe;
+  }
 }
 
 }  // namespace gradfuzz::tools
