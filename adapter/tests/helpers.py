@@ -65,3 +65,18 @@ def judge(case, result, *, all_channels=True):
     tolerance = harness_tolerance(case)
     baseline = run_reference(case, dtype=case.dtype) if tolerance.get("baseline_factor") else None
     return compare_results(expected, result, tolerance, baseline, all_channels=all_channels)
+
+
+def stubbed_te_backend():
+    """A TEBackend on the CPU over TE's Python with the stubbed extension (te_stub.py), or the
+    calling test skipped where TE's source is not found."""
+    import pytest
+    import te_stub
+
+    from gradfuzz_adapter.te.backend import TEBackend
+
+    reason = te_stub.available()
+    if reason:
+        pytest.skip(reason)
+    te_stub.install()
+    return TEBackend(device="cpu")

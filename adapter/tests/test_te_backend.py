@@ -7,13 +7,12 @@ import types
 
 import pytest
 import torch
-from helpers import judge, run, spec
+from helpers import judge, run, spec, stubbed_te_backend
 
 from gradfuzz_adapter.case import decode_case
 from gradfuzz_adapter.client import make_request, path_result
 from gradfuzz_adapter.protocol import TensorList
 from gradfuzz_adapter.te import op_table, params
-from gradfuzz_adapter.te.backend import TEBackend
 from gradfuzz_adapter.te.classify import classify
 from gradfuzz_adapter.te.fusions import fusion_name, only_fusions
 from gradfuzz_adapter.te.op_table import op_recipe, render_call
@@ -245,13 +244,7 @@ def test_documented_limits_are_unsupported(exc):
 
 @pytest.fixture(scope="module")
 def backend():
-    import te_stub
-
-    reason = te_stub.available()
-    if reason:
-        pytest.skip(reason)
-    te_stub.install()
-    return TEBackend(device="cpu")
+    return stubbed_te_backend()
 
 
 def bound(channel, to_caller=False):

@@ -6,10 +6,10 @@ written through a quantizer whose "kernel" is plain torch."""
 
 import pytest
 import torch
-from helpers import judge, run, spec
+from helpers import judge, run, spec, stubbed_te_backend
 
 from gradfuzz_adapter import faults, recipes
-from gradfuzz_adapter.te.backend import TEBackend, transposed_copies
+from gradfuzz_adapter.te.backend import transposed_copies
 from gradfuzz_adapter.te.faults import FAULTS
 
 DELAYED = {
@@ -26,13 +26,7 @@ RESIDUAL = [
 
 @pytest.fixture(scope="module")
 def backend():
-    import te_stub
-
-    reason = te_stub.available()
-    if reason:
-        pytest.skip(reason)
-    te_stub.install()
-    return TEBackend(device="cpu")
+    return stubbed_te_backend()
 
 
 @pytest.fixture
