@@ -17,8 +17,9 @@ as a crash. Where one fires:
 - the te-fp8-* faults: Python-level quantization (quantized_tensor.py: Quantizer.quantize,
   the entry of every quantizer call in basic_linear.py / grouped_linear.py; casts done
   inside fused kernels bypass it) and DelayedScaling's update (from the second call on).
-  te-fp8-columnwise-copy-off-by-one-code, te-fp8-codes-rounded-toward-zero and
-  te-fp8-dequantize-scale-inv-bf16 keep every value within FP8 error: the checks of each
+  te-fp8-columnwise-copy-off-by-one-code, te-fp8-block-columnwise-one-code-off,
+  te-fp8-codes-rounded-toward-zero and te-fp8-dequantize-scale-inv-bf16 keep every value
+  within FP8 error: the checks of each
   quantized tensor (invariants.py, issue 26 item 2) see them, the value oracle need not.
 
 - te-reduce-scatter-wrong-shard, te-column-parallel-dgrad-not-all-reduced,
@@ -215,6 +216,40 @@ def _columnwise_one_code_off(result):
     if transpose is None or result._transpose_invalid or transpose.numel() == 0:
         return
     flat = transpose.view(-1)
+    below = ((flat & 0x7F) < 0x7E).nonzero()
+    if below.numel():
+        k = int(below[0])
+        flat[k : k + 1] += 1
+
+
+def _after_block_quantize(transform):
+    """A Quantizer.quantize that applies `transform` to each block-scaled FP8 result."""
+
+    def replace(original):
+        def quantize(self, tensor, **kwargs):
+            result = original(self, tensor, **kwargs)
+            from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
+                Float8BlockwiseQTensorStorage,
+            )
+
+            if isinstance(result, Float8BlockwiseQTensorStorage):
+                transform(result)
+            return result
+
+        return quantize
+
+    return replace
+
+
+def _block_columnwise_one_code_off(result):
+    """A block-scaled tensor's column-wise data (Float8BlockwiseQTensorStorage:
+    _columnwise_data, [in, out] with the 128x1 or 128x128 block scales of its own layout)
+    with its first code below the format's largest magnitude moved one FP8 step away from
+    zero: the block layout's check sees it, a value within FP8 error need not."""
+    data = getattr(result, "_columnwise_data", None)
+    if data is None or data.numel() == 0 or not hasattr(result, "_is_2D_scaled"):
+        return
+    flat = data.view(-1)
     below = ((flat & 0x7F) < 0x7E).nonzero()
     if below.numel():
         k = int(below[0])
@@ -633,6 +668,14 @@ FAULTS = {
             "one: the values stay within FP8 error, only the column-wise copy check sees it",
             "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
             _after_quantize(_columnwise_one_code_off),
+        ),
+        Fault(
+            "te-fp8-block-columnwise-one-code-off",
+            "A block-scaled FP8 tensor's column-wise data (its own block layout: 128x1 blocks "
+            "for 1D scaling, the row-wise 128x128 blocks transposed for 2D) has one code one "
+            "FP8 step away from what its scale gives: only the block layout's check sees it",
+            "transformer_engine.pytorch.quantized_tensor.Quantizer.quantize",
+            _after_block_quantize(_block_columnwise_one_code_off),
         ),
         Fault(
             "te-fp8-codes-rounded-toward-zero",
