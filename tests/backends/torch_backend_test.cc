@@ -422,6 +422,7 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
       {"torch-delayed-forward-scale-e5m2-max", "DelayedScaling"},
       {"torch-grouped-linear-ignores-backward-override", "Float8CurrentScaling", "float32"}};
   int64_t faults = 0;
+  int64_t refused = 0;
   for (const auto& stage : stages) {
     SCOPED_TRACE(stage.faults);
     const std::string report = (dir_ / ("selftest-" + stage.recipe + ".json")).string();
@@ -468,6 +469,12 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
       if (!e.contains("case_file") || !e["case_file"].is_string()) continue;
       const std::string script = (dir_ / ("test_upstream_" + fault + ".py")).string();
       const CliRun exported = cli({"export", "--upstream", e["case_file"], "--backend", "torch", "-o", script});
+      if (exported.exit != 0 && exported.err.find("a quantized tensor's own check") != std::string::npos) {
+        // The fault's case is signed by what the quantized-tensor checks saw (its FP8 codes,
+        // say), which exported tests do not write yet: export refuses it by name.
+        ++refused;
+        continue;
+      }
       ASSERT_EQ(exported.exit, 0) << exported.out << exported.err;
       std::ifstream text(script);
       int64_t lines = 0;
@@ -481,6 +488,7 @@ TEST_F(TorchBackend, SelftestFindsEveryFaultOfTheRecipeEmulation) {
     }
   }
   EXPECT_EQ(faults, 7);
+  EXPECT_LE(refused, 2) << "most of the emulation's faults are exported and run under pytest";
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ One pipeline, several forms, one dialect per backend:
 Writing a script never imports TE.
 """
 
+import re
+
 from .compact import compact_script
 from .distributed import distributed_export
 from .full import full_script
@@ -64,6 +66,15 @@ def usage_steps(case):
     return steps + case_wide
 
 
+def _quantized_tensor_check(finding):
+    """The finding's tensor where it is a quantized tensor's own check (an fp8_state finding
+    of quantizer quantized_tensor or held_weight), else None."""
+    tensor = (finding or {}).get("tensor") or ""
+    return (
+        tensor if re.match(r"fp8_state\[\d+\]\.(quantized_tensor|held_weight)\[", tensor) else None
+    )
+
+
 def export_reply(case, request, default_backend, tensors=()):
     """The reply to an `export` request (docs/BACKENDS.md): {"ok", "script", "notes"} and
     "data_file" where values went to the request's `data_file` (values.py), which it writes."""
@@ -75,6 +86,15 @@ def export_reply(case, request, default_backend, tensors=()):
             "ok": False,
             "error": f"the case's usage script ({', '.join(steps)}) is not written into exported "
             'tests yet; `gradfuzz replay` runs it (docs/BACKENDS.md "Steps")',
+        }
+    own_check = _quantized_tensor_check(decoded.finding)
+    if own_check:
+        # A tensor's representation, not a value: a script asserting on values would pass.
+        return {
+            "ok": False,
+            "error": f"the finding is a quantized tensor's own check ({own_check}: its FP8 "
+            "codes, column-wise copy or dequantize, or a quantized weight the caller reads), "
+            "which is not written into exported tests yet; `gradfuzz replay` runs it",
         }
     chosen = dialect(decoded.backend)
     if decoded.form == "distributed":
