@@ -253,27 +253,35 @@ class TensorChecks:
         quantize_ = storage_cls.__dict__["quantize_"]
         checks = self
 
-        def recorded_quantize(quantizer, tensor, **kwargs):
-            checks._depth += 1
-            try:
-                result = quantize(quantizer, tensor, **kwargs)
-            finally:
-                checks._depth -= 1
-            if checks._depth == 0:
-                checks.record(tensor, quantizer, result)
-            return result
+        def outermost(method, record):
+            """`method` run with the nesting depth counted; `record(obj, tensor, kwargs,
+            result)` after the outermost call only (a quantize that calls quantize_ is one
+            tensor)."""
 
-        def recorded_quantize_(storage, tensor, **kwargs):
-            checks._depth += 1
-            try:
-                result = quantize_(storage, tensor, **kwargs)
-            finally:
-                checks._depth -= 1
+            def recorded(obj, tensor, **kwargs):
+                checks._depth += 1
+                try:
+                    result = method(obj, tensor, **kwargs)
+                finally:
+                    checks._depth -= 1
+                if checks._depth == 0:
+                    record(obj, tensor, kwargs, result)
+                return result
+
+            return recorded
+
+        recorded_quantize = outermost(
+            quantize,
+            lambda quantizer, tensor, kwargs, result: checks.record(tensor, quantizer, result),
+        )
+
+        def record_write(storage, tensor, kwargs, result):
             # A write TE may skip (noop_flag: a CUDA graph's weight-update flag) is not
             # checked: its data may rightly be the previous values.
-            if checks._depth == 0 and kwargs.get("noop_flag") is None:
+            if kwargs.get("noop_flag") is None:
                 checks.record(tensor, getattr(storage, "_quantizer", None), storage)
-            return result
+
+        recorded_quantize_ = outermost(quantize_, record_write)
 
         quantizer_cls.quantize = recorded_quantize
         storage_cls.quantize_ = recorded_quantize_

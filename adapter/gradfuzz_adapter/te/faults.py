@@ -215,7 +215,13 @@ def _columnwise_one_code_off(result):
     transpose = result._transpose
     if transpose is None or result._transpose_invalid or transpose.numel() == 0:
         return
-    flat = transpose.view(-1)
+    _first_code_one_step_up(transpose)
+
+
+def _first_code_one_step_up(codes):
+    """The first FP8 code (uint8) below the format's largest magnitude moved one FP8 step away
+    from zero, in place (codes of one sign are ordered by magnitude in their low 7 bits)."""
+    flat = codes.view(-1)
     below = ((flat & 0x7F) < 0x7E).nonzero()
     if below.numel():
         k = int(below[0])
@@ -249,11 +255,7 @@ def _block_columnwise_one_code_off(result):
     data = getattr(result, "_columnwise_data", None)
     if data is None or data.numel() == 0 or not hasattr(result, "_is_2D_scaled"):
         return
-    flat = data.view(-1)
-    below = ((flat & 0x7F) < 0x7E).nonzero()
-    if below.numel():
-        k = int(below[0])
-        flat[k : k + 1] += 1
+    _first_code_one_step_up(data)
 
 
 def _codes_rounded_toward_zero(original):
