@@ -80,3 +80,12 @@ def stubbed_te_backend():
         pytest.skip(reason)
     te_stub.install()
     return TEBackend(device="cpu")
+
+
+def run_one_path(backend, header, tensors, fault=None):
+    """The first path of the request (header, tensors) on `backend`, under `fault`, with its
+    tensors resolved."""
+    case = decode_case(header, tensors)
+    out = TensorList()
+    result = backend.run(case, header["paths"][:1], out, fault=fault)[0]
+    return path_result(result, out.tensors)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from helpers import judge, run, spec, stubbed_te_backend
+from helpers import judge, run, run_one_path, spec, stubbed_te_backend
 
 from gradfuzz_adapter.case import decode_case
 from gradfuzz_adapter.client import make_request, path_result
@@ -697,10 +697,7 @@ USAGE_CALLS = [
 def _usage_run(backend, fault=None):
     case_spec = spec(USAGE_OPS, dtype="float32", repeat_calls=USAGE_CALLS, read_after_backward=True)
     header, tensors = make_request(case_spec, paths=[{"name": "unfused", "fusions": []}])
-    case = decode_case(header, tensors)
-    out = TensorList()
-    result = backend.run(case, header["paths"], out, fault=fault)[0]
-    return path_result(result, out.tensors)
+    return run_one_path(backend, header, tensors, fault)
 
 
 def test_the_usage_steps_run_on_tes_python_and_its_faults_show(backend):

@@ -4,12 +4,10 @@ call's fp8_state; each planted representation fault is seen by its check alone."
 
 import pytest
 import torch
-from helpers import spec
+from helpers import run_one_path, spec
 
-from gradfuzz_adapter.case import decode_case
-from gradfuzz_adapter.client import make_request, path_result
+from gradfuzz_adapter.client import make_request
 from gradfuzz_adapter.invariants import check_emulated
-from gradfuzz_adapter.protocol import TensorList
 from gradfuzz_adapter.torch_backend import fp8
 from gradfuzz_adapter.torch_backend.backend import TorchBackend
 
@@ -36,10 +34,7 @@ def backend():
 
 def _run(backend, case_spec, fault=None):
     header, tensors = make_request(case_spec, paths=[{"name": "fused", "fusions": []}])
-    case = decode_case(header, tensors)
-    out = TensorList()
-    result = backend.run(case, header["paths"], out, fault=fault)[0]
-    return path_result(result, out.tensors)
+    return run_one_path(backend, header, tensors, fault)
 
 
 def _states(result):

@@ -5,11 +5,9 @@ fault that only it reaches."""
 
 import pytest
 import torch
-from helpers import spec
+from helpers import run_one_path, spec
 
-from gradfuzz_adapter.case import decode_case
-from gradfuzz_adapter.client import make_request, path_result
-from gradfuzz_adapter.protocol import TensorList
+from gradfuzz_adapter.client import make_request
 from gradfuzz_adapter.torch_backend.backend import TorchBackend
 
 DELAYED = {
@@ -55,10 +53,7 @@ def _request(case_spec):
 
 def _run(backend, case_spec, fault=None):
     header, tensors = _request(case_spec)
-    case = decode_case(header, tensors)
-    out = TensorList()
-    result = backend.run(case, header["paths"], out, fault=fault)[0]
-    return path_result(result, out.tensors)
+    return run_one_path(backend, header, tensors, fault)
 
 
 def _violations(result):
