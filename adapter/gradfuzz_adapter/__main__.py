@@ -16,6 +16,8 @@ import traceback
 # backends sets NVIDIA_TF32_OVERRIDE at import. Server calls make_backend through this module
 # (tests/te_stub_python.sh replaces it here).
 from .backends import configure_torch, make_backend
+from .errors import InvalidArgumentError
+from .invariants import fp8_checks_on
 from .protocol import ProtocolError, TensorList, read_frame, write_frame
 
 
@@ -176,6 +178,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m gradfuzz_adapter")
     parser.add_argument("--backend", choices=("te", "torch"), required=True)
     args = parser.parse_args(argv)
+    try:
+        fp8_checks_on()  # a wrong GRADFUZZ_FP8_CHECKS stops the adapter before any case
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
     instream = os.fdopen(os.dup(0), "rb", buffering=0)
     outstream = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

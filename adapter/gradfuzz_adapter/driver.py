@@ -27,6 +27,7 @@ import torch
 import torch.utils.checkpoint
 
 from .fp8_state import StateCheck
+from .invariants import fp8_checks_on
 
 PHASE_CREATE = "op creation"
 PHASE_CALL = "call-then-bind call"
@@ -1640,7 +1641,9 @@ class _States:
     @staticmethod
     def of(builder, case):
         recipe = case.spec.get("recipe") or {}
-        return _States(builder, case) if recipe.get("name") == "DelayedScaling" else None
+        if recipe.get("name") != "DelayedScaling" or not fp8_checks_on():
+            return None
+        return _States(builder, case)
 
     def states(self, ops):
         return self.builder.delayed_states(ops, self.case)

@@ -9,8 +9,13 @@ included, and QuantizedTensorStorage.quantize_, a write into an existing one) an
 it at once, inside TE's forward or backward: TE takes a tensor's buffers apart when it saves
 it for backward (float8_tensor_storage.py, float8_blockwise_tensor_storage.py:
 prepare_for_saving sets them to None), so later they may be gone. Casts TE does inside its
-fused kernels (tex.split_quantize in grouped_linear.py, the cast of an activation's or a
-GEMM's output) never pass the Python entry points and are not seen.
+fused kernels (the fused BackwardActivationBias's dact + dbias + cast, an activation's
+backward writing FP8, a GEMM's FP8 output) never pass those entry points: what an op hands
+the next op (its output, or its input gradient) is checked where the fuser receives it
+(every te.ops op's fuser_forward and fuser_backward), when it is a per-tensor FP8 tensor not
+checked already. The high-precision values it was cast from are not at hand there, so its
+codes are not checked, only its column-wise copy and its dequantize(). Casts that stay
+inside an op (tex.split_quantize in grouped_linear.py) are not seen.
 
 The torch backend's emulation (torch_backend/fp8.py) is checked with the reference
 functions below (check_emulated), which recompute each quantization on their own, apart
@@ -20,8 +25,11 @@ Imports only torch at module level; te_classes() imports TE, called by the te ba
 """
 
 import contextlib
+import os
 
 import torch
+
+from .errors import InvalidArgumentError
 
 # FP8 format -> (torch dtype, largest finite value: common/recipe/__init__.py Format).
 _FORMATS = {
@@ -30,6 +38,16 @@ _FORMATS = {
 }
 BLOCK = 128  # float8_blockwise_tensor.py: Float8BlockQuantizer.block_len
 _FP32_MAX = torch.finfo(torch.float32).max
+
+
+def fp8_checks_on():
+    """Whether the quantized-tensor checks here and the delayed-scaling state check run:
+    GRADFUZZ_FP8_CHECKS "on" (the default) or "off", which only the benchmarks of the
+    checks' cost use (docs/BENCHMARKS.md); anything else is refused."""
+    value = os.environ.get("GRADFUZZ_FP8_CHECKS", "on")
+    if value not in ("on", "off"):
+        raise InvalidArgumentError(f"GRADFUZZ_FP8_CHECKS must be on or off, got {value!r}")
+    return value == "on"
 
 
 # ----------------------------------------------------------------------------------------
@@ -192,6 +210,7 @@ def _block_reference(x2, fmt, shape, pow2):
 def te_classes():
     """TensorChecks' `classes` from TE's modules (imports TE)."""
     from transformer_engine.pytorch.constants import DType
+    from transformer_engine.pytorch.ops.op import FusibleOperation
     from transformer_engine.pytorch.quantized_tensor import (
         QuantizedTensor,
         QuantizedTensorStorage,
@@ -209,6 +228,7 @@ def te_classes():
     )
 
     return {
+        "FusibleOperation": FusibleOperation,
         "Quantizer": Quantizer,
         "QuantizedTensor": QuantizedTensor,
         "QuantizedTensorStorage": QuantizedTensorStorage,
@@ -225,7 +245,8 @@ class TensorChecks:
     wraps TE's entry points for the body of a `with`, each tensor is checked as it is made,
     take() hands over what was checked since the last take.
 
-    `classes`: TE's Quantizer, QuantizedTensor, QuantizedTensorStorage,
+    `classes`: TE's FusibleOperation (optional: without it no op's output is checked),
+    Quantizer, QuantizedTensor, QuantizedTensorStorage,
     Float8TensorStorage, Float8BlockwiseQTensorStorage, Float8Quantizer and
     Float8CurrentScalingQuantizer by name, and "E5M2": DType.kFloat8E5M2 (te_classes());
     `op_of(quantizer, tensor)`: (spec op index, label) of the op that owns the quantizer or
@@ -239,11 +260,52 @@ class TensorChecks:
         self.checked = 0
         self.violations = []
         self._depth = 0
+        self._op_depth = 0
+        # id() of the tensors checked as they were made since the last take(): an op that
+        # hands one on is not checked again (an id reused meanwhile skips a check, no more).
+        self._seen = set()
 
     def take(self):
         out = {"checked": self.checked, "violations": self.violations}
         self.checked, self.violations = 0, []
+        self._seen = set()
         return out
+
+    def _op_methods(self):
+        """(class, name) of every fuser_forward and fuser_backward a te.ops op class defines
+        itself (FusibleOperation and its subclasses, ours included)."""
+        root = self.classes.get("FusibleOperation")
+        if root is None:
+            return []
+        found, todo, classes = [], [root], []
+        while todo:
+            cls = todo.pop()
+            if cls in classes:
+                continue
+            classes.append(cls)
+            todo.extend(cls.__subclasses__())
+        for cls in classes:
+            for name in ("fuser_forward", "fuser_backward"):
+                if callable(cls.__dict__.get(name)):
+                    found.append((cls, name))
+        return found
+
+    def _checking_handed_on(self, method):
+        """`method` (an op's fuser_forward or fuser_backward) whose first result, what the
+        fuser hands the next op, is checked by record_handed_on (outermost call only)."""
+        checks = self
+
+        def handed_on(op, *args, **kwargs):
+            checks._op_depth += 1
+            try:
+                result = method(op, *args, **kwargs)
+            finally:
+                checks._op_depth -= 1
+            if checks._op_depth == 0 and isinstance(result, tuple) and result:
+                checks.record_handed_on(result[0])
+            return result
+
+        return handed_on
 
     @contextlib.contextmanager
     def recording(self):
@@ -283,13 +345,32 @@ class TensorChecks:
 
         recorded_quantize_ = outermost(quantize_, record_write)
 
+        methods = [(cls, name, cls.__dict__[name]) for cls, name in self._op_methods()]
         quantizer_cls.quantize = recorded_quantize
         storage_cls.quantize_ = recorded_quantize_
+        for cls, name, method in methods:
+            setattr(cls, name, self._checking_handed_on(method))
         try:
             yield self
         finally:
+            for cls, name, method in reversed(methods):
+                setattr(cls, name, method)
             quantizer_cls.quantize = quantize
             storage_cls.quantize_ = quantize_
+
+    def record_handed_on(self, q):
+        """Checks a per-tensor FP8 tensor an op handed on that was not checked as it was
+        made (a cast inside a fused kernel): its column-wise copy and dequantize(), as
+        record does, without the codes (no high-precision values here)."""
+        if not isinstance(q, self.classes["Float8TensorStorage"]) or id(q) in self._seen:
+            return
+        quantizer = getattr(q, "_quantizer", None)
+        try:
+            with torch.no_grad():
+                found = self._check_float8(None, quantizer, q)
+        except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
+            return
+        self._count(found, quantizer, q)
 
     def record(self, x, quantizer, q):
         """Checks q, made by `quantizer` from x. Whatever goes wrong in the check itself
@@ -304,8 +385,14 @@ class TensorChecks:
                 found = self.check(x.detach(), quantizer, q)
         except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
             return
+        self._count(found, quantizer, q)
+
+    def _count(self, found, quantizer, q):
+        """Counts a checked tensor (found: [(what, note)], None where not checked) and keeps
+        its violations."""
         if found is None:
             return
+        self._seen.add(id(q))
         self.checked += 1
         if not found:
             return
@@ -372,22 +459,39 @@ class TensorChecks:
         return None
 
     def _check_float8(self, x, quantizer, q):
+        """x None: a tensor without its high-precision values (record_handed_on): the
+        codes are not checked, the shape and dtype are q's own."""
         fmt = self._fmt(q)
         fp8_dtype = _FORMATS[fmt][0]
         scale_inv = q._scale_inv
         if scale_inv is None or scale_inv.numel() != 1:
             return None
         scale_inv = scale_inv.detach().reshape(()).to(torch.float32).cpu()
-        n = x.shape[-1] if x.dim() else 1
-        x2 = x.reshape(-1, n).cpu()
-        rows = q._data.detach().reshape(-1, n).cpu() if q._data is not None else None
+        data = q._data
+        transpose = q._transpose if not q._transpose_invalid else None
+        if x is not None:
+            n = x.shape[-1] if x.dim() else 1
+        elif data is not None:
+            n = data.shape[-1] if data.dim() else 1
+        elif transpose is not None:
+            n = transpose.shape[0] if transpose.dim() else 1
+        else:
+            return None
+        rows = data.detach().reshape(-1, n).cpu() if data is not None else None
         cols = None
-        if q._transpose is not None and not q._transpose_invalid:
-            cols = q._transpose.detach().reshape(n, -1).cpu()
+        if transpose is not None:
+            cols = transpose.detach().reshape(n, -1).cpu()
         if rows is None and cols is None:
             return None
         out = []
         codes = rows if rows is not None else cols.t()
+        if x is None:
+            dtype = getattr(q, "_dtype", None) or torch.float32
+            if rows is not None and cols is not None:
+                self._check_transpose(out, rows, cols, n)
+            self._check_dequantize(out, q, dtype, codes.view(fp8_dtype), scale_inv, codes.shape)
+            return out
+        x2 = x.reshape(-1, n).cpu()
         scale = self._per_tensor_scale(x2, quantizer, scale_inv, fmt)
         if scale is not None:
             want = reference_codes(x2, scale, fmt).view(torch.uint8)
@@ -395,22 +499,26 @@ class TensorChecks:
             if mismatch:
                 out.append(("codes", f"scale {float(scale)!r}: {mismatch}"))
         if rows is not None and cols is not None:
-            # float8_tensor_storage.py: _create_transpose makes _transpose by fp8_transpose
-            # of _data; the cast-transpose kernel writes both at once. Either way the bytes
-            # are the same, transposed over the last dimension.
-            ok = cols.t() == rows
-            k = _first_difference(ok)
-            if k is not None:
-                i, j = divmod(k, n)
-                out.append(
-                    (
-                        "columnwise",
-                        f"_transpose[{j}, {i}] is byte {int(cols[j, i])}, _data[{i}, {j}] "
-                        f"byte {int(rows[i, j])}",
-                    )
-                )
+            self._check_transpose(out, rows, cols, n)
         self._check_dequantize(out, q, x.dtype, codes.view(fp8_dtype), scale_inv, x2.shape)
         return out
+
+    @staticmethod
+    def _check_transpose(out, rows, cols, n):
+        # float8_tensor_storage.py: _create_transpose makes _transpose by fp8_transpose of
+        # _data; the cast-transpose kernel writes both at once. Either way the bytes are the
+        # same, transposed over the last dimension.
+        ok = cols.t() == rows
+        k = _first_difference(ok)
+        if k is not None:
+            i, j = divmod(k, n)
+            out.append(
+                (
+                    "columnwise",
+                    f"_transpose[{j}, {i}] is byte {int(cols[j, i])}, _data[{i}, {j}] "
+                    f"byte {int(rows[i, j])}",
+                )
+            )
 
     # -- block scaling (Float8BlockwiseQTensor: Float8BlockScaling)
 

@@ -114,6 +114,7 @@ REPRESENTATION_FAULTS = {
     "torch-fp8-columnwise-copy-off-by-one-code",
     "torch-fp8-codes-rounded-toward-zero",
     "torch-fp8-block-columnwise-from-rowwise",
+    "torch-fused-gradient-cast-columnwise-off-by-one-code",
 }
 
 

@@ -180,3 +180,65 @@ def test_recording_restores_the_entry_points_and_never_raises(te):
         _quantizers()["current"](torch.ones(4, 4))
     assert classes["Quantizer"].__dict__["quantize"] is before
     assert checks.take() == {"checked": 0, "violations": []}
+
+
+def _handed_on(te, fault=None):
+    """What TensorChecks sees of a per-tensor FP8 tensor an op hands on (a cast inside a
+    fused kernel, made here by the stand-in outside the recording), the op's
+    fuser_backward being `fault`'s wrapper of one that returns it."""
+    from gradfuzz_adapter.invariants import TensorChecks, te_classes
+    from gradfuzz_adapter.te.backend import transposed_copies
+    from gradfuzz_adapter.te.faults import FAULTS
+
+    torch.manual_seed(1)
+    x = torch.randn(32, 48, dtype=torch.bfloat16) * 3
+    q = _quantize_stand_in(x, _quantizers()["delayed"])
+    checks = TensorChecks(te_classes(), lambda q, t: (2, "backward.0"), transposed_copies)
+
+    def fuser_backward(self, *args, **kwargs):
+        return q, [()], [()]
+
+    if fault is not None:
+        fuser_backward = FAULTS[fault].replace(fuser_backward)
+    with checks.recording():
+        checks._checking_handed_on(fuser_backward)(None)
+    return checks.take()
+
+
+def test_a_tensor_an_op_hands_on_is_checked_without_its_codes(te):
+    assert _handed_on(te) == {"checked": 1, "violations": []}
+    verdict = _handed_on(te, "te-backward-activation-bias-columnwise-one-code-off")
+    assert verdict["checked"] == 1
+    assert [v["what"] for v in verdict["violations"]] == ["columnwise"], verdict
+    assert verdict["violations"][0]["quantizer"] == "quantized_tensor[backward.0]"
+
+
+def test_every_op_method_is_wrapped_while_recording_and_restored(te):
+    from transformer_engine.pytorch.ops.fused import BackwardActivationBias
+
+    from gradfuzz_adapter.invariants import TensorChecks, te_classes
+    from gradfuzz_adapter.te.backend import transposed_copies
+
+    before = BackwardActivationBias.__dict__["fuser_backward"]
+    checks = TensorChecks(te_classes(), lambda q, t: (-1, "?"), transposed_copies)
+    names = {(cls.__name__, name) for cls, name in checks._op_methods()}
+    assert ("BackwardActivationBias", "fuser_backward") in names
+    assert ("BasicOperation", "fuser_forward") in names
+    with checks.recording():
+        assert BackwardActivationBias.__dict__["fuser_backward"] is not before
+    assert BackwardActivationBias.__dict__["fuser_backward"] is before
+
+
+def test_a_tensor_checked_as_it_was_made_is_not_counted_again(te):
+    from unittest import mock
+
+    from gradfuzz_adapter.invariants import TensorChecks, te_classes
+    from gradfuzz_adapter.te.backend import transposed_copies
+
+    tex = __import__("transformer_engine_torch")
+    checks = TensorChecks(te_classes(), lambda q, t: (0, "forward.0"), transposed_copies)
+    with mock.patch.object(tex, "quantize", _quantize_stand_in, create=True):
+        with checks.recording():
+            q = _quantizers()["current"](torch.randn(16, 16))
+            checks._checking_handed_on(lambda self: (q, []))(None)
+    assert checks.take() == {"checked": 1, "violations": []}

@@ -4,6 +4,8 @@ planted faults that reach them. On TE 2.20.2's Python over the stubbed extension
 (te_stub.py), on the CPU: no kernel runs, so quantized tensors are built by hand and
 written through a quantizer whose "kernel" is plain torch."""
 
+import types
+
 import pytest
 import torch
 from helpers import judge, run, spec, stubbed_te_backend
@@ -229,7 +231,7 @@ def test_the_usage_faults_are_listed(backend):
     for name in (
         "te-usage-quantized-weight-stale-transpose-after-step",
         "te-usage-history-len-change-zeroes-history",
-        "te-usage-recipe-off-call-records-amax",
+        "te-usage-recipe-off-call-computes-with-fp8-weight",
     ):
         assert name in caps and caps[name]["description"]
         faults.resolve(FAULTS[name].target)  # the target exists in TE 2.20.2
@@ -302,30 +304,32 @@ def test_a_new_history_length_keeps_the_history_and_the_fault_zeroes_it(backend,
         assert torch.equal(history, expected), planted
 
 
-def test_the_recipe_off_fault_keeps_the_state_and_records_amaxes(backend, monkeypatch):
-    from transformer_engine.pytorch.ops.fuser import OperationFuser
+def test_the_recipe_off_fault_computes_with_an_fp8_weight_after_quantized_calls(
+    backend, monkeypatch
+):
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager
 
-    op, DelayedScaling = _delayed_op(monkeypatch, 3)
-    op.weight = torch.nn.Parameter(torch.tensor([[-6.0, 2.0]]))
-    metas = op._fp8_metas
-    fuser = OperationFuser.__new__(OperationFuser)
-    fuser._basic_ops = [op]
+    seen = []
 
-    def call(self, input, *extra_inputs, **kwargs):  # TE's fuser without a recipe
-        for basic_op in self._basic_ops:
-            basic_op.reset_recipe_state(recipe=None)
-        return input
+    def original(self, ctx, input_, *args):  # BasicLinear.op_forward: the weight it reads
+        seen.append(self.weight.detach().clone())
+        return input_
 
-    monkeypatch.setattr(OperationFuser, "__call__", call)
-    fuser(torch.tensor([1.0, -3.0]))
-    assert op._fp8_metas is None  # TE drops the state of a call without a recipe
-    op._fp8_metas = metas
-    with faults.planted(FAULTS, "te-usage-recipe-off-call-records-amax"):
-        fuser(torch.tensor([1.0, -3.0]))
-    assert op._fp8_metas is metas
-    history = metas["forward"]["scaling_fwd"].amax_history
-    assert torch.equal(history[0], torch.tensor([3.0, 6.0]))
-    assert not history[1:].any()
+    fault = FAULTS["te-usage-recipe-off-call-computes-with-fp8-weight"]
+    op_forward = fault.replace(original)
+    w = torch.tensor([[0.3, -1.7, 2.9], [0.011, 5.0, -0.2]])
+    op = types.SimpleNamespace(weight=torch.nn.Parameter(w.clone()))
+    enabled = [False]
+    monkeypatch.setattr(
+        FP8GlobalStateManager, "is_fp8_enabled", classmethod(lambda cls: enabled[0])
+    )
+    for on in (False, True, False):  # never quantized, quantized, FP8 off after it
+        enabled[0] = on
+        op_forward(op, None, torch.ones(3), None, None)
+    assert torch.equal(seen[0], w) and torch.equal(seen[1], w)
+    e4m3 = (w * (448 / 5.0)).to(torch.float8_e4m3fn).float() / (448 / 5.0)
+    assert torch.equal(seen[2], e4m3) and not torch.equal(seen[2], w)
+    assert torch.equal(op.weight.data, w)  # the parameter keeps its values
 
 
 # ----------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ import pytest
 import torch
 from helpers import run_one_path, spec
 
+from gradfuzz_adapter.__main__ import main as adapter_main
 from gradfuzz_adapter.client import make_request
+from gradfuzz_adapter.errors import InvalidArgumentError
 from gradfuzz_adapter.invariants import check_emulated
 from gradfuzz_adapter.torch_backend import fp8
 from gradfuzz_adapter.torch_backend.backend import TorchBackend
@@ -86,6 +88,24 @@ def test_each_fault_is_seen_by_its_check(backend, fault, recipe, what):
     assert {v["op"] for v in found} == {0}
 
 
+@pytest.mark.parametrize("recipe", [DELAYED, CURRENT])
+def test_a_fused_gradient_cast_is_checked_as_the_tensor_it_hands_on(backend, recipe):
+    # GELU's backward casts its gradient with GroupedLinear's grad-output quantizer (TE: the
+    # fused dact + cast): the fault leaves every quantizer's own cast right and puts one
+    # code of that cast's column-wise copy a step off, which only the check of that tensor
+    # sees. Without the fault the same case has nothing to say.
+    ops = [{"name": "GroupedLinear", "attrs": {"groups": 1, "out": 16}}, {"name": "GELU"}]
+    case_spec = spec(ops, shape=(32, 16), dtype="float32", recipe=recipe)
+    clean = _run(backend, case_spec)
+    assert clean["status"] == "ok", clean
+    assert _violations(clean) == []
+    result = _run(backend, case_spec, fault="torch-fused-gradient-cast-columnwise-off-by-one-code")
+    assert result["status"] == "ok", result
+    found = _violations(result)
+    assert {v["what"] for v in found} == {"columnwise"}, found
+    assert _states(result)[0]["tensors_checked"] == _states(clean)[0]["tensors_checked"]
+
+
 def test_the_references_are_exact_on_hand_made_tensors():
     torch.manual_seed(0)
     x = torch.randn(130, 260, dtype=torch.bfloat16) * 3
@@ -108,3 +128,20 @@ def test_the_references_are_exact_on_hand_made_tensors():
     found = check_emulated(fp8.CurrentQuantizer("E4M3"), x, q)
     assert [w for w, _ in found] == ["codes"], found
     assert "element 785 " in found[0][1]  # [3, 5] of [130, 260]
+
+
+def test_the_checks_switched_off_check_nothing_and_a_wrong_switch_is_refused(backend, monkeypatch):
+    # GRADFUZZ_FP8_CHECKS=off (the benchmarks of the checks' cost): no tensor checked, no
+    # delayed-scaling state judged, the values judged as ever.
+    monkeypatch.setenv("GRADFUZZ_FP8_CHECKS", "off")
+    result = _run(backend, _case(DELAYED, repeat_calls=[{}]))
+    assert result["status"] == "ok", result
+    assert all(not (s or {}).get("tensors_checked") for s in _states(result)), result
+    assert all(not (s or {}).get("states") for s in _states(result)), result
+    monkeypatch.setenv("GRADFUZZ_FP8_CHECKS", "no")
+    with pytest.raises(InvalidArgumentError, match="GRADFUZZ_FP8_CHECKS must be on or off"):
+        _run(backend, _case(DELAYED))
+    # The adapter refuses to start with it, before any case.
+    with pytest.raises(SystemExit) as stopped:
+        adapter_main(["--backend", "torch"])
+    assert stopped.value.code == 2

@@ -16,7 +16,7 @@ import torch
 from .. import faults, recipes
 from ..driver import USAGE, Builder, HeldWeight, run_paths, te_writer_scope
 from ..fp8_state import FP8_MAX, state_entry
-from ..invariants import TensorChecks, te_classes
+from ..invariants import TensorChecks, fp8_checks_on, te_classes
 from . import recipes as te_recipes
 from .classify import classify
 from .faults import FAULTS
@@ -161,8 +161,9 @@ class TEBuilder(Builder):
         with contextlib.ExitStack() as stack:
             # Every quantized tensor TE's quantizers make while the path runs is checked as
             # it is made (invariants.py; take_tensor_checks hands the checks over).
-            self.path.tensor_checks = TensorChecks(te_classes(), self._op_of, transposed_copies)
-            stack.enter_context(self.path.tensor_checks.recording())
+            if fp8_checks_on():
+                self.path.tensor_checks = TensorChecks(te_classes(), self._op_of, transposed_copies)
+                stack.enter_context(self.path.tensor_checks.recording())
             if self.recipe is not None:
                 self.path.te_recipe = te_recipes.make_recipe(self.recipe)
                 self.path.fp8_state = te_recipes.fresh_fp8_state()

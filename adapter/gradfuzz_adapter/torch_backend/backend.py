@@ -20,7 +20,7 @@ from .. import catalog, faults, recipes
 from ..driver import USAGE, Builder, HeldWeight, run_paths, torch_writer_scope
 from ..errors import GradfuzzError
 from ..fp8_state import FP8_MAX, state_entry
-from ..invariants import check_emulated
+from ..invariants import check_emulated, fp8_checks_on
 from . import fp8, parallel
 from .faults import FAULTS
 from .runtime import FUSIONS, BasicOp, Boundary, Sequential
@@ -43,7 +43,7 @@ class TorchBuilder(Builder):
         self.tensor_checks = {"checked": 0, "violations": []}
         self.quantizer_ops = {}
         try:
-            with fp8.recording(self._check_tensor):
+            with fp8.recording(self._check_tensor if fp8_checks_on() else None):
                 yield
         finally:
             self.fusions = previous

@@ -370,29 +370,47 @@ def _delayed_state_not_loaded(original):
     return load_state
 
 
+def _columnwise_one_code_off(result, scale, fmt):
+    """`result`'s column-wise copy (a per-tensor quantization with `scale`) with its first
+    element below the format's largest magnitude moved one FP8 step away from zero (the
+    next code of the same sign)."""
+    t = result.data_t
+    if t.numel() == 0 or scale is None:
+        return
+    dtype, fp8_max = fp8.FORMATS[fmt]
+    scale = scale.to(torch.float32)
+    inv = torch.reciprocal(scale).to(torch.float64)
+    codes = (t.reshape(-1) / inv).to(torch.float32).to(dtype)
+    below = (codes.to(torch.float32).abs() < fp8_max).nonzero()
+    if below.numel():
+        k = int(below[0])
+        bumped = (codes[k : k + 1].view(torch.uint8) + 1).view(dtype)
+        flat = t.reshape(-1).clone()
+        flat[k] = bumped.to(torch.float64)[0] * inv
+        result.data_t = flat.reshape(t.shape)
+
+
 def _columnwise_copy_off_by_one_code(original):
-    """per_tensor_copies whose column-wise copy has its first element below the format's
-    largest magnitude moved one FP8 step away from zero (the next code of the same sign)."""
+    """per_tensor_copies whose column-wise copy is one code off (_columnwise_one_code_off)."""
 
     def per_tensor_copies(data, scale, fmt):
         result = original(data, scale, fmt)
-        t = result.data_t
-        if t.numel() == 0 or scale is None:
-            return result
-        dtype, fp8_max = fp8.FORMATS[fmt]
-        scale = scale.to(torch.float32)
-        inv = torch.reciprocal(scale).to(torch.float64)
-        codes = (t.reshape(-1) / inv).to(torch.float32).to(dtype)
-        below = (codes.to(torch.float32).abs() < fp8_max).nonzero()
-        if below.numel():
-            k = int(below[0])
-            bumped = (codes[k : k + 1].view(torch.uint8) + 1).view(dtype)
-            flat = t.reshape(-1).clone()
-            flat[k] = bumped.to(torch.float64)[0] * inv
-            result.data_t = flat.reshape(t.shape)
+        _columnwise_one_code_off(result, scale, fmt)
         return result
 
     return per_tensor_copies
+
+
+def _fused_gradient_cast_columnwise_off_by_one_code(original):
+    """fused_gradient_cast whose per-tensor result has its column-wise copy one code off
+    (_columnwise_one_code_off): the quantizers' own casts stay right."""
+
+    def fused_gradient_cast(quantizer, grad):
+        result = original(quantizer, grad)
+        _columnwise_one_code_off(result, quantizer.scale_of(grad), quantizer.fmt)
+        return result
+
+    return fused_gradient_cast
 
 
 def _codes_rounded_toward_zero(original):
@@ -454,6 +472,15 @@ FAULTS = {
             "from the row-wise one: within FP8 error, only the column-wise copy check sees it",
             "gradfuzz_adapter.torch_backend.fp8.per_tensor_copies",
             _columnwise_copy_off_by_one_code,
+        ),
+        Fault(
+            "torch-fused-gradient-cast-columnwise-off-by-one-code",
+            "The FP8 gradient an op casts for the GroupedLinear before it in the kernel that "
+            "computes it (TE: a fused dact + cast or dbias + cast, BackwardActivationBias) has "
+            "its column-wise copy one FP8 step off in one element, per-tensor recipes: within "
+            "FP8 error, only the column-wise copy check of that cast's output sees it",
+            "gradfuzz_adapter.torch_backend.fp8.fused_gradient_cast",
+            _fused_gradient_cast_columnwise_off_by_one_code,
         ),
         Fault(
             "torch-fp8-codes-rounded-toward-zero",

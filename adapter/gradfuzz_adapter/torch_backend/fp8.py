@@ -214,9 +214,17 @@ class CurrentQuantizer:
         self.epsilon = epsilon
 
     def __call__(self, x):
-        scale = current_scale(x, self.fmt, pow2=self.pow2, epsilon=self.epsilon)
+        return _made(self, x, self.quantize(x))
+
+    def quantize(self, x):
+        """The QuantizedTensor of x, unrecorded (__call__ records it)."""
+        scale = self.scale_of(x)
         data = quantize_dequantize(x.detach(), scale, self.fmt)
-        return _made(self, x, per_tensor_copies(data, scale, self.fmt))
+        return per_tensor_copies(data, scale, self.fmt)
+
+    def scale_of(self, x):
+        """The scale quantize(x) casts with."""
+        return current_scale(x, self.fmt, pow2=self.pow2, epsilon=self.epsilon)
 
 
 class BlockQuantizer:
@@ -231,10 +239,18 @@ class BlockQuantizer:
         self.pow2 = pow2
 
     def __call__(self, x):
+        return _made(self, x, self.quantize(x))
+
+    def quantize(self, x):
+        """The QuantizedTensor of x, unrecorded (__call__ records it)."""
         x2 = x.reshape(-1, x.shape[-1])
         data = block_scaling_qdq(x2, self.fmt, self.block_dim, pow2=self.pow2)
         data_t = self.columnwise_copy(x2, data)
-        return _made(self, x, QuantizedTensor(data.reshape(x.shape), data_t))
+        return QuantizedTensor(data.reshape(x.shape), data_t)
+
+    def scale_of(self, x):
+        """None: one scale per block, no single scale."""
+        return None
 
     def columnwise_copy(self, x2, data):
         """The column-wise copy [n, m] of x2 [m, n] whose row-wise copy is `data`: for 2D
@@ -260,11 +276,20 @@ class DelayedQuantizer:
         self.history = torch.zeros(history_len, dtype=torch.float32)
 
     def __call__(self, x):
+        return _made(self, x, self.quantize(x))
+
+    def quantize(self, x):
+        """The QuantizedTensor of x, its amax recorded, unrecorded as a tensor (__call__
+        records it)."""
         if x.numel():
             amax = x.detach().abs().max().to(torch.float32)
             self.history[0] = torch.maximum(self.history[0], amax)
         data = quantize_dequantize(x.detach(), self.scale, self.fmt)
-        return _made(self, x, per_tensor_copies(data, self.scale, self.fmt))
+        return per_tensor_copies(data, self.scale, self.fmt)
+
+    def scale_of(self, x):
+        """The scale quantize(x) casts with."""
+        return self.scale
 
     def state(self):
         return {"scale": self.scale.clone(), "history": self.history.clone()}
@@ -445,7 +470,17 @@ class GradientCastFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         quantizers = ctx.quantizers
         quantizers.backward_ran = True
-        return quantizers.grad_output(grad_output).rowwise().to(grad_output.dtype), None
+        quantizer = quantizers.grad_output
+        cast = _made(quantizer, grad_output, fused_gradient_cast(quantizer, grad_output))
+        return cast.rowwise().to(grad_output.dtype), None
+
+
+def fused_gradient_cast(quantizer, grad):
+    """The FP8 gradient an op hands the previous op, cast in the same kernel that computes it
+    (TE: the fused dact + cast and dbias + cast kernels, tex.dgelu or tex.bgrad_quantize with
+    the previous op's grad-output quantizer; the fused BackwardActivationBias): `quantizer`'s
+    tensor of `grad`, unrecorded (GradientCastFunction records it)."""
+    return quantizer.quantize(grad)
 
 
 def casts_grad_input_for_previous_op(name, attrs, recipe):
