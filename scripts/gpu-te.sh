@@ -28,6 +28,8 @@
 #                                           cases/s on and off per USAGE_TPUT_SHAPES (tiny)
 #                                           and USAGE_TPUT_WORKERS (1 12),
 #                                           cases/s usage on and off
+#             fp8cost                       issue 26: one te worker's cases/s per recipe
+#                                           (FP8COST_RECIPES) with the FP8 checks on and off
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
 #                                           of findings not yet explained), when present
 #             upstream defects quick        issue 25: three fresh campaigns on unseen seeds
@@ -115,6 +117,9 @@ if usage:
 states = r.get("coverage", {}).get("fp8_states_checked")
 if states:
     print(f"    delayed-scaling states judged: {states}")
+tensors = r.get("coverage", {}).get("fp8_tensors_checked")
+if tensors:
+    print(f"    quantized tensors checked: {tensors}")
 compared = r.get("coverage", {}).get("fused_ops", {}).get("compared", {})
 fired = r.get("coverage", {}).get("fusions", {})
 if compared or fired:
@@ -296,8 +301,14 @@ if has usage; then
   # seed with the known file (its coverage.usage counts, no new false positive), and one te
   # worker's (and 12 workers') cases/s with the usage script on and off.
   if [ "${USAGE_SELFTEST:-1}" = 1 ]; then
-    selftest selftest-usage "${USAGE_SELFTEST_S:-200}" "${USAGE_FAULTS:-$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)}" \
-      --cases 2000 --dtypes float32,bfloat16 --recipe any
+    # USAGE_FAULTS: space-separated groups of comma-separated faults, each group a selftest
+    # of its own (its own report, USAGE_SELFTEST_S seconds), so that one slow group loses
+    # no other's result.
+    g=0
+    for group in ${USAGE_FAULTS:-$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)}; do
+      g=$((g + 1))
+      selftest "selftest-usage-$g" "${USAGE_SELFTEST_S:-200}" "$group" --cases 2000 --dtypes float32,bfloat16 --recipe any
+    done
   fi
   if [ -n "${USAGE_REPLAY:-}" ]; then
     # Case files of an earlier lease's usage findings (globs), replayed with this binary.
@@ -328,6 +339,20 @@ if has usage; then
           --usage "$u" --known "$known" --corpus "$work/$n" --report "$work/$n.json" --quiet
         say "  $n: $(report_line "$work/$n.json")"
       done
+    done
+  done
+fi
+if has fp8cost; then
+  # Issue 26: what the FP8 checks cost (the quantized-tensor checks and the delayed-scaling
+  # state check): one te worker's cases/s per recipe with them on and off
+  # (GRADFUZZ_FP8_CHECKS), tiny float32, the same seed.
+  for r in ${FP8COST_RECIPES:-DelayedScaling Float8CurrentScaling Float8BlockScaling}; do
+    for c in on off; do
+      n="fp8cost-$r-$c"
+      stage "$n" $((${TPUT_S:-20} + 25)) env GRADFUZZ_FP8_CHECKS="$c" "$gf" fuzz --backend "$backend" \
+        --device "$device" --time "${TPUT_S:-20}" --seed 7 --dtypes float32 --shapes tiny --workers 1 \
+        --max-shrink-calls 0 --recipe "$r" --known "$known" --corpus "$work/$n" --report "$work/$n.json" --quiet
+      say "  $n: $(report_line "$work/$n.json")"
     done
   done
 fi

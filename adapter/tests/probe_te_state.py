@@ -28,6 +28,18 @@ it finds. What each check reads is the forward amax history and scale of each op
    while FP8 is off): the module's behaviour for comparison.
 7. history-len-change: three training steps with amax_history_len 4, then one with 2: the
    history's first two slots kept and the scale (op.py reset_recipe_state)?
+8. history-len-change-trained: the same change, a training step after it, the op alone in
+   the process (the global buffer reset first): does the step run (the control of 9-11)?
+9. history-len-change-two-sequentials: two Sequentials trained a step under length 4, then
+   only the first trained under length 2: does the step run? reset_recipe_state writes the
+   resized history into the old recipe's global buffer slot, where the other op's
+   4-row history stays; the fused update (delayed_scaling.cu
+   amax_and_scale_update_after_reduction) takes the first history's length for all.
+   history-len-change-two-modules: the same with two te.Linear (module/base.py
+   adjust_amax_history_length does the same), for comparison.
+10. history-len-change-after-checkpoint: an op trained under length 4, its state_dict loaded
+   into a fresh op (set_extra_state registers it in the length-4 buffer beside the first),
+   the fresh op trained under length 2: does the step run (the te campaign's crash case)?
 """
 
 import argparse
@@ -331,6 +343,83 @@ def history_len_change():
     )
 
 
+def fresh_process_state():
+    """Forget every op registered in the global FP8 buffers by the checks before."""
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+    FP8GlobalStateManager.reset()
+
+
+def _shorter():
+    from transformer_engine.common.recipe import DelayedScaling, Format
+
+    return DelayedScaling(fp8_format=Format.E4M3, amax_history_len=2, amax_compute_algo="max")
+
+
+def _step_runs(name, detail, fn):
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - the answer is whether it raises
+        report(name, False, f"{detail}: {type(exc).__name__}: {str(exc)[:300]}")
+        return
+    report(name, True, f"{detail}: the step ran")
+
+
+def history_len_change_trained():
+    fresh_process_state()
+    te, recipe = te_modules()
+    op = linear(te, 1)
+    seq = te.ops.Sequential(op)
+    train(te, recipe, seq, 2)
+    _step_runs(
+        "history-len-change-trained",
+        "one op, length 4 then a training step under length 2",
+        lambda: train(te, _shorter(), seq, 3),
+    )
+
+
+def history_len_change_two_sequentials():
+    fresh_process_state()
+    te, recipe = te_modules()
+    first, second = te.ops.Sequential(linear(te, 1)), te.ops.Sequential(linear(te, 2))
+    train(te, recipe, first, 3)
+    train(te, recipe, second, 4)
+    _step_runs(
+        "history-len-change-two-sequentials",
+        "two te.ops Sequentials trained under length 4, the first then trained under length 2",
+        lambda: train(te, _shorter(), first, 5),
+    )
+
+
+def history_len_change_two_modules():
+    fresh_process_state()
+    te, recipe = te_modules()
+    torch.manual_seed(1)
+    first = te.Linear(16, 16, device=DEV, params_dtype=torch.float32)
+    second = te.Linear(16, 16, device=DEV, params_dtype=torch.float32)
+    train(te, recipe, first, 3)
+    train(te, recipe, second, 4)
+    _step_runs(
+        "history-len-change-two-modules",
+        "two te.Linear trained under length 4, the first then trained under length 2",
+        lambda: train(te, _shorter(), first, 5),
+    )
+
+
+def history_len_change_after_checkpoint():
+    fresh_process_state()
+    te, recipe = te_modules()
+    op = linear(te, 1)
+    train(te, recipe, te.ops.Sequential(op), 2)
+    (fresh,) = round_trip(te, recipe, [op])
+    _step_runs(
+        "history-len-change-after-checkpoint",
+        "an op trained under length 4, loaded into a fresh op, the fresh op trained under length 2",
+        lambda: train(te, _shorter(), te.ops.Sequential(fresh), 3),
+    )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -349,6 +438,10 @@ def main():
         recipe_off_keeps_state,
         recipe_off_keeps_state_module,
         history_len_change,
+        history_len_change_trained,
+        history_len_change_two_sequentials,
+        history_len_change_two_modules,
+        history_len_change_after_checkpoint,
     ):
         check(fn)
     if args.out:
