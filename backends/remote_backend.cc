@@ -330,6 +330,9 @@ RemoteBackend::Reply RemoteBackend::receive(wire::Clock::time_point deadline, do
     throw std::logic_error(std::string("the adapter broke the protocol: ") + e.what());
   }
   if (!reply.frame.header.value("ok", false)) {
+    if (reply.frame.header.value("refused", false)) {
+      throw RequestRefused(reply.frame.header.value("error", std::string("no reason given")));
+    }
     throw std::logic_error("the " + options_.name +
                            " adapter failed: " + reply.frame.header.value("error", std::string("no reason given")));
   }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,14 @@ struct ExportRequest {
 };
 
 /// What the adapter answered an export with.
+/// The adapter declined a request it understood, for a reason of the request's own (an
+/// export of a finding whose kind exported tests do not write yet): the caller's input, not
+/// a failure of the adapter.
+class RequestRefused : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct ExportReply {
   std::string script;
   /// What the reader should know (values not the case's, a check left out).

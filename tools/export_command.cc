@@ -145,6 +145,8 @@ ExportDone export_case(const Flags& f, const std::string& path, const std::strin
     done.reply = backend.export_script(spec, prepared.plan, prepared.tensors, paths, done.request);
   } catch (const backends::BackendUnavailable& e) {
     throw InputError(std::string("export: ") + e.what());
+  } catch (const backends::RequestRefused& e) {
+    throw InputError(std::string("export: ") + e.what());
   }
   if (!job.output.empty()) ReportFile(output).write_raw(done.reply.script);
   return done;

@@ -84,6 +84,7 @@ def export_reply(case, request, default_backend, tensors=()):
         # Not written yet: a script without them would pass where the case fails.
         return {
             "ok": False,
+            "refused": True,
             "error": f"the case's usage script ({', '.join(steps)}) is not written into exported "
             'tests yet; `gradfuzz replay` runs it (docs/BACKENDS.md "Steps")',
         }
@@ -92,6 +93,7 @@ def export_reply(case, request, default_backend, tensors=()):
         # A tensor's representation, not a value: a script asserting on values would pass.
         return {
             "ok": False,
+            "refused": True,
             "error": f"the finding is a quantized tensor's own check ({own_check}: its FP8 "
             "codes, column-wise copy or dequantize, or a quantized weight the caller reads), "
             "which is not written into exported tests yet; `gradfuzz replay` runs it",
