@@ -360,8 +360,8 @@ class TensorChecks:
 
     def record_handed_on(self, q):
         """Checks a per-tensor FP8 tensor an op handed on that was not checked as it was
-        made (a cast inside a fused kernel): its column-wise copy and dequantize(), as
-        record does, without the codes (no high-precision values here)."""
+        made (a cast inside a fused kernel) and holds both copies: its column-wise copy and
+        dequantize(), as record does, without the codes (no high-precision values here)."""
         if not isinstance(q, self.classes["Float8TensorStorage"]) or id(q) in self._seen:
             return
         quantizer = getattr(q, "_quantizer", None)
@@ -486,9 +486,11 @@ class TensorChecks:
         out = []
         codes = rows if rows is not None else cols.t()
         if x is None:
+            # Only a tensor with both copies: its dequantize() reads the row-wise one.
+            if rows is None or cols is None:
+                return None
             dtype = getattr(q, "_dtype", None) or torch.float32
-            if rows is not None and cols is not None:
-                self._check_transpose(out, rows, cols, n)
+            self._check_transpose(out, rows, cols, n)
             self._check_dequantize(out, q, dtype, codes.view(fp8_dtype), scale_inv, codes.shape)
             return out
         x2 = x.reshape(-1, n).cpu()
