@@ -251,12 +251,16 @@ class TensorChecks:
     Float8CurrentScalingQuantizer by name, and "E5M2": DType.kFloat8E5M2 (te_classes());
     `op_of(quantizer, tensor)`: (spec op index, label) of the op that owns the quantizer or
     the tensor, (-1, "?") if none;
-    `copies_of(tensor)`: te/backend.py: transposed_copies."""
+    `copies_of(tensor)`: te/backend.py: transposed_copies;
+    `handed_by(op, backward)`: (spec op index, label) of a te.ops op (basic or fused) that
+    handed a tensor on, in backward or forward, where op_of knows no owner (a tensor's
+    quantizer is a copy of its op's: quantized_tensor.py); None: (-1, "?")."""
 
-    def __init__(self, classes, op_of, copies_of):
+    def __init__(self, classes, op_of, copies_of, handed_by=None):
         self.classes = classes
         self.op_of = op_of
         self.copies_of = copies_of
+        self.handed_by = handed_by
         self.checked = 0
         self.violations = []
         self._depth = 0
@@ -290,7 +294,7 @@ class TensorChecks:
                     found.append((cls, name))
         return found
 
-    def _checking_handed_on(self, method):
+    def _checking_handed_on(self, method, backward=True):
         """`method` (an op's fuser_forward or fuser_backward) whose first result, what the
         fuser hands the next op, is checked by record_handed_on (outermost call only)."""
         checks = self
@@ -302,7 +306,7 @@ class TensorChecks:
             finally:
                 checks._op_depth -= 1
             if checks._op_depth == 0 and isinstance(result, tuple) and result:
-                checks.record_handed_on(result[0])
+                checks.record_handed_on(result[0], op, backward)
             return result
 
         return handed_on
@@ -349,7 +353,7 @@ class TensorChecks:
         quantizer_cls.quantize = recorded_quantize
         storage_cls.quantize_ = recorded_quantize_
         for cls, name, method in methods:
-            setattr(cls, name, self._checking_handed_on(method))
+            setattr(cls, name, self._checking_handed_on(method, name == "fuser_backward"))
         try:
             yield self
         finally:
@@ -358,10 +362,12 @@ class TensorChecks:
             quantizer_cls.quantize = quantize
             storage_cls.quantize_ = quantize_
 
-    def record_handed_on(self, q):
-        """Checks a per-tensor FP8 tensor an op handed on that was not checked as it was
-        made (a cast inside a fused kernel) and holds both copies: its column-wise copy and
-        dequantize(), as record does, without the codes (no high-precision values here)."""
+    def record_handed_on(self, q, op=None, backward=True):
+        """Checks a per-tensor FP8 tensor `op` handed on (in backward: its input gradient;
+        in forward: its output) that was not checked as it was made (a cast inside a fused
+        kernel) and holds both copies: its column-wise copy and dequantize(), as record
+        does, without the codes (no high-precision values here). A violation names the
+        op that handed it on where no op owns its quantizer."""
         if not isinstance(q, self.classes["Float8TensorStorage"]) or id(q) in self._seen:
             return
         quantizer = getattr(q, "_quantizer", None)
@@ -370,7 +376,13 @@ class TensorChecks:
                 found = self._check_float8(None, quantizer, q)
         except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
             return
-        self._count(found, quantizer, q)
+        by = None
+        if found and self.handed_by is not None and op is not None:
+            try:
+                by = self.handed_by(op, backward)
+            except Exception:  # noqa: BLE001
+                by = None
+        self._count(found, quantizer, q, by)
 
     def record(self, x, quantizer, q):
         """Checks q, made by `quantizer` from x. Whatever goes wrong in the check itself
@@ -387,9 +399,9 @@ class TensorChecks:
             return
         self._count(found, quantizer, q)
 
-    def _count(self, found, quantizer, q):
+    def _count(self, found, quantizer, q, by=None):
         """Counts a checked tensor (found: [(what, note)], None where not checked) and keeps
-        its violations."""
+        its violations, each named by the op that owns the quantizer, else `by`."""
         if found is None:
             return
         self._seen.add(id(q))
@@ -400,6 +412,8 @@ class TensorChecks:
             op, label = self.op_of(quantizer, q)
         except Exception:  # noqa: BLE001
             op, label = -1, "?"
+        if op < 0 and by is not None and by[0] >= 0:
+            op, label = by
         for what, note in found:
             self.violations.append(
                 {

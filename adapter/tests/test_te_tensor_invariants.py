@@ -193,7 +193,9 @@ def _handed_on(te, fault=None):
     torch.manual_seed(1)
     x = torch.randn(32, 48, dtype=torch.bfloat16) * 3
     q = _quantize_stand_in(x, _quantizers()["delayed"])
-    checks = TensorChecks(te_classes(), lambda q, t: (2, "backward.0"), transposed_copies)
+    checks = TensorChecks(
+        te_classes(), lambda q, t: (-1, "?"), transposed_copies, lambda op, bw: (2, "grad_input")
+    )
 
     def fuser_backward(self, *args, **kwargs):
         return q, [()], [()]
@@ -201,7 +203,7 @@ def _handed_on(te, fault=None):
     if fault is not None:
         fuser_backward = FAULTS[fault].replace(fuser_backward)
     with checks.recording():
-        checks._checking_handed_on(fuser_backward)(None)
+        checks._checking_handed_on(fuser_backward)(object())
     return checks.take()
 
 
@@ -210,7 +212,8 @@ def test_a_tensor_an_op_hands_on_is_checked_without_its_codes(te):
     verdict = _handed_on(te, "te-backward-activation-bias-columnwise-one-code-off")
     assert verdict["checked"] == 1
     assert [v["what"] for v in verdict["violations"]] == ["columnwise"], verdict
-    assert verdict["violations"][0]["quantizer"] == "quantized_tensor[backward.0]"
+    assert verdict["violations"][0]["quantizer"] == "quantized_tensor[grad_input]"
+    assert verdict["violations"][0]["op"] == 2
 
 
 def test_every_op_method_is_wrapped_while_recording_and_restored(te):

@@ -162,7 +162,9 @@ class TEBuilder(Builder):
             # Every quantized tensor TE's quantizers make while the path runs is checked as
             # it is made (invariants.py; take_tensor_checks hands the checks over).
             if fp8_checks_on():
-                self.path.tensor_checks = TensorChecks(te_classes(), self._op_of, transposed_copies)
+                self.path.tensor_checks = TensorChecks(
+                    te_classes(), self._op_of, transposed_copies, self._handed_by
+                )
                 stack.enter_context(self.path.tensor_checks.recording())
             if self.recipe is not None:
                 self.path.te_recipe = te_recipes.make_recipe(self.recipe)
@@ -223,6 +225,20 @@ class TEBuilder(Builder):
                         return index, f"{mode}.{k}"
             if tensor is not None and getattr(op, "weight", None) is tensor:
                 return index, "weight"
+        return -1, "?"
+
+    def _handed_by(self, op, backward):
+        """(spec op index, label) of the te.ops op that handed a tensor on: a basic op of
+        the path itself, or of a fused op the basic op whose side the tensor leaves by (its
+        first in backward: the input gradient; its last in forward: the output); label
+        "grad_input" or "output". (-1, "?") where the path has no such op."""
+        basics = list(getattr(op, "basic_ops", None) or [op])
+        side = basics[0] if backward else basics[-1]
+        for index, path_op in self.path.ops:
+            # A spec op may be a te.ops composite (te.ops.Linear: BasicLinear and Bias).
+            members = list(getattr(path_op, "basic_ops", None) or [])
+            if path_op is side or any(member is side for member in members):
+                return index, "grad_input" if backward else "output"
         return -1, "?"
 
     def held_weights(self, ops, case):
