@@ -292,6 +292,9 @@ bool KnownIssue::matches(const harness::Finding& f, const CaseFacts& facts, cons
   if (role && f.role != *role) return false;
   if (phase && f.phase != *phase) return false;
   if (signature && f.signature != *signature) return false;
+  if (!signatures.empty() && std::find(signatures.begin(), signatures.end(), f.signature) == signatures.end()) {
+    return false;
+  }
   if (backend && found_backend != *backend) return false;
   if (versions && !version_in_range(backend_version, *versions)) return false;
   if ((recipe || !recipe_options.empty()) && !facts.recipe_recorded) return false;
@@ -362,9 +365,9 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
   if (!j.contains("entries") || !j["entries"].is_array()) fail(where, "/entries", "expected an array of entries");
   std::set<std::string> ids;
   static const std::set<std::string> entry_keys{"id", "status", "link", "note", "basis", "match", "steer"};
-  static const std::set<std::string> match_keys{
-      "kind",    "op",       "options",   "error_kind", "message",        "role",  "phase",
-      "backend", "versions", "signature", "recipe",     "recipe_options", "dtype", "case_ops"};
+  static const std::set<std::string> match_keys{"kind",       "op",     "options",        "error_kind", "message",
+                                                "role",       "phase",  "backend",        "versions",   "signature",
+                                                "signatures", "recipe", "recipe_options", "dtype",      "case_ops"};
   for (size_t i = 0; i < j["entries"].size(); ++i) {
     const json& e = j["entries"][i];
     const std::string path = "/entries/" + std::to_string(i);
@@ -395,6 +398,7 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
       if (!match_keys.count(key)) {
         fail(where, mpath + "/" + key,
              "unknown field (known: kind, op, options, error_kind, message, role, phase, backend, versions, signature, "
+             "signatures, "
              "recipe, recipe_options, dtype, case_ops)");
       }
     }
@@ -437,6 +441,21 @@ KnownIssues known_issues_from_json(const json& j, const std::string& where) {
         RecipeOptionCondition c = recipe_option_condition(list[o].get<std::string>(), k.recipe, where, item_path);
         if (!keys.insert(c.key).second) fail(where, item_path, "option '" + c.key + "' given twice");
         k.recipe_options.push_back(std::move(c));
+      }
+    }
+    if (m.contains("signatures")) {
+      const std::string spath = mpath + "/signatures";
+      const json& list = m["signatures"];
+      if (!list.is_array() || list.empty()) {
+        fail(where, spath, "expected a non-empty array of finding signatures such as \"mismatch|Linear|grad_param\"");
+      }
+      if (k.signature) fail(where, spath, "give either signature or signatures, not both");
+      for (size_t o = 0; o < list.size(); ++o) {
+        const std::string item_path = spath + "/" + std::to_string(o);
+        if (!list[o].is_string() || list[o].get<std::string>().empty()) {
+          fail(where, item_path, "expected a non-empty signature string");
+        }
+        k.signatures.push_back(list[o].get<std::string>());
       }
     }
     if (m.contains("case_ops")) {
@@ -536,6 +555,7 @@ json known_issues_to_json(const KnownIssues& known) {
       if (*field) m[key] = **field;
     }
     if (!k.options.empty()) m["options"] = k.options;
+    if (!k.signatures.empty()) m["signatures"] = k.signatures;
     if (!k.case_ops.empty()) m["case_ops"] = k.case_ops;
     if (!k.recipe_options.empty()) {
       json conditions = json::array();

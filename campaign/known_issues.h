@@ -100,6 +100,9 @@ struct KnownIssue {
   std::optional<std::string> phase;
   /// The finding's signature exactly (what `known accept` writes).
   std::optional<std::string> signature;
+  /// Or any one of these exactly: the signatures one cause takes (a defect seen at its cause
+  /// by a quantized tensor's check and in the values it spoils).
+  std::vector<std::string> signatures;
   std::optional<std::string> backend;
   /// Backend versions, ">=2.20,<2.21" (comma-separated bounds, numeric dotted comparison);
   /// compared with the backend's own version (transformer_engine for te, torch for torch).
