@@ -379,16 +379,23 @@ def history_len_change_trained():
     )
 
 
+def _change_beside_a_second_model(te, recipe, name, detail, first, second):
+    """Both models trained a step under `recipe` (length 4), then the first under length 2."""
+    train(te, recipe, first, 3)
+    train(te, recipe, second, 4)
+    _step_runs(name, detail, lambda: train(te, _shorter(), first, 5))
+
+
 def history_len_change_two_sequentials():
     fresh_process_state()
     te, recipe = te_modules()
-    first, second = te.ops.Sequential(linear(te, 1)), te.ops.Sequential(linear(te, 2))
-    train(te, recipe, first, 3)
-    train(te, recipe, second, 4)
-    _step_runs(
+    _change_beside_a_second_model(
+        te,
+        recipe,
         "history-len-change-two-sequentials",
         "two te.ops Sequentials trained under length 4, the first then trained under length 2",
-        lambda: train(te, _shorter(), first, 5),
+        te.ops.Sequential(linear(te, 1)),
+        te.ops.Sequential(linear(te, 2)),
     )
 
 
@@ -396,14 +403,13 @@ def history_len_change_two_modules():
     fresh_process_state()
     te, recipe = te_modules()
     torch.manual_seed(1)
-    first = te.Linear(16, 16, device=DEV, params_dtype=torch.float32)
-    second = te.Linear(16, 16, device=DEV, params_dtype=torch.float32)
-    train(te, recipe, first, 3)
-    train(te, recipe, second, 4)
-    _step_runs(
+    _change_beside_a_second_model(
+        te,
+        recipe,
         "history-len-change-two-modules",
         "two te.Linear trained under length 4, the first then trained under length 2",
-        lambda: train(te, _shorter(), first, 5),
+        te.Linear(16, 16, device=DEV, params_dtype=torch.float32),
+        te.Linear(16, 16, device=DEV, params_dtype=torch.float32),
     )
 
 
