@@ -287,15 +287,29 @@ void EvidenceSampler::rounding_sample(Draws& draws, std::map<std::string, at::Te
 }
 
 /// The coarse evidence (repeat_call_bounds): the evidence so far with the sensitivity of four
-/// samples drawn from `samples` that jitter every quantized element (no windows).
+/// samples drawn from `samples` that jitter every quantized element (no windows). Under delayed
+/// scaling a repeat call quantizes with the scales of the calls before it, which call 1's fresh
+/// state does not have (its scale 1 can saturate what a later scale resolves): each sample
+/// then runs the calls in order on one state, and each call's differences from its expected
+/// values count.
 oracle::RoundingEvidence EvidenceSampler::coarse_evidence(at::Generator& samples) {
   const ReferenceCase& c = set_.reference_case();
   oracle::RoundingEvidence coarse = evidence_;
   coarse.sensitivity.clear();
   const double u = harness::unit_roundoff(options_.dtype);
+  const bool in_order = set_.delayed() && !c.spec->repeat_calls.empty();
   for (int k = 0; k < 4; ++k) {
-    const PathRun run =
-        set_.evaluate(perturbed(c.prepared->tensors, u, samples), options_.dtype, {&samples}, nullptr, {}, c.trace);
+    const CaseTensors values = perturbed(c.prepared->tensors, u, samples);
+    if (in_order) {
+      const std::vector<PathRun> runs = set_.evaluate_calls(values, options_.dtype, {&samples});
+      for (size_t i = 0; i < runs.size(); ++i) {
+        if (!runs[i].ok()) continue;
+        const PathRun expected = i == 0 ? set_.evidence_reference() : set_.expected_for_call(i - 1);
+        oracle::accumulate_max(coarse.sensitivity, oracle::abs_differences(*c.spec, expected, runs[i]));
+      }
+      continue;
+    }
+    const PathRun run = set_.evaluate(values, options_.dtype, {&samples}, nullptr, {}, c.trace);
     if (run.ok()) {
       oracle::accumulate_max(coarse.sensitivity, oracle::abs_differences(*c.spec, set_.evidence_reference(), run));
     }

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -244,34 +245,9 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
   call_quantization_ = fresh_quantization({});
   reference_ = evaluate_call({spec, prepared_ops, call_quantization_.get()}, values, at::kDouble, {}, &reference_kinks_,
                              {}, case_.trace);
-  const bool delayed = case_.recipe && case_.recipe->kind == ops::RecipeKind::kDelayedScaling;
-  bool stepped = false;
-  if (reference_.ok() && (delayed || std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
-                                                 [](const RepeatCall& c) { return c.update || c.recipe_off; }))) {
-    // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the
-    // histories, so each repeat call has a reference of its own, in order, on one state.
-    // After an optimizer step (RepeatCall::update) a call runs on the step's parameters: a
-    // reference of its own on those values.
-    for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
-      const RepeatCall& call = spec.repeat_calls[k];
-      stepped = stepped || call.update;
-      // A changed history length applies from this call on (the state's histories resized).
-      if (delayed && call.amax_history_len > 0) call_quantization_->set_amax_history_len(call.amax_history_len);
-      if (!delayed && !stepped && !call.recipe_off) {
-        PathRun none;
-        none.status = PathStatus::kSkipped;  // the first call's reference stands for it
-        repeat_references_.push_back(std::move(none));
-        continue;
-      }
-      CaseSpec call_spec = spec;
-      call_spec.input_requires_grad = call.input_requires_grad;
-      // A call with the recipe off runs in high precision and leaves the recipe's state alone.
-      const std::unique_ptr<ops::ReferenceQuantization> off = call.recipe_off ? without_recipe() : nullptr;
-      ops::ReferenceQuantization* state = off ? off.get() : delayed ? call_quantization_.get() : nullptr;
-      repeat_references_.push_back(evaluate_call({call_spec, nullptr, state, call.no_grad},
-                                                 stepped ? values.for_call(k) : values, at::kDouble, {}, nullptr, {},
-                                                 Trace::kOff));
-    }
+  if (reference_.ok() && (delayed() || std::any_of(spec.repeat_calls.begin(), spec.repeat_calls.end(),
+                                                   [](const RepeatCall& c) { return c.update || c.recipe_off; }))) {
+    repeat_references_ = run_repeats(values, at::kDouble, call_quantization_.get());
   }
   // A repeat call whose input requires grad when the first call's does not: the input's
   // gradient from a second reference run with it (a channel whose value then requires grad
@@ -291,6 +267,51 @@ void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* f
       evidence_reference_ = std::move(run);
     }
   }
+}
+
+bool ReferenceSet::delayed() const { return case_.recipe && case_.recipe->kind == ops::RecipeKind::kDelayedScaling; }
+
+std::vector<PathRun> ReferenceSet::run_repeats(const CaseTensors& values, at::ScalarType dtype,
+                                               ops::ReferenceQuantization* state) const {
+  // Delayed scaling: call k quantizes with the scales calls 1..k-1 left in the histories, so
+  // each repeat call has a reference of its own, in order, on one state. After an optimizer
+  // step (RepeatCall::update) a call runs on the step's parameters: a reference of its own on
+  // those values.
+  const CaseSpec& spec = *case_.spec;
+  std::vector<PathRun> runs;
+  bool stepped = false;
+  for (size_t k = 0; k < spec.repeat_calls.size(); ++k) {
+    const RepeatCall& call = spec.repeat_calls[k];
+    stepped = stepped || call.update;
+    // A changed history length applies from this call on (the state's histories resized).
+    if (delayed() && state != nullptr && call.amax_history_len > 0) state->set_amax_history_len(call.amax_history_len);
+    if (!delayed() && !stepped && !call.recipe_off) {
+      PathRun none;
+      none.status = PathStatus::kSkipped;  // the first call's reference stands for it
+      runs.push_back(std::move(none));
+      continue;
+    }
+    CaseSpec call_spec = spec;
+    call_spec.input_requires_grad = call.input_requires_grad;
+    // A call with the recipe off runs in high precision and leaves the recipe's state alone.
+    const std::unique_ptr<ops::ReferenceQuantization> off = call.recipe_off ? without_recipe() : nullptr;
+    ops::ReferenceQuantization* call_state = off ? off.get() : delayed() ? state : nullptr;
+    runs.push_back(evaluate_call({call_spec, nullptr, call_state, call.no_grad}, stepped ? values.for_call(k) : values,
+                                 dtype, {}, nullptr, {}, Trace::kOff));
+  }
+  return runs;
+}
+
+std::vector<PathRun> ReferenceSet::evaluate_calls(const CaseTensors& values, at::ScalarType dtype,
+                                                  const Quantization& quantization) const {
+  std::vector<PathRun> runs;
+  const std::unique_ptr<ops::ReferenceQuantization> state = fresh_quantization(quantization);
+  runs.push_back(
+      evaluate_call({evidence_spec_, nullptr, state.get()}, values, dtype, quantization, nullptr, {}, Trace::kOff));
+  if (!runs.front().ok()) return runs;
+  std::vector<PathRun> repeats = run_repeats(values, dtype, state.get());
+  std::move(repeats.begin(), repeats.end(), std::back_inserter(runs));
+  return runs;
 }
 
 PathRun ReferenceSet::evaluate(const CaseTensors& values, at::ScalarType dtype, const Quantization& quantization,

@@ -122,6 +122,16 @@ class ReferenceSet {
                             const Quantization& quantization = {}, ops::KinkProbe* probe = nullptr,
                             const Noise& noise = {}, Trace trace = Trace::kOff) const;
 
+  /// The case's calls on `values` in `dtype`, in order on one quantization state as
+  /// `quantization` says: the first as evidence_spec's, then the repeat calls as
+  /// run_references evaluates their references. The first call's run, then per repeat call
+  /// its run (skipped where the first call's stands for it; none after a first that failed).
+  std::vector<harness::PathRun> evaluate_calls(const harness::CaseTensors& values, at::ScalarType dtype,
+                                               const Quantization& quantization = {}) const;
+  /// Whether the case's recipe is DelayedScaling: a call's scales then come from the calls
+  /// before it.
+  bool delayed() const;
+
   const ReferenceCase& reference_case() const { return case_; }
   const ops::QuantizationPoints& points() const { return points_; }
   /// The first call's float64 reference, and the kinks it recorded.
@@ -152,6 +162,10 @@ class ReferenceSet {
                                  const Quantization& quantization, ops::KinkProbe* probe, const Noise& noise,
                                  Trace trace) const;
   std::unique_ptr<ops::ReferenceQuantization> fresh_quantization(const Quantization& quantization) const;
+  /// The repeat calls after a first call that left `state` (null: the case quantizes
+  /// nothing), on `values` in `dtype`.
+  std::vector<harness::PathRun> run_repeats(const harness::CaseTensors& values, at::ScalarType dtype,
+                                            ops::ReferenceQuantization* state) const;
   void run_references(harness::BuiltCase* prepared_ops, const ReferenceSet* first);
 
   const ReferenceCase& case_;

@@ -268,6 +268,21 @@ TEST_F(TorchBackend, AStepOnValuesThatRoundOtherwiseIsNotHeldToCallOnesNormBound
   EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << replay.out << replay.err;
 }
 
+// Two bfloat16 DelayedScaling cases (amax_history_len 1, huge values) of the te campaign on
+// the H100 (seed 401, docs/gpu/2026-12-07-usage3), which the emulation reproduces on the CPU:
+// each failed only at its repeat call, 3% off in an element whose FP8 step is 25%. The repeat
+// call quantizes with the scale call 1's amax left, while its coarse evidence sampled call 1
+// on a fresh state, whose scale 1 saturates these values (no rounding to sample). The coarse
+// evidence now runs the calls in order on one state (runner/evidence.cc: coarse_evidence):
+// replay passes.
+TEST_F(TorchBackend, ARepeatCallUnderDelayedScalingIsJudgedOnTheScalesItQuantizesWith) {
+  for (const char* name : {"torch-delayed-repeat-scale-srelu.json", "torch-delayed-repeat-scale-linear-scale.json"}) {
+    const CliRun replay = replay_data(name);
+    EXPECT_EQ(replay.exit, 0) << name << replay.out << replay.err;
+    EXPECT_THAT(replay.out, HasSubstr("1 cases, 0 failed")) << name << replay.out << replay.err;
+  }
+}
+
 // A TE defect gradfuzz found on the H200, reproduced on the CPU by the emulation with the
 // defect planted (adapter torch_backend/faults.py): without it the case passes (the reference and the
 // emulation agree), with it the case fails with the signature TE's run had. That explains a

@@ -1,6 +1,7 @@
 #include "runner/reference_set.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -142,6 +143,30 @@ TEST(ReferenceSet, DelayedScalingRepeatCallsHaveReferencesOfTheirOwn) {
     const bool own = recipe == "DelayedScaling";
     EXPECT_EQ(!same(set.expected_for_call(1).outputs[0], set.reference().outputs[0]), own);
   }
+}
+
+// The calls in order on one state, as the repeat calls' coarse evidence samples them: in
+// float64 without jitter they are the references (each repeat call on the scales the calls
+// before it left), and a jittered sequence moves them.
+TEST(ReferenceSet, TheCallsInOrderOnOneStateAreTheReferencesUnjittered) {
+  CaseSpec spec = fp8_chain("DelayedScaling", "HYBRID");
+  spec.repeat_calls = {RepeatCall{}, RepeatCall{}};
+  Reference r(spec);
+  ReferenceSet set(r.reference_case);
+  set.run_references(r.prepared.reference_ops);
+  ASSERT_TRUE(set.delayed());
+  const std::vector<PathRun> runs = set.evaluate_calls(r.prepared.tensors, at::kDouble);
+  ASSERT_EQ(runs.size(), 3u);
+  for (const PathRun& run : runs) ASSERT_TRUE(run.ok()) << run.error_message;
+  EXPECT_TRUE(same(runs[0].outputs[0], set.reference().outputs[0]));
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_TRUE(same(runs[k + 1].outputs[0], set.expected_for_call(k).outputs[0])) << k;
+    EXPECT_TRUE(same(runs[k + 1].grad_params[0][0], set.expected_for_call(k).grad_params[0][0])) << k;
+  }
+  at::Generator jitter = at::detail::createCPUGenerator(5);
+  const std::vector<PathRun> jittered = set.evaluate_calls(r.prepared.tensors, at::kDouble, {&jitter});
+  ASSERT_EQ(jittered.size(), 3u);
+  EXPECT_FALSE(same(jittered[2].outputs[0], set.expected_for_call(1).outputs[0]));
 }
 
 TEST(ReferenceSet, AQuantizingEvaluationRecordsEachQuantizationsScaledValues) {
