@@ -27,7 +27,9 @@
 #                                           probe, no campaign) with its coverage.usage,
 #                                           cases/s on and off per USAGE_TPUT_SHAPES (tiny)
 #                                           and USAGE_TPUT_WORKERS (1 12),
-#                                           cases/s usage on and off
+#                                           cases/s usage on and off; USAGE_SHRINK caps
+#                                           each selftest shrink's runs (60), USAGE_PROBE=0
+#                                           skips the probe
 #             fp8cost                       issue 26: one te worker's cases/s per recipe
 #                                           (FP8COST_RECIPES) with the FP8 checks on and off
 #             open                          adapter/tests/probe_te_open.py (plain-TE checks
@@ -307,7 +309,8 @@ if has usage; then
     g=0
     for group in ${USAGE_FAULTS:-$(echo "$faults" | grep -E 'usage|backward-update' | paste -sd, -)}; do
       g=$((g + 1))
-      selftest "selftest-usage-$g" "${USAGE_SELFTEST_S:-200}" "$group" --cases 2000 --dtypes float32,bfloat16 --recipe any
+      selftest "selftest-usage-$g" "${USAGE_SELFTEST_S:-200}" "$group" --cases 2000 --dtypes float32,bfloat16 --recipe any \
+        --max-shrink-calls "${USAGE_SHRINK:-60}"
     done
   fi
   if [ -n "${USAGE_REPLAY:-}" ]; then
@@ -323,7 +326,7 @@ if has usage; then
     say "$(grep -E 'passed|failed|Error|assert' "$work/usage-pytest.log" | tail -8 | cut -c1-400)"
   fi
   if [ "${USAGE_CAMPAIGN:-1}" = 1 ]; then
-    if [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
+    if [ "${USAGE_PROBE:-1}" = 1 ] && [ -f adapter/tests/probe_te_state.py ] && [ "${DRY_RUN:-0}" != 1 ]; then
       stage probe-state 90 python3 adapter/tests/probe_te_state.py --out "$work/probe_te_state.json"
       say "$(grep '^\[' "$work/probe-state.log" | cut -c1-600)"
     fi

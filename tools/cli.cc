@@ -211,6 +211,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   add_ci_output_flags(*selftest, f.ci);
   add_campaign_flags(*selftest, f);
   selftest->add_option("--corpus", f.corpus, "where found cases are saved (default gradfuzz-out/selftest)");
+  selftest->add_option("--max-shrink-calls", f.max_shrink_calls_text,
+                       "cap on the runs one shrink may make (default 2000; a slow backend's stage may want fewer)");
   add_known_flags(*selftest, f);
   add_backend_flags(*selftest, f);
 

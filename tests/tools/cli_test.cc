@@ -191,6 +191,41 @@ TEST_F(CliTest, FuzzWritesAReportConsistentWithItsExitStatus) {
   EXPECT_TRUE(j["coverage"]["features"].contains("call_then_bind"));
 }
 
+// A selftest's shrink can be capped as a campaign's (a slow backend's bounded stage): with no
+// shrink run the fault's case is saved as found, still failing with the fault and passing
+// without; a cap that is no number is a usage error naming the flag.
+TEST_F(CliTest, SelftestTakesTheShrinkCapOfACampaign) {
+  const std::string report = (dir_ / "selftest.json").string();
+  const auto selftest = [&](const std::string& cap) {
+    return run({"selftest", "--faults", "internal-requires-grad", "--cases", "500", "--seed", "1", "--workers", "0",
+                "--max-shrink-calls", cap, "--corpus", (dir_ / ("c" + cap)).string(), "--report", report});
+  };
+  const CliRun shrunk = selftest("2000");
+  ASSERT_EQ(shrunk.exit, 0) << shrunk.err;
+  std::ifstream first(report);
+  const auto j = nlohmann::json::parse(first);
+  const CliRun unshrunk = selftest("0");
+  ASSERT_EQ(unshrunk.exit, 0) << unshrunk.err;
+  std::ifstream second(report);
+  const auto k = nlohmann::json::parse(second);
+  ASSERT_EQ(j["selftest"].size(), 1u);
+  ASSERT_EQ(k["selftest"].size(), 1u);
+  EXPECT_TRUE(k["selftest"][0]["ok"].get<bool>()) << k["selftest"].dump();
+  EXPECT_EQ(k["selftest"][0]["cases_to_detect"], j["selftest"][0]["cases_to_detect"]);
+  // The shrink makes the shapes small (1x1 on this case); the uncapped one keeps its own.
+  const auto spec_of = [](const nlohmann::json& selftest_report) {
+    std::ifstream in(selftest_report["selftest"][0]["case_file"].get<std::string>());
+    return nlohmann::json::parse(in)["spec"];
+  };
+  const nlohmann::json small = spec_of(j);
+  const nlohmann::json as_found = spec_of(k);
+  EXPECT_NE(small, as_found);
+  EXPECT_LT(small.dump().size(), as_found.dump().size());
+  const CliRun bad = selftest("many");
+  EXPECT_EQ(bad.exit, 2);
+  EXPECT_THAT(bad.err, ::testing::HasSubstr("--max-shrink-calls"));
+}
+
 TEST_F(CliTest, ReportToAnUnwritablePathIsAUsageError) {
   const CliRun r = run({"fuzz", "--cases", "1", "--report", (dir_ / "no" / "such" / "dir" / "r.json").string()});
   EXPECT_EQ(r.exit, 2);
