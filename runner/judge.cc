@@ -188,8 +188,30 @@ bool note_wide_dtype(std::vector<Finding>& findings, const std::vector<Finding>&
   return precision_only;
 }
 
+namespace {
+
+/// The call of a finding's path: 0 for the first, k for ".call[k]" (repeat call k - 1).
+size_t call_of(const Finding& f) {
+  const std::string path = f.path_pair.substr(0, f.path_pair.find('~'));
+  const size_t at = path.find(".call[");
+  if (at == std::string::npos) return 0;
+  try {
+    return static_cast<size_t>(std::stoul(path.substr(at + 6)));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+/// Whether the unfused path's call `k` (as call_of numbers them) ran.
+bool unfused_call_ran(const PathRun* unfused, size_t k) {
+  if (unfused == nullptr || !unfused->ok()) return false;
+  return k == 0 || (k - 1 < unfused->repeats.size() && unfused->repeats[k - 1].ok());
+}
+
+}  // namespace
+
 std::optional<InPlaceAblation> in_place_ablation(const CaseSpec& spec, const std::vector<Finding>& findings,
-                                                 bool unfused_ran) {
+                                                 const PathRun* unfused) {
   InPlaceAblation out;
   out.ablated = spec;
   std::vector<std::string> writers;
@@ -210,7 +232,8 @@ std::optional<InPlaceAblation> in_place_ablation(const CaseSpec& spec, const std
   for (size_t k = 0; k < findings.size(); ++k) {
     const Finding& f = findings[k];
     if (!is_value_kind(f)) continue;
-    const bool fusion_specific = base_path(f) != "unfused" && unfused_ran && !unfused_wrong.count(f.tensor);
+    const bool fusion_specific =
+        base_path(f) != "unfused" && unfused_call_ran(unfused, call_of(f)) && !unfused_wrong.count(f.tensor);
     if (!fusion_specific) out.candidates.push_back(k);
   }
   if (out.candidates.empty()) return std::nullopt;

@@ -58,16 +58,19 @@ bool note_wide_dtype(std::vector<harness::Finding>& findings, const std::vector<
 /// The in-place ablation's question (RunOptions::attribute_in_place): the case with every
 /// in_place=1 op at in_place=0, the types of those ops (sorted, joined by ','), and the value
 /// findings it may put down to them: every one not specific to a fusion (a tensor the unfused
-/// path, where it ran, gets right).
+/// path gets right in the same call, where that call ran).
 struct InPlaceAblation {
   harness::CaseSpec ablated;
   std::string writers;
   /// Indices into the findings.
   std::vector<size_t> candidates;
 };
-/// nullopt where no op writes in place or no finding is a candidate.
+/// nullopt where no op writes in place or no finding is a candidate. `unfused`: the unfused
+/// path's run (null where it has none); a finding of call k is specific to a fusion only where
+/// the unfused path's call k ran (a call of it that raised got nothing right or wrong).
 std::optional<InPlaceAblation> in_place_ablation(const harness::CaseSpec& spec,
-                                                 const std::vector<harness::Finding>& findings, bool unfused_ran);
+                                                 const std::vector<harness::Finding>& findings,
+                                                 const harness::PathRun* unfused);
 /// The candidates of `ablation` whose kind and tensor the ablated run's `without` lacks.
 std::vector<size_t> gone_without(const InPlaceAblation& ablation, const std::vector<harness::Finding>& findings,
                                  const std::vector<harness::Finding>& without);

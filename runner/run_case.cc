@@ -661,7 +661,7 @@ class CaseRun {
   void attribute_in_place_stage() {
     if (!options_.attribute_in_place) return;
     const PathRun* unfused = paths_.named("unfused");
-    const auto ablation = in_place_ablation(spec_, result_.findings, unfused != nullptr && unfused->ok());
+    const auto ablation = in_place_ablation(spec_, result_.findings, unfused);
     if (!ablation) return;
     RunOptions o = options_;
     o.attribute_in_place = false;

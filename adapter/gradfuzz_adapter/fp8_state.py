@@ -18,7 +18,9 @@ _default_sf_compute; docs/BACKENDS.md "Recipes"):
   recorded, which the update rolled to the last slot: the new state must be the rule applied to
   that history;
 - where none ran (an evaluation pass, a pass that quantized nothing), scale and history are the
-  old ones but for slot 0, which may only grow (a max);
+  old ones but for slot 0, which may only grow (a max; one that went down is "eval_amax");
+- a state the backend dropped at a call with the recipe off is judged there ("recipe_off")
+  and afresh from then on;
 - a weight's recorded amax is max|W| of the weight the call used, in float32;
 - a checkpoint round trip hands the fresh ops the state the old ones had ("checkpoint"); one
   that hands them the saved state after k updates by the rule is told apart
@@ -153,7 +155,10 @@ class StateCheck:
                     f"{_text(s0['scale'])} -> {_text(s1['scale'])}, history "
                     f"{_text(s0['history'])} -> {_text(s1['history'])}",
                 )
-        self.previous = {**states, **{k: v for k, v in before.items() if k not in states}}
+        # The calls after it go on from the states the backend has: a state it dropped is
+        # made afresh at its next quantized call (TE builds it lazily), judged from scale 1
+        # and an empty history as any new one, not held to the dropped one a second time.
+        self.previous = dict(states)
 
     def resize(self, length):
         """DelayedScaling's amax_history_len becomes `length` before the next call: the states
@@ -212,6 +217,25 @@ class StateCheck:
             )
             return
         if unchanged:
+            return
+        if (
+            not trained
+            and _same(s1["scale"], s0["scale"])
+            and _same(h1[1:], h0[1:])
+            and bool(h1[0] < h0[0])
+        ):
+            # No update ran (the rest of the state is as it was), yet slot 0 went down: the
+            # call's amax replaced the larger one recorded since the last update instead of
+            # joining it as a max (TE's cast kernels record with an atomic max).
+            self._violate(
+                s1,
+                "eval_amax",
+                f"in a call that ran no {s1['pass']} update, amax history slot 0 went from "
+                f"{float(h0[0]):.9g} down to {float(h1[0]):.9g} (scale {_text(s1['scale'])} "
+                "and the other slots unchanged): the amax this call recorded replaced the "
+                "larger one recorded before it since the last update, where a max of the two "
+                "is kept",
+            )
             return
         w = weights.get((s1["op"], s1["group"])) if s1["role"] == "weight" else None
         w_amax = None if w is None else w.detach().abs().max().to(torch.float32).cpu()

@@ -40,6 +40,12 @@ it finds. What each check reads is the forward amax history and scale of each op
 10. history-len-change-after-checkpoint: an op trained under length 4, its state_dict loaded
    into a fresh op (set_extra_state registers it in the length-4 buffer beside the first),
    the fresh op trained under length 2: does the step run (the te campaign's crash case)?
+11. eval-amax-keeps-max: a training step, then two no_grad forwards, the second on inputs a
+   quarter the size: does the op's input history slot 0 keep the larger amax of the two (the
+   cast kernels record with an atomic max) or the last one?
+   eval-amax-keeps-max-gemm-output: the same for the second of two BasicLinear ops in one
+   Sequential, whose input the first op's GEMM may hand on quantized (its amax written by
+   the GEMM): the te campaign's Linear -> Linear eval-pass state cluster of 2026-12-07.
 """
 
 import argparse
@@ -426,6 +432,35 @@ def history_len_change_after_checkpoint():
     )
 
 
+def _eval_amax_keeps_max(name, two_ops):
+    fresh_process_state()
+    te, recipe = te_modules()
+    first = linear(te, 41)
+    ops = [first, linear(te, 42)] if two_ops else [first]
+    seq = te.ops.Sequential(*ops)
+    watched = ops[-1]
+    train(te, recipe, seq, 43)
+    evaluate(te, recipe, seq, 44, scale=4.0)
+    large, _ = state(watched)
+    evaluate(te, recipe, seq, 45, scale=1.0)
+    after, _ = state(watched)
+    kept = bool(after[0][0] >= large[0][0])
+    report(
+        name,
+        kept,
+        f"input history slot 0 after the larger eval {float(large[0][0]):.6g}, after the smaller "
+        f"{float(after[0][0]):.6g} (history {listed(after[:, 0])})",
+    )
+
+
+def eval_amax_keeps_max():
+    _eval_amax_keeps_max("eval-amax-keeps-max", two_ops=False)
+
+
+def eval_amax_keeps_max_gemm_output():
+    _eval_amax_keeps_max("eval-amax-keeps-max-gemm-output", two_ops=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -448,6 +483,8 @@ def main():
         history_len_change_two_sequentials,
         history_len_change_two_modules,
         history_len_change_after_checkpoint,
+        eval_amax_keeps_max,
+        eval_amax_keeps_max_gemm_output,
     ):
         check(fn)
     if args.out:

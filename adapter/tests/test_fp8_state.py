@@ -81,3 +81,40 @@ def test_a_training_call_must_consume_the_recorded_amax():
     # The amax left in slot 0: the update was missed.
     missed = trained(entry([0.0, 2.0, 4.0], 112.0), entry([4.0, 2.0, 4.0], 112.0))
     assert [v["what"] for v in missed["violations"]] == ["update"]
+
+
+def evaluated(before, after):
+    """The verdict of an evaluation pass (no_grad: no update) from `before` to `after`."""
+    check = StateCheck()
+    check.before({"q": before})
+    check.after({"q": after}, forward_trained=False, backward_trained=False, weights={})
+    return check.take()
+
+
+def test_an_evaluation_pass_keeps_the_larger_amax_in_slot_0():
+    # The last update left [0, 3.75]; an eval recorded 3.75, a second eval 1.9: a max keeps
+    # 3.75 (TE's cast kernels); a last-wins record (the H100's GEMM-fed input quantizer,
+    # probe_te_state.py eval-amax-keeps-max-gemm-output) is told apart from a wrong update.
+    assert evaluated(entry([3.75, 3.75], 119.5), entry([3.75, 3.75], 119.5))["violations"] == []
+    assert evaluated(entry([0.0, 3.75], 119.5), entry([1.9, 3.75], 119.5))["violations"] == []
+    replaced = evaluated(entry([3.75, 3.75], 119.5), entry([1.9, 3.75], 119.5))["violations"]
+    assert [v["what"] for v in replaced] == ["eval_amax"]
+    assert "went from 3.75 down to 1.8999" in replaced[0]["note"]
+    # An update with the rule's result in a call that should have run none is still judged
+    # by the rule, and a wrong scale with it is a rule violation, not eval_amax.
+    wrong = evaluated(entry([3.75, 3.75], 119.5), entry([1.9, 3.75], 64.0))["violations"]
+    assert [v["what"] for v in wrong] == ["rule"]
+
+
+def test_a_state_dropped_at_a_call_with_the_recipe_off_is_judged_afresh_after_it():
+    check = StateCheck()
+    check.before({"q": entry([0.0, 3.0], 149.0)})
+    check.untouched({})  # TE 2.20.2: the op's _fp8_metas gone after the FP8-off call
+    assert [v["what"] for v in check.take()["violations"]] == ["recipe_off"]
+    # The next (eval) call builds the state afresh: scale 1, its amax in slot 0. Judged as a
+    # new state, not once more against the dropped one.
+    check.before({})
+    check.after(
+        {"q": entry([0.93], 1.0)}, forward_trained=False, backward_trained=False, weights={}
+    )
+    assert check.take() == {"checked": 1, "violations": []}

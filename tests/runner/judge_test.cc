@@ -124,7 +124,9 @@ TEST(InPlaceAblation, AsksAboutFindingsNotSpecificToAFusion) {
                                          value_finding("fused~reference", "grad_input"),
                                          value_finding("unfused~reference", "grad_input"),
                                          value_finding("fused~unfused", "output", VerdictKind::kUnexpectedError)};
-  const auto ablation = in_place_ablation(spec, findings, /*unfused_ran=*/true);
+  harness::PathRun unfused;
+  unfused.name = "unfused";
+  const auto ablation = in_place_ablation(spec, findings, &unfused);
   ASSERT_TRUE(ablation.has_value());
   EXPECT_EQ(ablation->writers, "AddExtraInput,Bias");
   EXPECT_EQ(ablation->ablated.ops[2].attrs.at("in_place"), 0);
@@ -135,8 +137,19 @@ TEST(InPlaceAblation, AsksAboutFindingsNotSpecificToAFusion) {
   EXPECT_THAT(gone_without(*ablation, findings, without), IsEmpty());
   EXPECT_THAT(gone_without(*ablation, findings, {}), ElementsAre(1u, 2u));
   // Without an unfused run nothing is specific to a fusion.
-  EXPECT_THAT(in_place_ablation(spec, findings, false)->candidates, ElementsAre(0u, 1u, 2u));
-  EXPECT_FALSE(in_place_ablation(two_ops(), findings, true).has_value());
+  EXPECT_THAT(in_place_ablation(spec, findings, nullptr)->candidates, ElementsAre(0u, 1u, 2u));
+  EXPECT_FALSE(in_place_ablation(two_ops(), findings, &unfused).has_value());
+  // A repeat call's finding: specific to a fusion only where the unfused path's same call
+  // ran (TE, H100 2026-12-07: the unfused recompute call raised, and a held output the fused
+  // path's in-place op wrote under recompute went unattributed).
+  const std::vector<Finding> second = {value_finding("fused.call[2]~caller", "held_output[1]")};
+  unfused.repeats.resize(2);
+  EXPECT_FALSE(in_place_ablation(spec, second, &unfused).has_value());
+  unfused.repeats[1].status = harness::PathStatus::kError;
+  ASSERT_TRUE(in_place_ablation(spec, second, &unfused).has_value());
+  EXPECT_THAT(in_place_ablation(spec, second, &unfused)->candidates, ElementsAre(0u));
+  EXPECT_THAT(in_place_ablation(spec, {value_finding("fused.call[3]~reference", "output")}, &unfused)->candidates,
+              ElementsAre(0u));
 }
 
 }  // namespace
