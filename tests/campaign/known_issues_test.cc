@@ -257,10 +257,9 @@ TEST(KnownIssues, AnEntryWithSignaturesMatchesAnyOfThemAndRoundTrips) {
     {"id": "linear-linear", "status": "open-defect",
      "match": {"signatures": ["mismatch|Linear|grad_param", "mismatch|Linear|fp8_state|tensor.columnwise"],
                "recipe": "DelayedScaling", "backend": "te"}}]})");
-  Finding transpose;
-  transpose.kind = VerdictKind::kMismatch;
+  // The same Linear's column-wise copy, seen by the quantized-tensor check.
+  Finding transpose = weight_gradient();
   transpose.role = "fp8_state";
-  transpose.op = "Linear";
   transpose.signature = "mismatch|Linear|fp8_state|tensor.columnwise";
   Finding codes = transpose;
   codes.signature = "mismatch|Linear|fp8_state|tensor.codes";
