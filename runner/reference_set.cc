@@ -237,6 +237,8 @@ void ReferenceSet::run_references(BuiltCase& prepared_ops) { run_references(&pre
 
 void ReferenceSet::run_references(const ReferenceSet& first) { run_references(nullptr, &first); }
 
+void ReferenceSet::run_references_alone() { run_references(nullptr, nullptr); }
+
 void ReferenceSet::run_references(BuiltCase* prepared_ops, const ReferenceSet* first) {
   ran_ = true;
   const CaseSpec& spec = *case_.spec;

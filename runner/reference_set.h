@@ -113,6 +113,9 @@ class ReferenceSet {
   void run_references(harness::BuiltCase& prepared_ops);
   /// A further set: the same on ops of its own, its evidence measured as `first`'s is.
   void run_references(const ReferenceSet& first);
+  /// A set of its own (runner/recipe_off.h): the same on ops of its own, its evidence
+  /// measured against its own case's calls.
+  void run_references_alone();
   /// Whether run_references ran.
   bool ran() const { return ran_; }
 

@@ -26,6 +26,7 @@
 #include "runner/features.h"
 #include "runner/judge.h"
 #include "runner/quantization_points.h"
+#include "runner/recipe_off.h"
 
 namespace gradfuzz::runner {
 
@@ -288,16 +289,23 @@ class CaseRun {
     reference_case_ =
         reference_case(spec_, prepared_, std::move(recipe), backend_.capabilities(), trace_ ? Trace::kOn : Trace::kOff);
     sets_.push_back(new_set({}));
+    if (RecipeOffBounds::wanted(spec_)) {
+      recipe_off_ = std::make_unique<RecipeOffBounds>(spec_, prepared_, backend_.capabilities(), reference_case_.trace,
+                                                      sampler_options());
+    }
     return true;
   }
 
-  std::unique_ptr<PathSet> new_set(ops::QuantizationPoints points) const {
+  EvidenceSampler::Options sampler_options() const {
     EvidenceSampler::Options o;
     o.dtype = dtype_;
     o.context = context_;
     o.rule = options_.rounding;
     o.fp8_reference_exact = backend_.capabilities().fp8_reference_exact;
-    return std::make_unique<PathSet>(reference_case_, std::move(points), std::move(o));
+    return o;
+  }
+  std::unique_ptr<PathSet> new_set(ops::QuantizationPoints points) const {
+    return std::make_unique<PathSet>(reference_case_, std::move(points), sampler_options());
   }
 
   // ---- run the paths (CasePaths), the basic ops' reference and evidence drawn meanwhile.
@@ -522,6 +530,9 @@ class CaseRun {
     oracle::Comparer comparer(findings, notes);
     std::vector<SetBounds> bounds;
     for (size_t k = 0; k < sets_.size(); ++k) bounds.push_back(set_bounds(k, check, k == 0 ? cancellation : nullptr));
+    // A call with the recipe off computes in high precision (runner/recipe_off.h).
+    std::optional<oracle::CaseBounds> off;
+    if (check == Check::kEvidence && recipe_off_) off = recipe_off_->bounds(evidence_rounds_);
     for (const PathRun* run : paths_.active()) {
       const ReferenceSet& refs = set_of(run->name).references;
       const SetBounds& b = bounds.at(set_index(run->name));
@@ -540,13 +551,18 @@ class CaseRun {
       // element gets the largest allowance of its tensor (the step halves every parameter),
       // and call 1's norm bound, evidence of call 1's rounding, does not apply.
       const oracle::CaseBounds stepped_bounds = stepped_allowance(repeat_bounds);
+      const std::optional<oracle::CaseBounds> stepped_off = off ? std::optional(stepped_allowance(*off)) : std::nullopt;
       bool stepped = false;
       for (size_t k = 0; k < run->repeats.size() && k < spec_.repeat_calls.size(); ++k) {
         const PathRun& repeat = run->repeats[k];
         stepped = stepped || spec_.repeat_calls[k].update;
         if (!repeat.ok()) continue;
-        compare_paths(repeat.name + "~reference", spec_, refs.expected_for_call(k), repeat,
-                      stepped ? stepped_bounds : repeat_bounds, comparer, all_channels());
+        const bool high_precision = off && spec_.repeat_calls[k].recipe_off;
+        const oracle::CaseBounds& call_bounds = high_precision ? (stepped ? *stepped_off : *off)
+                                                : stepped      ? stepped_bounds
+                                                               : repeat_bounds;
+        compare_paths(repeat.name + "~reference", spec_, refs.expected_for_call(k), repeat, call_bounds, comparer,
+                      all_channels());
         compare_plans(repeat, findings);
         if (spec_.repeat_calls[k].no_grad) oracle::check_eval_graph(spec_, repeat, findings);
         oracle::check_fp8_state(spec_, repeat, findings);
@@ -809,6 +825,8 @@ class CaseRun {
   /// the basic ops' (the unfused path's, and every path's where no fused op quantizes
   /// elsewhere), then one per other set a path's plans give.
   std::vector<std::unique_ptr<PathSet>> sets_;
+  /// The bounds of the case's calls with the recipe off (null: it has none).
+  std::unique_ptr<RecipeOffBounds> recipe_off_;
   /// Path name -> index into sets_ (absent: 0).
   std::map<std::string, size_t> path_sets_;
   /// What each further reference set is, for the case's notes.

@@ -111,6 +111,27 @@ def test_a_call_with_the_recipe_off_runs_in_high_precision_and_keeps_the_state(b
     )
 
 
+def test_the_fp8_weight_fault_reaches_only_a_call_with_the_recipe_off(backend):
+    ops = [{"name": "Linear", "attrs": {"out": 16}}]
+    case = spec(ops, shape=(16, 16), recipe=CURRENT, repeat_calls=[{"recipe_off": True}])
+    right = _run(backend, case)
+    faulty = _run(backend, case, "torch-usage-recipe-off-call-uses-fp8-weight")
+    # The quantized first call is the same; the call with the recipe off reads the FP8 weight.
+    torch.testing.assert_close(faulty["outputs"][0], right["outputs"][0], rtol=0, atol=0)
+    off, off_faulty = right["repeats"][0], faulty["repeats"][0]
+    assert not torch.equal(off_faulty["outputs"][0], off["outputs"][0])
+    assert not torch.equal(off_faulty["grad_input"], off["grad_input"])
+    # The weight's gradient does not read the weight.
+    torch.testing.assert_close(
+        off_faulty["grad_params"][0][0], off["grad_params"][0][0], rtol=0, atol=0
+    )
+    # A plain repeat call is as without the fault.
+    plain = dict(case, repeat_calls=[{}])
+    a = _run(backend, plain)["repeats"][0]
+    b = _run(backend, plain, "torch-usage-recipe-off-call-uses-fp8-weight")["repeats"][0]
+    torch.testing.assert_close(a["outputs"][0], b["outputs"][0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("length", [2, 7])
 def test_a_history_length_change_keeps_the_first_slots(backend, length):
     ops = [{"name": "Linear", "attrs": {"out": 16}}]

@@ -9,6 +9,7 @@ gradfuzz_add_test(runner_test
     ${CMAKE_CURRENT_LIST_DIR}/features_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/judge_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/quantization_points_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/recipe_off_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/reference_set_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/run_case_test.cc
   LIBS gradfuzz::runner)

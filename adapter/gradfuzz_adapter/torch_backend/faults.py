@@ -262,6 +262,29 @@ def _recipe_off_records_amax(original):
     return apply
 
 
+def _recipe_off_call_uses_fp8_weight(original):
+    """OpQuantization.apply that, in a call with the recipe off after calls that quantized,
+    computes each Linear with its weight as the quantized calls cast it (E4M3, the scale from
+    the weight's amax): the high-precision call reads a stale FP8 weight cache, off by FP8's
+    error in its output and its input's gradient (its weight's gradient does not read it)."""
+
+    def apply(self, x, extras, params, attrs):
+        if not (self.name == "Linear" and self.linear):
+            return original(self, x, extras, params, attrs)
+        if not fp8.recipe_is_off():
+            self._fault_quantized = True
+            return original(self, x, extras, params, attrs)
+        if not getattr(self, "_fault_quantized", False):
+            return original(self, x, extras, params, attrs)
+        w = params[0]
+        cached = fp8.current_scaling_qdq(w, "E4M3").to(w.dtype)
+        # The cast values forward and into dgrad; the weight's gradient as without the cache.
+        stale = w + (cached - w).detach()
+        return original(self, x, extras, [stale, *params[1:]], attrs)
+
+    return apply
+
+
 def _history_len_change_zeroes(original):
     """DelayedQuantizer.resize_history that starts the new length from an empty history
     (the scale kept), as if the recipe's state were made afresh."""
@@ -611,6 +634,14 @@ FAULTS = {
             "quantized nothing",
             "gradfuzz_adapter.torch_backend.fp8.OpQuantization.apply",
             _recipe_off_records_amax,
+        ),
+        Fault(
+            "torch-usage-recipe-off-call-uses-fp8-weight",
+            "A call with the recipe off (outside the autocast) after quantized calls computes "
+            "each Linear with the FP8 weight those calls cast: its output and its input's "
+            "gradient are off by FP8's error where they must be the high-precision values",
+            "gradfuzz_adapter.torch_backend.fp8.OpQuantization.apply",
+            _recipe_off_call_uses_fp8_weight,
         ),
         Fault(
             "torch-usage-history-len-change-zeroes-history",
