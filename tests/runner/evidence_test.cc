@@ -12,6 +12,7 @@
 #include "harness/dtype.h"
 #include "runner/case_cost.h"
 #include "tests/harness/test_specs.h"
+#include "tests/runner/prepared_set.h"
 
 namespace gradfuzz::runner {
 namespace {
@@ -42,24 +43,7 @@ CaseSpec half_precision() {
   return spec;
 }
 
-/// A case's basic ops' reference set, as run_case makes it, and its samplers' options.
-struct Case {
-  explicit Case(CaseSpec s) : spec(std::move(s)), prepared(prepare_case(spec)) {
-    std::optional<ops::QuantRecipe> recipe;
-    if (spec.recipe) recipe = ops::QuantRecipe::parse(spec.recipe->name, spec.recipe->fp8_format, {});
-    reference_case = runner::reference_case(spec, prepared, recipe, harness::BackendCapabilities{}, Trace::kOff);
-    set = std::make_unique<ReferenceSet>(reference_case);
-    set->run_references(prepared.reference_ops);
-    options.dtype = harness::scalar_type_from_name(spec.dtype);
-    options.context = {spec.num_ops(), prepared.plan.max_reduction_length};
-    options.fp8_reference_exact = true;
-  }
-  CaseSpec spec;
-  PreparedCase prepared;
-  ReferenceCase reference_case;
-  std::unique_ptr<ReferenceSet> set;
-  EvidenceSampler::Options options;
-};
+using Case = testing::PreparedSet;
 
 bool same(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
   if (a.size() != b.size()) return false;

@@ -9,6 +9,7 @@
 #include "harness/dtype.h"
 #include "oracle/oracle.h"
 #include "tests/harness/test_specs.h"
+#include "tests/runner/prepared_set.h"
 
 namespace gradfuzz::runner {
 namespace {
@@ -32,23 +33,7 @@ CaseSpec two_linears() {
   return spec;
 }
 
-/// The case's reference set and sampler options, as run_case makes them.
-struct Case {
-  explicit Case(CaseSpec s) : spec(std::move(s)), prepared(prepare_case(spec)) {
-    const auto recipe = ops::QuantRecipe::parse(spec.recipe->name, spec.recipe->fp8_format, {});
-    reference_case = runner::reference_case(spec, prepared, recipe, harness::BackendCapabilities{}, Trace::kOff);
-    set = std::make_unique<ReferenceSet>(reference_case);
-    set->run_references(prepared.reference_ops);
-    options.dtype = at::kFloat;
-    options.context = {spec.num_ops(), prepared.plan.max_reduction_length};
-    options.fp8_reference_exact = true;
-  }
-  CaseSpec spec;
-  PreparedCase prepared;
-  ReferenceCase reference_case;
-  std::unique_ptr<ReferenceSet> set;
-  EvidenceSampler::Options options;
-};
+using Case = testing::PreparedSet;
 
 /// The output of the two Linears on the case's values in float32, each weight as `weight`
 /// hands it on.
