@@ -66,6 +66,13 @@
 #   TAG       name of the tarball and summary (default: the first stage)
 #   BUDGET_S  seconds this call may take in all (default 540): stages that would start after
 #             it are skipped and say so; each stage is bounded by `timeout` as well.
+#   ab        issue 27 item 4: te workers before and after a change, alternating on this
+#             machine: tiny float32 campaigns with AB_WORKERS (1 4 8 12) workers and one
+#             worker on the default mix (AB_S seconds each, default 20; AB_MIX=0: not),
+#             then one worker's cost ledger per side and the adapter's profile on the sides
+#             AB_PROFILE names (default "after"; "" for none). The
+#             "before" side is AB_BEFORE, a folder holding a gradfuzz binary and the
+#             adapter/ it ran with; "after" is this tree with GRADFUZZ.
 #   DRY_RUN=1 checks this script on a CPU machine: the torch backend on the CPU stands in for
 #             te on CUDA, no TE install (the stages' logic, the packing and the summaries).
 set -uo pipefail
@@ -422,6 +429,33 @@ if has quick; then
   [ -f "$work/quick.json" ] && stage upstream-quick 150 "$gf" report upstream "$work/quick.json" \
     -o "$work/upstream-quick" --backend "$backend" && upstream_tests upstream-quick-pytest "$work/upstream-quick"
   say "  quick: $(report_line "$work/quick.json")"
+fi
+if has ab; then
+  # The same campaigns, before and after, one after the other so that the machine's drift over
+  # the lease falls on both sides alike.
+  ab() {  # ab SIDE NAME WORKERS SHAPES ARGS...
+    local side="$1" name="ab-$2-$1" w="$3" shapes="$4"; shift 4
+    local bin="$gf" adapter="$PWD/adapter"
+    if [ "$side" = before ]; then bin="${AB_BEFORE:?AB_BEFORE: the folder of the before side}/gradfuzz" adapter="$AB_BEFORE/adapter"; fi
+    stage "$name" $((${AB_S:-20} + 40)) env GRADFUZZ_ADAPTER_DIR="$adapter" "$bin" fuzz --backend "$backend" \
+      --device "$device" --time "${AB_S:-20}" --seed 7 --dtypes float32 --shapes "$shapes" --workers "$w" \
+      --max-shrink-calls 0 --known "$known" --corpus "$work/$name" --report "$work/$name.json" --quiet "$@"
+    say "  $name: $(report_line "$work/$name.json")"
+  }
+  for w in ${AB_WORKERS:-1 4 8 12}; do
+    for side in before after; do ab "$side" "w$w" "$w" tiny; done
+  done
+  [ "${AB_MIX:-1}" = 1 ] && for side in before after; do ab "$side" mix-w1 1 mix; done
+  for side in before after; do
+    GRADFUZZ_CASE_COST="$work/cost-$side.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-$side.jsonl" \
+      ab "$side" ledger-w1 1 tiny
+    python3 scripts/case_cost.py "$work/cost-$side.jsonl" --adapter "$work/timing-$side.jsonl" \
+      --by recipe >"$work/cost-$side.txt" 2>&1
+    say "    $side: $(head -1 "$work/cost-$side.txt")"
+  done
+  for side in ${AB_PROFILE-after}; do
+    GRADFUZZ_ADAPTER_PROFILE="$work/profile-$side" ab "$side" profile-w1 1 tiny
+  done
 fi
 if has tput; then
   # Issue 15 item 5: the te worker table on tiny float32 cases without shrinking, the default

@@ -26,7 +26,7 @@ import types
 import torch
 import torch.utils.checkpoint
 
-from .fp8_state import StateCheck
+from .fp8_state import StateCheck, to_host
 from .invariants import fp8_checks_on
 
 PHASE_CREATE = "op creation"
@@ -206,6 +206,14 @@ class Builder:
     def plans(self, seq, case, ops):
         """Per fuser {"forward": [...], "backward": [...]} in spec op indices."""
         return []
+
+    def plan_without_forward(self, seq, x, extras):
+        """Has a fresh Sequential make the plans its first forward with (x, extras) would
+        make, in the current grad mode and recipe scope, without running it; False where
+        the backend cannot (the driver then runs the forward). The plans must be those the
+        forward makes: a backend does this only where its framework makes them before any
+        op runs and from nothing the forward computes."""
+        return False
 
     def any_fused(self, plans):
         return any(g["fused"] for p in plans for pass_ in ("forward", "backward") for g in p[pass_])
@@ -1646,7 +1654,7 @@ class _States:
         return _States(builder, case)
 
     def states(self, ops):
-        return self.builder.delayed_states(ops, self.case)
+        return to_host(self.builder.delayed_states(ops, self.case))
 
     def before_call(self, ops):
         self.check.before(self.states(ops), checkpointed=self.saved)
@@ -1926,7 +1934,9 @@ def _fresh_plans(builder, case, device, values, repeat_call):
     """Per fuser, the plans of a fresh Sequential (fresh ops, same bindings and values) at
     its first call with `repeat_call`'s requires-grad pattern: what TE's fuser plans for that
     first_op_requiring_backward without its plan cache (forward only: TE's
-    OperationFuser.maybe_fuse_ops makes both passes' plans at the forward)."""
+    OperationFuser.maybe_fuse_ops makes both passes' plans at the forward; where the
+    backend can make them without the forward, builder.plan_without_forward, nothing
+    runs)."""
     with builder.scratch_scope():
         built = _Built(case)
         _build(builder, case, device, values, built)
@@ -1941,7 +1951,8 @@ def _fresh_plans(builder, case, device, values, repeat_call):
             else contextlib.nullcontext()
         )
         with torch.set_grad_enabled(not repeat_call["no_grad"]), recipe_scope:
-            builder.forward(built.seq, x, extras)
+            if not builder.plan_without_forward(built.seq, x, extras):
+                builder.forward(built.seq, x, extras)
         return builder.plans(built.seq, case, built.ops)
 
 

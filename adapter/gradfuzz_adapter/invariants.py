@@ -268,8 +268,13 @@ class TensorChecks:
         # id() of the tensors checked as they were made since the last take(): an op that
         # hands one on is not checked again (an id reused meanwhile skips a check, no more).
         self._seen = set()
+        # The tensors captured since the last check ([_Capture]): their buffers copied as
+        # they were made, checked on the host together (_resolve).
+        self._pending = []
+        self._pending_bytes = 0
 
     def take(self):
+        self._resolve()
         out = {"checked": self.checked, "violations": self.violations}
         self.checked, self.violations = 0, []
         self._seen = set()
@@ -281,11 +286,12 @@ class TensorChecks:
         root = self.classes.get("FusibleOperation")
         if root is None:
             return []
-        found, todo, classes = [], [root], []
+        found, todo, classes, seen = [], [root], [], set()
         while todo:
             cls = todo.pop()
-            if cls in classes:
+            if cls in seen:
                 continue
+            seen.add(cls)
             classes.append(cls)
             todo.extend(cls.__subclasses__())
         for cls in classes:
@@ -373,38 +379,76 @@ class TensorChecks:
         quantizer = getattr(q, "_quantizer", None)
         try:
             with torch.no_grad():
-                found = self._check_float8(None, quantizer, q)
+                capture = self._capture_float8(None, quantizer, q)
         except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
             return
-        by = None
-        if found and self.handed_by is not None and op is not None:
-            try:
-                by = self.handed_by(op, backward)
-            except Exception:  # noqa: BLE001
-                by = None
-        self._count(found, quantizer, q, by)
+        self._keep(capture, quantizer, q, (op, backward))
 
     def record(self, x, quantizer, q):
         """Checks q, made by `quantizer` from x. Whatever goes wrong in the check itself
         (a layout it does not know, a freed buffer) skips the tensor, uncounted: TE's code
-        path never sees an exception of ours, and TE's tensors are only read."""
+        path never sees an exception of ours, and TE's tensors are only read.
+
+        The check reads copies of q's buffers (and x and q.dequantize()) taken as q is
+        made, in one device copy per tensor, and runs on the host at the next take() with
+        the copies of every tensor captured since brought over in one transfer: a call
+        waits for the device once for its checks, not several times per tensor inside
+        TE's forward and backward (issue 27 item 4)."""
         if not isinstance(x, torch.Tensor) or isinstance(x, self.classes["QuantizedTensor"]):
             return
         if not x.is_floating_point():
             return
         try:
             with torch.no_grad():
-                found = self.check(x.detach(), quantizer, q)
+                capture = self._capture(x.detach(), quantizer, q)
         except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
             return
-        self._count(found, quantizer, q)
+        self._keep(capture, quantizer, q)
+
+    # The most bytes of copies held on a device before they are checked (a large case's
+    # tensors are checked in several transfers rather than held for the whole call).
+    PENDING_LIMIT = 256 << 20
+
+    def _keep(self, capture, quantizer, q, handed=None):
+        if capture is None:
+            return  # a format not checked here
+        self._seen.add(id(q))
+        self._pending.append((capture, quantizer, q, handed))
+        self._pending_bytes += capture.device_bytes
+        if self._pending_bytes > self.PENDING_LIMIT:
+            self._resolve()
+
+    def _resolve(self):
+        """Checks every captured tensor on the host: the device copies in one transfer."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        if not pending:
+            return
+        buffers = [c.buffer for c, *_ in pending if c.buffer is not None]
+        host = torch.cat(buffers).cpu() if buffers else None
+        offset = 0
+        for capture, quantizer, q, handed in pending:
+            part = None
+            if capture.buffer is not None:
+                part = host[offset : offset + capture.device_bytes]
+                offset += capture.device_bytes
+            try:
+                found = capture.check(self, capture.unpack(part))
+            except Exception:  # noqa: BLE001 - our check's failure is no finding of TE's
+                continue
+            by = None
+            if found and handed is not None and self.handed_by is not None:
+                op, backward = handed
+                try:
+                    by = self.handed_by(op, backward) if op is not None else None
+                except Exception:  # noqa: BLE001
+                    by = None
+            self._count(found, quantizer, q, by)
 
     def _count(self, found, quantizer, q, by=None):
         """Counts a checked tensor (found: [(what, note)], None where not checked) and keeps
         its violations, each named by the op that owns the quantizer, else `by`."""
         if found is None:
             return
-        self._seen.add(id(q))
         self.checked += 1
         if not found:
             return
@@ -425,12 +469,19 @@ class TensorChecks:
             )
 
     def check(self, x, quantizer, q):
-        """[(what, note)] of q, or None where its format is not checked here."""
+        """[(what, note)] of q, or None where its format is not checked here (at once)."""
+        capture = self._capture(x, quantizer, q)
+        if capture is None:
+            return None
+        part = capture.buffer.cpu() if capture.buffer is not None else None
+        return capture.check(self, capture.unpack(part))
+
+    def _capture(self, x, quantizer, q):
         c = self.classes
         if isinstance(q, c["Float8TensorStorage"]):
-            return self._check_float8(x, quantizer, q)
+            return self._capture_float8(x, quantizer, q)
         if isinstance(q, c["Float8BlockwiseQTensorStorage"]):
-            return self._check_blockwise(x, quantizer, q)
+            return self._capture_blockwise(x, quantizer, q)
         return None  # MXFP8, NVFP4: no exact rule readable here
 
     def _fmt(self, q):
@@ -438,32 +489,74 @@ class TensorChecks:
 
     # -- per-tensor scaling (Float8Tensor: DelayedScaling, Float8CurrentScaling)
 
-    def _per_tensor_scale(self, x, quantizer, scale_inv, fmt):
-        """The scale TE's cast multiplied by, as an fp32 scalar tensor, or None where it
-        cannot be known exactly. Float8Quantizer (delayed scaling): its `scale` tensor,
-        which the recipe state updates only after the autocast or the backward
-        (quantization.py: reduce_and_update_fp8_tensors), so it is the cast's at record
-        time. Float8CurrentScalingQuantizer: the scale of x's amax by TE's rule
-        (reference_scale), taken where its fp32 reciprocal is the tensor's scale_inv (the
-        kernel's scale_inv = 1/scale); with an amax reduction across ranks x's own amax is
-        not the one used, and an exact power of two scale_inv under force_pow_2_scales is
-        inverted exactly. Otherwise None: the codes are not checked."""
+    def _capture_float8(self, x, quantizer, q):
+        """x None: a tensor without its high-precision values (record_handed_on): the
+        codes are not checked, the shape and dtype are q's own. What the scale is read
+        from (_per_tensor_scale): a Float8Quantizer's `scale` tensor, which the recipe
+        state updates only after the autocast or the backward (quantization.py:
+        reduce_and_update_fp8_tensors), so it is copied as the cast's here; a
+        Float8CurrentScalingQuantizer's options."""
         c = self.classes
+        scale_inv = q._scale_inv
+        if scale_inv is None or scale_inv.numel() != 1:
+            return None
+        data = q._data
+        transpose = q._transpose if not q._transpose_invalid else None
+        if x is None:
+            # Only a tensor with both copies: its dequantize() reads the row-wise one.
+            if data is None or transpose is None:
+                return None
+            dtype = getattr(q, "_dtype", None) or torch.float32
+        else:
+            if data is None and transpose is None:
+                return None
+            dtype = x.dtype
+        meta = {"fmt": self._fmt(q), "dtype": dtype, "scaling": None}
+        scale = None
         if isinstance(quantizer, c["Float8Quantizer"]):
             scale = getattr(quantizer, "scale", None)
-            if isinstance(scale, torch.Tensor) and scale.numel() == 1:
-                return scale.detach().reshape(()).to(torch.float32).cpu().clone()
+            if not (isinstance(scale, torch.Tensor) and scale.numel() == 1):
+                scale = None
+            meta["scaling"] = "delayed"
+        elif isinstance(quantizer, c["Float8CurrentScalingQuantizer"]):
+            meta["scaling"] = "current"
+            meta["pow2"] = bool(getattr(quantizer, "force_pow_2_scales", False))
+            meta["reduction"] = bool(getattr(quantizer, "with_amax_reduction", False))
+            meta["epsilon"] = float(getattr(quantizer, "amax_epsilon", 0.0) or 0.0)
+        tensors = {
+            "x": x,
+            "scale_inv": scale_inv,
+            "data": data,
+            "transpose": transpose,
+            "scale": scale,
+            "dequantized": q.dequantize(dtype=dtype),
+        }
+        return _Capture(TensorChecks._check_float8, meta, tensors)
+
+    @staticmethod
+    def _per_tensor_scale(x, meta, scale, scale_inv):
+        """The scale TE's cast multiplied by, as an fp32 scalar tensor, or None where it
+        cannot be known exactly. Float8Quantizer (delayed scaling): its `scale` tensor as
+        it was when the tensor was made. Float8CurrentScalingQuantizer: the scale of x's
+        amax by TE's rule (reference_scale), taken where its fp32 reciprocal is the
+        tensor's scale_inv (the kernel's scale_inv = 1/scale); with an amax reduction
+        across ranks x's own amax is not the one used, and an exact power of two scale_inv
+        under force_pow_2_scales is inverted exactly. Otherwise None: the codes are not
+        checked."""
+        if meta["scaling"] == "delayed":
+            if scale is None:
+                return None
+            return scale.reshape(()).to(torch.float32).clone()
+        if meta["scaling"] != "current":
             return None
-        if not isinstance(quantizer, c["Float8CurrentScalingQuantizer"]):
-            return None
-        pow2 = bool(getattr(quantizer, "force_pow_2_scales", False))
-        if not getattr(quantizer, "with_amax_reduction", False) and x.numel():
-            amax = x.abs().max().to(torch.float32).cpu()
+        pow2 = meta["pow2"]
+        if not meta["reduction"] and x.numel():
+            amax = x.abs().max().to(torch.float32)
             candidate = reference_scale(
                 amax,
-                _FORMATS[fmt][1],
+                _FORMATS[meta["fmt"]][1],
                 pow2=pow2,
-                epsilon=float(getattr(quantizer, "amax_epsilon", 0.0) or 0.0),
+                epsilon=meta["epsilon"],
                 value_for_inf=_value_for_inf(x.dtype),
             )
             if torch.equal(torch.reciprocal(candidate), scale_inv):
@@ -472,43 +565,30 @@ class TensorChecks:
             return torch.reciprocal(scale_inv)
         return None
 
-    def _check_float8(self, x, quantizer, q):
-        """x None: a tensor without its high-precision values (record_handed_on): the
-        codes are not checked, the shape and dtype are q's own."""
-        fmt = self._fmt(q)
+    def _check_float8(self, meta, t):
+        """The checks of a captured per-tensor FP8 tensor (t: its copies on the host)."""
+        fmt = meta["fmt"]
         fp8_dtype = _FORMATS[fmt][0]
-        scale_inv = q._scale_inv
-        if scale_inv is None or scale_inv.numel() != 1:
-            return None
-        scale_inv = scale_inv.detach().reshape(()).to(torch.float32).cpu()
-        data = q._data
-        transpose = q._transpose if not q._transpose_invalid else None
+        scale_inv = t["scale_inv"].reshape(()).to(torch.float32)
+        x, data, transpose = t["x"], t["data"], t["transpose"]
         if x is not None:
             n = x.shape[-1] if x.dim() else 1
         elif data is not None:
             n = data.shape[-1] if data.dim() else 1
-        elif transpose is not None:
-            n = transpose.shape[0] if transpose.dim() else 1
         else:
-            return None
-        rows = data.detach().reshape(-1, n).cpu() if data is not None else None
-        cols = None
-        if transpose is not None:
-            cols = transpose.detach().reshape(n, -1).cpu()
-        if rows is None and cols is None:
-            return None
+            n = transpose.shape[0] if transpose.dim() else 1
+        rows = data.reshape(-1, n) if data is not None else None
+        cols = transpose.reshape(n, -1) if transpose is not None else None
         out = []
         codes = rows if rows is not None else cols.t()
         if x is None:
-            # Only a tensor with both copies: its dequantize() reads the row-wise one.
-            if rows is None or cols is None:
-                return None
-            dtype = getattr(q, "_dtype", None) or torch.float32
             self._check_transpose(out, rows, cols, n)
-            self._check_dequantize(out, q, dtype, codes.view(fp8_dtype), scale_inv, codes.shape)
+            self._check_dequantize(
+                out, t["dequantized"], meta["dtype"], codes.view(fp8_dtype), scale_inv, codes.shape
+            )
             return out
-        x2 = x.reshape(-1, n).cpu()
-        scale = self._per_tensor_scale(x2, quantizer, scale_inv, fmt)
+        x2 = x.reshape(-1, n)
+        scale = self._per_tensor_scale(x2, meta, t["scale"], scale_inv)
         if scale is not None:
             want = reference_codes(x2, scale, fmt).view(torch.uint8)
             mismatch = _code_mismatch(codes, want, x2, fp8_dtype, "the row-wise codes")
@@ -516,7 +596,9 @@ class TensorChecks:
                 out.append(("codes", f"scale {float(scale)!r}: {mismatch}"))
         if rows is not None and cols is not None:
             self._check_transpose(out, rows, cols, n)
-        self._check_dequantize(out, q, x.dtype, codes.view(fp8_dtype), scale_inv, x2.shape)
+        self._check_dequantize(
+            out, t["dequantized"], x.dtype, codes.view(fp8_dtype), scale_inv, x2.shape
+        )
         return out
 
     @staticmethod
@@ -538,51 +620,80 @@ class TensorChecks:
 
     # -- block scaling (Float8BlockwiseQTensor: Float8BlockScaling)
 
-    def _check_blockwise(self, x, quantizer, q):
+    def _capture_blockwise(self, x, quantizer, q):
         """Float8BlockQuantizer's layout (float8_blockwise_tensor.py: get_scale_shape,
-        get_columnwise_shape; the storage's dequantize): row-wise data [m, n] (x flattened
-        to 2D over its last dimension), column-wise data [n, m]; 2D blocks: row-wise scales
-        [ceil(m/128), ceil(n/128) padded to 4], column-wise [ceil(n/128), ceil(m/128)
-        padded]; 1D blocks: row-wise scales [ceil(n/128), m padded to 4] (one per 1x128
-        block of a row, stored transposed), column-wise [ceil(m/128), n padded] (one per
-        128x1 block of a column). The codes are checked only where every scale inverse of
-        the copy is a power of two (force_pow_2_scales, the recipe's default): then the
-        cast's multiplier is 1/scale_inv exactly, whether the kernel multiplies by the
-        scale or divides by its inverse; the scale TE derives from a block's amax without
-        power-of-two scales is not readable from TE's Python code, so those are skipped."""
-        fmt = self._fmt(q)
-        fp8_dtype = _FORMATS[fmt][0]
-        block = int(getattr(quantizer, "block_len", BLOCK) or BLOCK)
-        n = x.shape[-1] if x.dim() else 1
-        x2 = x.reshape(-1, n).cpu()
-        m = x2.shape[0]
+        get_columnwise_shape; the storage's dequantize), read by _check_blockwise; a copy
+        with its scale inverses only (both None: nothing to check)."""
+        rows, row_inv = q._rowwise_data, q._rowwise_scale_inv
+        cols, col_inv = q._columnwise_data, q._columnwise_scale_inv
+        has_rows = rows is not None and row_inv is not None
+        has_cols = cols is not None and col_inv is not None
+        if not has_rows and not has_cols:
+            return None
         two_d = bool(q._is_2D_scaled)
+        meta = {
+            "fmt": self._fmt(q),
+            "block": int(getattr(quantizer, "block_len", BLOCK) or BLOCK),
+            "two_d": two_d,
+            "copies": 0,
+        }
+        tensors = {
+            "x": x,
+            "rows": rows if has_rows else None,
+            "row_inv": row_inv if has_rows else None,
+            "cols": cols if has_cols else None,
+            "col_inv": col_inv if has_cols else None,
+            "dequantized": q.dequantize(dtype=x.dtype),
+        }
+        if two_d and has_rows and has_cols:
+            copies = self.copies_of(q)
+            if copies is not None:
+                meta["copies"] = len(copies)
+                tensors.update({f"copy{k}": t for k, t in enumerate(copies)})
+        return _Capture(TensorChecks._check_blockwise, meta, tensors)
+
+    def _check_blockwise(self, meta, t):
+        """Row-wise data [m, n] (x flattened to 2D over its last dimension), column-wise
+        data [n, m]; 2D blocks: row-wise scales [ceil(m/128), ceil(n/128) padded to 4],
+        column-wise [ceil(n/128), ceil(m/128) padded]; 1D blocks: row-wise scales
+        [ceil(n/128), m padded to 4] (one per 1x128 block of a row, stored transposed),
+        column-wise [ceil(m/128), n padded] (one per 128x1 block of a column). The codes
+        are checked only where every scale inverse of the copy is a power of two
+        (force_pow_2_scales, the recipe's default): then the cast's multiplier is
+        1/scale_inv exactly, whether the kernel multiplies by the scale or divides by its
+        inverse; the scale TE derives from a block's amax without power-of-two scales is
+        not readable from TE's Python code, so those are skipped."""
+        fmt = meta["fmt"]
+        fp8_dtype = _FORMATS[fmt][0]
+        block, two_d = meta["block"], meta["two_d"]
+        x = t["x"]
+        n = x.shape[-1] if x.dim() else 1
+        x2 = x.reshape(-1, n)
+        m = x2.shape[0]
         tm, tn = -(-m // block), -(-n // block)
         out = []
-        rows = q._rowwise_data
+        rows = t["rows"]
         row_scales = None
-        if rows is not None and q._rowwise_scale_inv is not None:
-            rows = rows.detach().reshape(m, n).cpu()
-            s = q._rowwise_scale_inv.detach().cpu().to(torch.float32)
+        if rows is not None:
+            rows = rows.reshape(m, n)
+            s = t["row_inv"].to(torch.float32)
             if two_d:
                 s = s[:tm, :tn]
                 row_scales = s.repeat_interleave(block, 0)[:m].repeat_interleave(block, 1)[:, :n]
             else:
                 s = s[:tn, :m].t()  # [m, ceil(n/128)]
                 row_scales = s.repeat_interleave(block, 1)[:, :n]
-        cols = q._columnwise_data
+        cols = t["cols"]
         col_scales = None  # per element of x2 [m, n]
-        if cols is not None and q._columnwise_scale_inv is not None:
-            cols = cols.detach().reshape(n, m).cpu()
-            s = q._columnwise_scale_inv.detach().cpu().to(torch.float32)
+        if cols is not None:
+            cols = cols.reshape(n, m)
+            s = t["col_inv"].to(torch.float32)
             if two_d:
                 s = s[:tn, :tm].t()  # [ceil(m/128), ceil(n/128)]
                 col_scales = s.repeat_interleave(block, 0)[:m].repeat_interleave(block, 1)[:, :n]
             else:
                 s = s[:tm, :n]  # [ceil(m/128), n]
                 col_scales = s.repeat_interleave(block, 0)[:m]
-        if row_scales is None and col_scales is None:
-            return None
         for name, codes, scales in (
             ("row-wise", rows, row_scales),
             ("column-wise", None if cols is None else cols.t(), col_scales),
@@ -595,36 +706,37 @@ class TensorChecks:
                 # 1D blocks: the column-wise copy is a quantization of its own (128x1).
                 what = "codes" if name == "row-wise" or two_d else "columnwise"
                 out.append((what, mismatch))
-        if two_d and row_scales is not None and col_scales is not None:
-            copies = self.copies_of(q)
-            if copies is not None:
-                for k, (a, b) in enumerate(zip(copies[0::2], copies[1::2])):
-                    if not torch.equal(a.cpu(), b.cpu()):
-                        part = "data" if k == 0 else "scale inverses"
-                        out.append(
-                            (
-                                "columnwise",
-                                f"2D blocks: the column-wise {part} are not the row-wise "
-                                "ones transposed",
-                            )
-                        )
+        copies = [t[f"copy{k}"] for k in range(meta["copies"])]
+        for k, (a, b) in enumerate(zip(copies[0::2], copies[1::2])):
+            if not torch.equal(a, b):
+                part = "data" if k == 0 else "scale inverses"
+                out.append(
+                    (
+                        "columnwise",
+                        f"2D blocks: the column-wise {part} are not the row-wise ones transposed",
+                    )
+                )
         if row_scales is not None:
             codes, scales = rows, row_scales
         else:
             codes, scales = cols.t(), col_scales
-        self._check_dequantize(out, q, x.dtype, codes.view(fp8_dtype), scales, x2.shape)
+        self._check_dequantize(
+            out, t["dequantized"], x.dtype, codes.view(fp8_dtype), scales, x2.shape
+        )
         return out
 
     # -- dequantize, every format
 
-    def _check_dequantize(self, out, q, dtype, codes, scale_inv, shape):
-        """q.dequantize(dtype=x's dtype) must be each code times its scale inverse rounded
-        to dtype: once from the exact (float64) product, or through the fp32 product as
-        TE's Python dequantize does (float8_tensor_storage.py: _FromFloat8Func.forward's CPU
-        path, the blockwise storage's dequantize: `.to(torch.float32) * scale_inv` then
-        `.to(dtype)`); the CUDA kernel is taken to do one of the two (not readable here).
-        For an fp32 result both are the same value."""
-        got = q.dequantize(dtype=dtype).detach().cpu().reshape(shape)
+    @staticmethod
+    def _check_dequantize(out, dequantized, dtype, codes, scale_inv, shape):
+        """q.dequantize(dtype=x's dtype) (`dequantized`, as it was when q was made) must be
+        each code times its scale inverse rounded to dtype: once from the exact (float64)
+        product, or through the fp32 product as TE's Python dequantize does
+        (float8_tensor_storage.py: _FromFloat8Func.forward's CPU path, the blockwise
+        storage's dequantize: `.to(torch.float32) * scale_inv` then `.to(dtype)`); the CUDA
+        kernel is taken to do one of the two (not readable here). For an fp32 result both
+        are the same value."""
+        got = dequantized.reshape(shape)
         exact = (codes.to(torch.float64) * scale_inv.to(torch.float64)).to(dtype)
         via_fp32 = (codes.to(torch.float32) * scale_inv.to(torch.float32)).to(dtype)
         ok = _same(got, exact) | _same(got, via_fp32)
@@ -639,6 +751,53 @@ class TensorChecks:
                     f"{float(exact.reshape(-1)[k])!r}",
                 )
             )
+
+
+class _Capture:
+    """A quantized tensor's buffers (and the values its check compares them with) copied
+    as it was made: those on a device into one byte buffer of that device in one copy
+    (`buffer`, `device_bytes` long), those on the host cloned; `unpack` gives them back
+    on the host, named, from the buffer's bytes once they are there. `check(checks,
+    meta, tensors)` is run on them (TensorChecks._check_float8, _check_blockwise)."""
+
+    # Device types whose tensors are cloned where they are rather than put in the buffer
+    # (the tests put the CPU's in the buffer too, to take the device path on a CPU).
+    ON_HOST = ("cpu",)
+
+    def __init__(self, check, meta, tensors):
+        self._check = check
+        self.meta = meta
+        self.host = {}
+        self.layout = []  # (name, dtype, shape, bytes) of the buffer's parts, in order
+        parts = []
+        for name, t in tensors.items():
+            if t is None:
+                self.host[name] = None
+                continue
+            t = t.detach()
+            if t.device.type in self.ON_HOST:
+                self.host[name] = t.clone()
+                continue
+            flat = t.contiguous().reshape(-1).view(torch.uint8)
+            self.layout.append((name, t.dtype, tuple(t.shape), flat.numel()))
+            parts.append(flat)
+        devices = {p.device for p in parts}
+        if len(devices) > 1:
+            raise ValueError(f"a quantized tensor's buffers on several devices: {devices}")
+        self.buffer = torch.cat(parts) if parts else None
+        self.device_bytes = self.buffer.numel() if parts else 0
+
+    def unpack(self, host_bytes):
+        out = dict(self.host)
+        offset = 0
+        for name, dtype, shape, size in self.layout:
+            # A clone: each value aligned for its dtype and in a storage of its own.
+            out[name] = host_bytes[offset : offset + size].clone().view(dtype).reshape(shape)
+            offset += size
+        return out
+
+    def check(self, checks, tensors):
+        return self._check(checks, self.meta, tensors)
 
 
 def _is_power_of_two(t):

@@ -9,7 +9,10 @@ import torch
 from helpers import run, spec
 
 from gradfuzz_adapter import driver
+from gradfuzz_adapter.case import decode_case
+from gradfuzz_adapter.client import make_request
 from gradfuzz_adapter.driver import WriterTracker, _CallerTensors, error_origin
+from gradfuzz_adapter.protocol import TensorList
 from gradfuzz_adapter.torch_backend import runtime as torch_runtime
 from gradfuzz_adapter.torch_backend.backend import TorchBackend, TorchBuilder
 
@@ -829,6 +832,71 @@ def test_te_repeat_call_with_a_stale_plan_differs_from_the_fresh_plans(te, monke
         "FusedResidual.joint",
         "Bias",
     ]
+
+
+PLANNED_CASES = [
+    (RESIDUAL, ["FusedResidual.joint"], {}),
+    (RESIDUAL, ["FusedResidual.forward", "FusedResidual.backward"], {}),
+    # The input does not require grad: the first op requiring backward is the first with a
+    # parameter or an extra input that does (fuser.py: maybe_fuse_ops).
+    (
+        [
+            {"name": "MakeExtraOutput", "output_bindings": [bound("r")]},
+            {"name": "ConstantScale", "attrs": {"scale": 2.0}},
+            {"name": "AddExtraInput", "input_channels": ["r"]},
+            {"name": "AddExtraInput", "extra_input_requires_grad": [1]},
+            {"name": "Bias"},
+        ],
+        ["FusedResidual.joint"],
+        {"input_requires_grad": False},
+    ),
+]
+
+
+@pytest.mark.parametrize("fault", [None, "te-fuser-backward-boundary-off-by-one"])
+@pytest.mark.parametrize("ops,fusions,extra", PLANNED_CASES)
+def test_te_fresh_plans_made_without_the_forward_are_the_forwards(
+    te, monkeypatch, ops, fusions, extra, fault
+):
+    # Every repeat call's expected plans from its own fresh Sequential (per_call), planned
+    # without running it, against the same with the fresh Sequential's forward run.
+    calls = [{"no_grad": True}, {"input_requires_grad": False}, {}, {"no_grad": True}]
+    paths = [{"name": "fused", "fusions": fusions, "expected_plans": "per_call"}]
+    header, tensors = make_request(
+        spec(ops, dtype="float32", repeat_calls=calls, **extra), paths=paths
+    )
+    forwards = []
+    builder = te.builder
+    forward = type(builder).forward
+    monkeypatch.setattr(
+        type(builder), "forward", lambda self, *a: forwards.append(1) or forward(self, *a)
+    )
+
+    def expected_plans():
+        forwards.clear()
+        case = decode_case(header, tensors)
+        result = te.run(case, header["paths"], TensorList(), fault=fault)[0]
+        assert result["status"] == "ok", result
+        return [r["expected_plans"] for r in result["repeats"]], len(forwards)
+
+    planned, planned_forwards = expected_plans()
+    monkeypatch.setattr(type(builder), "plan_without_forward", lambda self, *a: False)
+    run_forward, run_forwards = expected_plans()
+    assert planned == run_forward
+    assert any(g["fused"] for plans in planned for p in plans for g in p["forward"])
+    # The first call and the repeat calls run; the fresh Sequentials (one per call) do not.
+    assert planned_forwards == 1 + len(calls)
+    assert run_forwards == 1 + 2 * len(calls)
+
+
+def test_a_chain_of_sequentials_plans_by_its_forward(te):
+    from transformer_engine.pytorch import ops as te_ops
+
+    chain = driver.Chain.__new__(driver.Chain)
+    assert te.builder.plan_without_forward(chain, None, []) is False
+    mixed = te_ops.Sequential(te_ops.Identity(), torch.nn.Identity())
+    assert te.builder.plan_without_forward(mixed, torch.zeros(2, 2), []) is False
+    assert mixed._module_groups is None
 
 
 def test_case_values_go_to_the_device_in_one_copy_per_dtype():

@@ -1,8 +1,9 @@
 """fp8_state.py: delayed scaling's state judged by TE's rule, without a backend."""
 
+import pytest
 import torch
 
-from gradfuzz_adapter.fp8_state import StateCheck, rule_update, state_entry
+from gradfuzz_adapter.fp8_state import StateCheck, rule_update, state_entry, to_host
 
 
 def entry(history, scale, *, algo="max", margin=0, pass_="forward", role="input"):
@@ -118,3 +119,38 @@ def test_a_state_dropped_at_a_call_with_the_recipe_off_is_judged_afresh_after_it
         {"q": entry([0.93], 1.0)}, forward_trained=False, backward_trained=False, weights={}
     )
     assert check.take() == {"checked": 1, "violations": []}
+
+
+def _states(device):
+    history = torch.arange(12, dtype=torch.float32, device=device).reshape(4, 3) / 7
+    scale = torch.tensor([1.5, 2.5, 3.5], device=device)
+    return {
+        k: state_entry(0, "forward", "input", k, history[:, k], scale[k], **OPTIONS)
+        for k in range(3)
+    }
+
+
+OPTIONS = {"fp8_max": 448.0, "margin": 0, "algo": "max"}
+
+
+def test_a_snapshot_on_the_host_stays_as_it_is():
+    states = _states("cpu")
+    same = {k: (e["history"], e["scale"]) for k, e in states.items()}
+    assert to_host(states) is states
+    for k, entry in states.items():
+        assert entry["history"] is same[k][0] and entry["scale"] is same[k][1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_snapshot_on_the_device_comes_over_in_one_copy_with_each_value():
+    on_device = _states("cuda")
+    want = _states("cpu")
+    got = to_host(on_device)
+    for k, entry in got.items():
+        for name in ("history", "scale"):
+            assert entry[name].device.type == "cpu"
+            assert torch.equal(entry[name], want[k][name])
+        # Each its own storage: a check that edits one copy leaves the others.
+        entry["history"][0] = -1.0
+        assert all(bool(e["history"][0] != -1.0) for j, e in got.items() if j != k)
+        entry["history"][0] = want[k]["history"][0]

@@ -19,6 +19,17 @@ def te():
     return te_stub.install()
 
 
+@pytest.fixture(autouse=True, params=["cloned", "buffered"])
+def copies(request, monkeypatch):
+    """Each test twice: the tensors' copies cloned on the host, and put in one byte buffer
+    and unpacked from it, as a device's are (invariants.py: _Capture)."""
+    from gradfuzz_adapter import invariants
+
+    if request.param == "buffered":
+        monkeypatch.setattr(invariants._Capture, "ON_HOST", ())
+    return request.param
+
+
 def _cast(x, scale):
     return (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
 
@@ -245,3 +256,51 @@ def test_a_tensor_checked_as_it_was_made_is_not_counted_again(te):
             q = _quantizers()["current"](torch.randn(16, 16))
             checks._checking_handed_on(lambda self: (q, []))(None)
     assert checks.take() == {"checked": 1, "violations": []}
+
+
+def _made_then_overwritten(kind, fault):
+    """take() of three tensors recorded by one TensorChecks, whose buffers (and x) are
+    overwritten after they were made and before the take."""
+    from unittest import mock
+
+    from gradfuzz_adapter import faults
+    from gradfuzz_adapter.invariants import TensorChecks, te_classes
+    from gradfuzz_adapter.te.backend import transposed_copies
+    from gradfuzz_adapter.te.faults import FAULTS
+
+    tex = __import__("transformer_engine_torch")
+    checks = TensorChecks(te_classes(), lambda q, t: (3, "forward.1"), transposed_copies)
+    torch.manual_seed(2)
+    made = []
+    with mock.patch.object(tex, "quantize", _quantize_stand_in, create=True):
+        with faults.planted(FAULTS, fault), checks.recording():
+            for k in range(3):
+                x = torch.randn(40, 136) * (k + 1)
+                made.append(_quantizers()[kind](x))
+                x.zero_()
+    for q in made:
+        for name in ("_data", "_transpose", "_rowwise_data", "_columnwise_data"):
+            buffer = getattr(q, name, None)
+            if buffer is not None:
+                buffer.fill_(0x7F)
+    verdict = checks.take()
+    assert checks.take() == {"checked": 0, "violations": []}
+    return verdict
+
+
+@pytest.mark.parametrize("kind", ["delayed", "current", "block1d", "block2d"])
+def test_tensors_are_checked_as_they_were_made_when_taken_later(te, kind):
+    # The checks run at take(), on copies taken as each tensor was made: TE freeing or
+    # overwriting a tensor's buffers afterwards (prepare_for_saving, a reused workspace)
+    # changes nothing, and a faulty cast is seen in each tensor made with it.
+    assert _made_then_overwritten(kind, None) == {"checked": 3, "violations": []}
+    fault = {
+        "delayed": "te-fp8-codes-rounded-toward-zero",
+        "current": "te-fp8-codes-rounded-toward-zero",
+        "block1d": "te-fp8-block-columnwise-one-code-off",
+        "block2d": "te-fp8-block-columnwise-one-code-off",
+    }[kind]
+    verdict = _made_then_overwritten(kind, fault)
+    assert verdict["checked"] == 3
+    assert len(verdict["violations"]) >= 3, verdict
+    assert {v["op"] for v in verdict["violations"]} == {3}

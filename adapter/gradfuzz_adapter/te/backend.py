@@ -315,23 +315,66 @@ class TEBuilder(Builder):
     def make_sequential(self, modules):
         return self.te.ops.Sequential(*modules)
 
-    def forward(self, seq, x, extras):
+    @contextlib.contextmanager
+    def _call_scope(self):
+        """Where a Sequential of the path is called: every Sequential of the path (a second
+        one over the same ops, the fresh ops of a checkpoint round trip) in the path's
+        quantization state, as in one process; a scratch run's in its own (scratch_scope).
+        A call under recipe_off_scope runs outside the autocast, as a user's call with FP8
+        disabled (TE's fuser then runs without a recipe), in the same state."""
         if self.path is None or self.path.te_recipe is None:
+            yield
+            return
+        state = self.path.scratch_state or self.path.fp8_state
+        with te_recipes.fp8_state(state):
+            if self.path.recipe_off:
+                yield
+            else:
+                with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
+                    yield
+
+    def forward(self, seq, x, extras):
+        with self._call_scope():
             out = seq(x, *extras)
-        else:
-            # Every Sequential of the path (a second one over the same ops, the fresh ops of a
-            # checkpoint round trip) in the path's state, as in one process; a scratch run's in
-            # its own (scratch_scope).
-            # A call under recipe_off_scope runs outside the autocast, as a user's call with
-            # FP8 disabled (TE's fuser then runs without a recipe), in the same state.
-            state = self.path.scratch_state or self.path.fp8_state
-            with te_recipes.fp8_state(state):
-                if self.path.recipe_off:
-                    out = seq(x, *extras)
-                else:
-                    with self.te.autocast(enabled=True, recipe=self.path.te_recipe):
-                        out = seq(x, *extras)
         return list(out) if isinstance(out, tuple) else [out]
+
+    def plan_without_forward(self, seq, x, extras):
+        """A te.ops.Sequential of fusible ops alone plans as its first forward does, up to
+        the plans: Sequential.forward makes its module groups (_make_module_groups: here one
+        OperationFuser), whose __call__ checks the extra inputs' count, places them in
+        their basic ops' slots, reads the autocast's recipe and grad mode and calls
+        maybe_fuse_ops, which makes both passes' plans (sequential.py: Sequential.forward;
+        fuser.py: OperationFuser.__call__, maybe_fuse_ops) before any op runs. The same
+        steps are taken here, in the call's scope, and nothing after them. A chain of
+        Sequentials or a Sequential holding another module (several groups: a later
+        group's input and its requires-grad come from running the earlier ones) is not
+        planned so."""
+        fusible = self.te.ops.FusibleOperation
+        if not isinstance(seq, self.te.ops.Sequential):
+            return False
+        modules = list(seq)
+        if not modules or not all(isinstance(m, fusible) for m in modules):
+            return False
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+
+        with self._call_scope():
+            if seq._module_groups is None:
+                seq._module_groups = seq._make_module_groups(modules)
+            (fuser,) = seq._module_groups
+            if len(extras) != fuser.num_extra_inputs:
+                raise ValueError(
+                    f"Expected {fuser.num_extra_inputs} extra inputs but got {len(extras)}"
+                )
+            slots = [[None] * op.num_extra_inputs for op in fuser._basic_ops]
+            for tensor, (op_idx, input_idx) in zip(extras, fuser._external_extra_input_slots):
+                slots[op_idx][input_idx] = tensor
+            recipe = (
+                FP8GlobalStateManager.get_fp8_recipe()
+                if FP8GlobalStateManager.is_fp8_enabled()
+                else None
+            )
+            fuser.maybe_fuse_ops(torch.is_grad_enabled(), recipe, x, slots)
+        return True
 
     def _fusers(self, seq):
         """The OperationFusers te.ops.Sequential built at its first forward
