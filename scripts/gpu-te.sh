@@ -69,7 +69,8 @@
 #   ab        issue 27 item 4: te workers before and after a change, alternating on this
 #             machine: tiny float32 campaigns with AB_WORKERS (1 4 8 12) workers and one
 #             worker on the default mix (AB_S seconds each, default 20; AB_MIX=0: not),
-#             then one worker's cost ledger per side and the adapter's profile on the sides
+#             then one worker's cost ledger per side (AB_LEDGERS=0: not) and the
+#             adapter's profile on the sides
 #             AB_PROFILE names (default "after"; "" for none). The
 #             "before" side is AB_BEFORE, a folder holding a gradfuzz binary and the
 #             adapter/ it ran with; "after" is this tree with GRADFUZZ.
@@ -446,7 +447,7 @@ if has ab; then
     for side in before after; do ab "$side" "w$w" "$w" tiny; done
   done
   [ "${AB_MIX:-1}" = 1 ] && for side in before after; do ab "$side" mix-w1 1 mix; done
-  for side in before after; do
+  [ "${AB_LEDGERS:-1}" = 1 ] && for side in before after; do
     GRADFUZZ_CASE_COST="$work/cost-$side.jsonl" GRADFUZZ_ADAPTER_TIMING="$work/timing-$side.jsonl" \
       ab "$side" ledger-w1 1 tiny
     python3 scripts/case_cost.py "$work/cost-$side.jsonl" --adapter "$work/timing-$side.jsonl" \
