@@ -4,9 +4,10 @@ A backend's Builder lists its delayed-scaling quantizers (Builder.delayed_states
 pass (forward: input and weight; backward: grad_output), per GroupedLinear group, the amax
 history [len] and scale, as float32 copies (brought to the CPU together: to_host). The
 driver snapshots them right before each call's forward (after the call's optimizer step and
-checkpoint round trip) and after its backward, and judges the change here, exactly (no tolerance), with this module's own copy of
-TE's rule (transformer_engine/pytorch/quantization.py: _default_get_amax_and_update_history,
-_default_sf_compute; docs/BACKENDS.md "Recipes"):
+checkpoint round trip) and after its backward, and judges the change here, exactly (no
+tolerance), with this module's own copy of TE's rule (transformer_engine/pytorch/
+quantization.py: _default_get_amax_and_update_history, _default_sf_compute; docs/BACKENDS.md
+"Recipes"):
 
 - the update at the end of a pass takes amax = max(history) ("max") or history[0]
   ("most_recent"), rolls the history by -1 (slot 0 to the end) and zeroes slot 0, and sets
